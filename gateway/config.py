@@ -1,0 +1,447 @@
+"""The configuration file: YAML, ``${NAME}`` expansion, ``GATEWAY_*`` overrides, validation.
+
+Read once at start-up into frozen dataclasses. Every error names the field it is about
+(``channels[2].base_url: not a URL``) and is raised as ``ConfigError``; the CLI prints that one
+line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+CHANNEL_TYPES = ("openai", "anthropic", "gemini")
+CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
+PRICE_FIELDS = ("input", "output", "request", "image", "audio_second", "speech_char")
+KEY_STATUSES = ("enabled", "disabled")
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+
+
+class ConfigError(Exception):
+    """A bad configuration file; the message is one line naming the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """Balance units per million tokens (input, output), per call, per image, per second of
+    audio transcribed, per million characters spoken."""
+
+    input: float = 0.0
+    output: float = 0.0
+    request: float = 0.0
+    image: float = 0.0
+    audio_second: float = 0.0
+    speech_char: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    capabilities: frozenset[str]
+    price: Price
+    default_max_tokens: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    name: str
+    type: str
+    base_url: str
+    api_key: str
+    groups: tuple[str, ...]
+    models: tuple[str, ...]
+    model_map: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    weight: int = 1
+
+    def upstream_model(self, model: str) -> str:
+        return self.model_map.get(model, model)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class AccountSeed:
+    id: str
+    balance: float
+
+
+@dataclass(frozen=True, slots=True)
+class KeySeed:
+    id: str
+    key: str
+    account: str
+    group: str
+    status: str = "enabled"
+    name: str = ""
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_request_bytes: int = 20 * 1024 * 1024
+    max_upload_bytes: int = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    """Pool and timeouts of the one client session (optional ``upstream:`` section)."""
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 300.0  # the longest silence allowed between two upstream bytes
+    pool_size: int = 1000
+    pool_size_per_host: int = 0  # 0: no per-host cap beyond pool_size
+    retries: int = 2  # further channels tried after the first fails (before any byte is sent)
+    cooldown_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    store: str
+    admin_token: str
+    groups: tuple[str, ...]
+    models: tuple[Model, ...]
+    channels: tuple[Channel, ...]
+    accounts: tuple[AccountSeed, ...] = ()
+    keys: tuple[KeySeed, ...] = ()
+    limits: Limits = Limits()
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+    upstream: UpstreamSettings = UpstreamSettings()
+    path: str = ""
+
+    def model(self, name: str) -> Model | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Read, expand and validate the configuration file. Raises ConfigError."""
+    if path is None:
+        path = os.environ.get("GATEWAY_CONFIG", "")
+        if not path:
+            raise ConfigError("config: no --config given and GATEWAY_CONFIG is not set")
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config: the top level must be a mapping")
+    raw = _expand(raw, "")
+    if os.environ.get("GATEWAY_STORE"):
+        raw["store"] = os.environ["GATEWAY_STORE"]
+    if os.environ.get("GATEWAY_ADMIN_TOKEN"):
+        raw["admin_token"] = os.environ["GATEWAY_ADMIN_TOKEN"]
+    return parse_settings(raw, path=str(p.resolve()))
+
+
+def _expand(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                # an unset variable becomes empty; fields that need a value say so below
+                return ""
+            return os.environ[name]
+
+        return ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
+    """Validate an already-expanded mapping into Settings. Raises ConfigError."""
+    known = {
+        "store", "admin_token", "groups", "models", "channels", "accounts", "keys",
+        "limits", "trusted_proxies", "upstream",
+    }  # fmt: skip
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"{k}: unknown field")
+    store = raw.get("store") or "sqlite:///data/gateway.db"
+    _check_store_url(store)
+    admin_token = _str(raw.get("admin_token", ""), "admin_token", allow_empty=True)
+    groups = tuple(_str_list(raw.get("groups", ["default"]), "groups"))
+    if not groups:
+        raise ConfigError("groups: at least one group is needed")
+    models = tuple(_model(m, f"models[{i}]") for i, m in enumerate(_list(raw, "models")))
+    names = [m.name for m in models]
+    _unique(names, "models", "name")
+    channels = tuple(
+        _channel(c, f"channels[{i}]", set(groups), set(names))
+        for i, c in enumerate(_list(raw, "channels"))
+    )
+    _unique([c.name for c in channels], "channels", "name")
+    accounts = tuple(_account(a, f"accounts[{i}]") for i, a in enumerate(_list(raw, "accounts")))
+    _unique([a.id for a in accounts], "accounts", "id")
+    account_ids = {a.id for a in accounts}
+    keys = tuple(
+        _key(k, f"keys[{i}]", set(groups), account_ids) for i, k in enumerate(_list(raw, "keys"))
+    )
+    _unique([k.id for k in keys], "keys", "id")
+    _unique([k.key for k in keys], "keys", "key")
+    limits = _limits(raw.get("limits") or {})
+    proxies = tuple(_str_list(raw.get("trusted_proxies", ["127.0.0.1/32", "::1/128"]),
+                              "trusted_proxies"))  # fmt: skip
+    import ipaddress
+
+    for i, net in enumerate(proxies):
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ConfigError(f"trusted_proxies[{i}]: not an IP network") from None
+    upstream = _upstream(raw.get("upstream") or {})
+    return Settings(
+        store=store,
+        admin_token=admin_token,
+        groups=groups,
+        models=models,
+        channels=channels,
+        accounts=accounts,
+        keys=keys,
+        limits=limits,
+        trusted_proxies=proxies,
+        upstream=upstream,
+        path=path,
+    )
+
+
+def _check_store_url(url: Any) -> None:
+    if not isinstance(url, str):
+        raise ConfigError("store: must be a string")
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return
+    raise ConfigError("store: must be sqlite:///path or redis://host:port/db")
+
+
+def _list(raw: dict[str, Any], name: str) -> list[Any]:
+    v = raw.get(name)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise ConfigError(f"{name}: must be a list")
+    return v
+
+
+def _str(v: Any, where: str, *, allow_empty: bool = False) -> str:
+    if v is None and allow_empty:
+        return ""
+    if not isinstance(v, str) or (not v and not allow_empty):
+        raise ConfigError(f"{where}: must be a non-empty string")
+    return v
+
+
+def _name(v: Any, where: str) -> str:
+    s = _str(v, where)
+    if not NAME_RE.match(s):
+        raise ConfigError(f"{where}: {s!r} is not a valid name")
+    return s
+
+
+def _str_list(v: Any, where: str) -> list[str]:
+    if not isinstance(v, list):
+        raise ConfigError(f"{where}: must be a list of strings")
+    return [_str(x, f"{where}[{i}]") for i, x in enumerate(v)]
+
+
+def _num(v: Any, where: str, *, minimum: float = 0.0) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{where}: must be a number")
+    if v < minimum:
+        raise ConfigError(f"{where}: must be at least {minimum:g}")
+    return float(v)
+
+
+def _int(v: Any, where: str, *, minimum: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{where}: must be an integer")
+    if v < minimum:
+        raise ConfigError(f"{where}: must be at least {minimum}")
+    return v
+
+
+def _mapping(v: Any, where: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    return v
+
+
+def _no_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise ConfigError(f"{where}.{k}: unknown field")
+
+
+def _unique(values: list[str], where: str, fld: str) -> None:
+    seen: set[str] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise ConfigError(f"{where}[{i}].{fld}: duplicate {v!r}")
+        seen.add(v)
+
+
+def _model(v: Any, where: str) -> Model:
+    d = _mapping(v, where)
+    _no_unknown(d, {"name", "capabilities", "price", "default_max_tokens"}, where)
+    name = _name(d.get("name"), f"{where}.name")
+    caps = _str_list(d.get("capabilities", ["chat"]), f"{where}.capabilities")
+    for i, c in enumerate(caps):
+        if c not in CAPABILITIES:
+            raise ConfigError(f"{where}.capabilities[{i}]: unknown capability {c!r}")
+    price_raw = _mapping(d.get("price") or {}, f"{where}.price")
+    _no_unknown(price_raw, set(PRICE_FIELDS), f"{where}.price")
+    price = Price(**{k: _num(v, f"{where}.price.{k}") for k, v in price_raw.items()})
+    dmt = _int(d.get("default_max_tokens", 4096), f"{where}.default_max_tokens", minimum=1)
+    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
+
+
+def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
+    d = _mapping(v, where)
+    allowed = {"name", "type", "base_url", "api_key", "groups", "models", "model_map",
+               "priority", "weight"}  # fmt: skip
+    _no_unknown(d, allowed, where)
+    name = _name(d.get("name"), f"{where}.name")
+    ctype = d.get("type")
+    if ctype not in CHANNEL_TYPES:
+        raise ConfigError(f"{where}.type: must be one of {', '.join(CHANNEL_TYPES)}")
+    base_url = _str(d.get("base_url"), f"{where}.base_url")
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{where}.base_url: not a URL")
+    api_key = _str(d.get("api_key", ""), f"{where}.api_key", allow_empty=True)
+    ch_groups = _str_list(d.get("groups", ["default"]), f"{where}.groups")
+    for i, g in enumerate(ch_groups):
+        if g not in groups:
+            raise ConfigError(f"{where}.groups[{i}]: unknown group {g!r}")
+    ch_models = _str_list(d.get("models", []), f"{where}.models")
+    if not ch_models:
+        raise ConfigError(f"{where}.models: at least one model is needed")
+    for i, m in enumerate(ch_models):
+        if m not in models:
+            raise ConfigError(f"{where}.models[{i}]: {m!r} is not in the models catalogue")
+    mm = _mapping(d.get("model_map") or {}, f"{where}.model_map")
+    model_map = {
+        _str(k, f"{where}.model_map"): _str(x, f"{where}.model_map.{k}") for k, x in mm.items()
+    }
+    priority = _int(d.get("priority", 0), f"{where}.priority", minimum=-1_000_000)
+    weight = _int(d.get("weight", 1), f"{where}.weight", minimum=0)
+    return Channel(
+        name=name,
+        type=ctype,
+        base_url=base_url.rstrip("/"),
+        api_key=api_key,
+        groups=tuple(ch_groups),
+        models=tuple(ch_models),
+        model_map=model_map,
+        priority=priority,
+        weight=weight,
+    )
+
+
+def _account(v: Any, where: str) -> AccountSeed:
+    d = _mapping(v, where)
+    _no_unknown(d, {"id", "balance"}, where)
+    return AccountSeed(
+        id=_name(d.get("id"), f"{where}.id"),
+        balance=_num(d.get("balance", 0), f"{where}.balance", minimum=-1e15),
+    )
+
+
+def parse_time(v: Any, where: str) -> datetime | None:
+    """RFC 3339 (YAML may already have turned it into a datetime); naive means UTC."""
+    if v is None:
+        return None
+    if isinstance(v, datetime):
+        dt = v
+    elif isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"{where}: not an RFC 3339 time") from None
+    else:
+        raise ConfigError(f"{where}: not an RFC 3339 time")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
+
+
+def _key(v: Any, where: str, groups: set[str], accounts: set[str]) -> KeySeed:
+    d = _mapping(v, where)
+    _no_unknown(d, {"id", "key", "account", "group", "status", "expires_at", "name"}, where)
+    key = _str(d.get("key"), f"{where}.key")
+    if not key.startswith("sk-") or len(key) < 8:
+        raise ConfigError(f"{where}.key: must start with 'sk-' and be at least 8 characters")
+    account = _name(d.get("account"), f"{where}.account")
+    if account not in accounts:
+        raise ConfigError(f"{where}.account: unknown account {account!r}")
+    group = _str(d.get("group", "default"), f"{where}.group")
+    if group not in groups:
+        raise ConfigError(f"{where}.group: unknown group {group!r}")
+    status = d.get("status", "enabled")
+    if status not in KEY_STATUSES:
+        raise ConfigError(f"{where}.status: must be enabled or disabled")
+    return KeySeed(
+        id=_name(d.get("id"), f"{where}.id"),
+        key=key,
+        account=account,
+        group=group,
+        status=status,
+        name=_str(d.get("name", ""), f"{where}.name", allow_empty=True),
+        expires_at=parse_time(d.get("expires_at"), f"{where}.expires_at"),
+    )
+
+
+def _limits(v: Any) -> Limits:
+    d = _mapping(v, "limits")
+    _no_unknown(d, {"max_request_bytes", "max_upload_bytes"}, "limits")
+    out = Limits()
+    return Limits(
+        max_request_bytes=_int(
+            d.get("max_request_bytes", out.max_request_bytes), "limits.max_request_bytes", minimum=1
+        ),
+        max_upload_bytes=_int(
+            d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
+        ),
+    )
+
+
+def _upstream(v: Any) -> UpstreamSettings:
+    d = _mapping(v, "upstream")
+    base = UpstreamSettings()
+    _no_unknown(d, set(UpstreamSettings.__dataclass_fields__), "upstream")
+    return UpstreamSettings(
+        connect_timeout=_num(d.get("connect_timeout", base.connect_timeout),
+                             "upstream.connect_timeout"),
+        read_timeout=_num(d.get("read_timeout", base.read_timeout), "upstream.read_timeout"),
+        pool_size=_int(d.get("pool_size", base.pool_size), "upstream.pool_size", minimum=1),
+        pool_size_per_host=_int(d.get("pool_size_per_host", base.pool_size_per_host),
+                                "upstream.pool_size_per_host"),
+        retries=_int(d.get("retries", base.retries), "upstream.retries"),
+        cooldown_seconds=_num(d.get("cooldown_seconds", base.cooldown_seconds),
+                              "upstream.cooldown_seconds"),
+    )  # fmt: skip

@@ -1,0 +1,137 @@
+"""The adapter interface: what every protocol module implements, and the values it exchanges.
+
+The internal shape is the chat-completions dict (``gateway.types``). ``decode_*`` moves toward
+it, ``encode_*`` away from it. Each protocol implements both sides once:
+
+- client side (the protocol the client speaks): ``decode_request``, ``encode_response``,
+  ``stream_encoder``, ``encode_error``, ``encode_count``;
+- upstream side (the protocol the channel speaks): ``encode_request``, ``decode_response``,
+  ``stream_decoder``, ``decode_error``, ``count_request``, ``decode_count``;
+- passthrough (client protocol == channel type): ``passthrough_request``,
+  ``passthrough_response``, ``passthrough_stream``: the body goes through unconverted, only the
+  model name is mapped, stream events are forwarded as they are and usage is read as they pass.
+
+Adapters are pure: they never await, log, read the clock or touch the store. Ids and times come
+in through ``Ctx``. A malformed body or chunk raises a ``GatewayError``; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from gateway.errors import GatewayError
+from gateway.sse import SSEEvent
+from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
+
+
+@dataclass(frozen=True, slots=True)
+class RouteMatch:
+    """What the path says: the client's protocol, the capability, and path-borne parameters."""
+
+    protocol: str  # "openai" | "anthropic" | "gemini"
+    capability: str  # "chat" | "count_tokens" | "models" | "embeddings" | ...
+    model: str | None = None  # from the path (generate-content)
+    stream: bool | None = None  # from the path (streamGenerateContent); None: the body says
+    sse: bool = True  # generate-content stream framing: SSE (?alt=sse) or a JSON array
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTarget:
+    """Where and how one attempt goes: the channel resolved for one model."""
+
+    channel: str  # channel name (for logs and records)
+    base_url: str  # as configured: openai includes /v1, anthropic and gemini are roots
+    api_key: str
+    model: str  # the upstream's model name (after model_map)
+    default_max_tokens: int  # from the catalogue, for protocols that require max tokens
+    stream: bool
+    client_headers: dict[str, str] = field(default_factory=dict)  # anthropic-version/-beta
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamCall:
+    url: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """Per-request values an adapter may put into what it writes."""
+
+    request_id: str  # unique; adapters derive response ids from it (chatcmpl-, msg_)
+    model: str  # the model name the client asked for; replies carry it
+    created: int  # unix seconds
+    include_usage: bool = False  # chat-completions stream_options.include_usage
+    prompt_tokens_estimate: int = 0  # local estimate, for protocols that want it up front
+
+
+class StreamDecoder(Protocol):
+    """Upstream SSE events -> chat-completions chunks. One per stream; owns its state."""
+
+    def feed(self, event: SSEEvent) -> list[ChatChunk]: ...
+
+    def close(self) -> list[ChatChunk]:
+        """At upstream EOF. Raises UpstreamError if the stream was cut before its end."""
+        ...
+
+
+class StreamEncoder(Protocol):
+    """Chat-completions chunks -> the client's stream bytes. One per stream; owns its state.
+
+    A chunk with ``usage`` (and usually no choices) reports usage; the encoder decides whether
+    its protocol shows it (chat-completions only when ``include_usage``).
+    """
+
+    content_type: str
+
+    def encode(self, chunk: ChatChunk) -> bytes: ...
+
+    def finish(self, usage: Usage | None) -> bytes: ...
+
+    def error(self, err: GatewayError) -> bytes: ...
+
+
+class PassthroughStream(Protocol):
+    """Upstream events forwarded to a client of the same protocol, usage read on the way."""
+
+    content_type: str
+    usage: Usage | None
+
+    def feed(self, event: SSEEvent) -> bytes: ...
+
+    def finish(self) -> bytes:
+        """At upstream EOF. Raises UpstreamError if the stream was cut before its end."""
+        ...
+
+    def error(self, err: GatewayError) -> bytes: ...
+
+
+class Adapter(Protocol):
+    name: ClassVar[str]  # "openai" | "anthropic" | "gemini"
+    capabilities: ClassVar[frozenset[str]]  # capabilities this protocol can serve upstream
+
+    # client side
+    def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest: ...
+    def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON: ...
+    def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> StreamEncoder: ...
+    def encode_error(self, err: GatewayError) -> tuple[int, JSON]: ...
+    def encode_count(self, tokens: int, ctx: Ctx) -> JSON: ...
+
+    # upstream side
+    def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall: ...
+    def decode_response(self, payload: JSON) -> ChatResponse: ...
+    def stream_decoder(self, ctx: Ctx) -> StreamDecoder: ...
+    def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
+    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall | None: ...
+    def decode_count(self, payload: JSON) -> int: ...
+
+    # passthrough
+    def passthrough_request(
+        self, payload: JSON, route: RouteMatch, target: UpstreamTarget
+    ) -> UpstreamCall: ...
+    def passthrough_response(self, payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]: ...
+    def passthrough_stream(
+        self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
+    ) -> PassthroughStream: ...

@@ -1,0 +1,130 @@
+"""The store: one small interface over accounts, keys, usage records and the catalogue.
+
+Two backends pass one test suite: SQLite (``sqlite:///path``, the embedded default; WAL, one
+writer thread, safe with several worker processes) and Redis (``redis://host:port/db``, shared
+by several instances; cluster-safe key names). Money is integer micro-units (1 balance unit =
+1,000,000), never floats. Keys are stored by the SHA-256 of their secret, never the secret.
+
+The hot path never awaits the store: it reads ``cache.Cache`` (a snapshot at most one second
+stale) and hands usage records to ``writer.UsageWriter``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+MICRO = 1_000_000
+
+
+class StoreError(Exception):
+    """Base of store failures."""
+
+
+class ConflictError(StoreError):
+    """The id (or key secret) already exists."""
+
+
+class MissingError(StoreError):
+    """No such account or key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    id: str
+    balance: int  # micro-units
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    key_hash: str  # hex SHA-256 of the secret
+    account: str
+    group: str
+    name: str = ""
+    status: str = "enabled"  # enabled | disabled
+    expires_at: datetime | None = None  # UTC
+    created_at: datetime | None = None  # UTC
+    hint: str = ""  # "sk-…abcd": enough to recognise a key, never enough to use it
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Call metadata only: never a prompt, a reply or a full client IP."""
+
+    time: datetime  # UTC, when the request arrived
+    request_id: str
+    account: str
+    key_id: str
+    model: str  # the name the client asked for
+    channel: str | None  # None when no channel was reached
+    protocol: str  # the client's: openai | anthropic | gemini
+    endpoint: str  # chat | count_tokens | embeddings | images | audio_transcription | ...
+    prompt_tokens: int
+    completion_tokens: int
+    cost: int  # micro-units debited
+    status: int  # HTTP status the client saw (499: the client went away)
+    latency_ms: int
+    ip_range: str  # a.b.c.0/24 or a /48
+
+
+def hash_key(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def key_hint(secret: str) -> str:
+    return f"{secret[:3]}…{secret[-4:]}"
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def seed(self, settings: Settings) -> None:
+        """Create the config file's accounts and keys that are absent (never overwrite what
+        changed at run time) and save the catalogue (groups, models, channels)."""
+        ...
+
+    async def version(self) -> int:
+        """A number that changes whenever a key or an account changes other than by a debit."""
+        ...
+
+    async def load_keys(self) -> list[KeyRecord]: ...
+    async def load_balances(self) -> dict[str, int]: ...
+
+    async def create_account(self, account_id: str, balance: int) -> Account: ...
+    async def get_account(self, account_id: str) -> Account | None: ...
+    async def topup(self, account_id: str, amount: int) -> Account: ...
+
+    async def create_key(self, rec: KeyRecord) -> None: ...
+    async def get_key(self, key_id: str) -> KeyRecord | None: ...
+    async def list_keys(self, account: str | None = None) -> list[KeyRecord]: ...
+    async def update_key(self, key_id: str, changes: dict[str, object]) -> KeyRecord: ...
+    async def delete_key(self, key_id: str) -> bool: ...
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        """For each record, atomically debit its cost from its account and append it."""
+        ...
+
+    async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
+        """Newest first."""
+        ...
+
+
+def open_store(url: str) -> Store:
+    """The backend for a store URL (not yet opened)."""
+    if url.startswith("sqlite:///"):
+        from gateway.store.sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from gateway.store.redis import RedisStore
+
+        return RedisStore(url)
+    raise ValueError(f"unsupported store URL: {url}")
