@@ -1,0 +1,540 @@
+"""The embedded store: one SQLite file in WAL mode, shared by every worker process.
+
+Every statement runs on one dedicated thread per store (a single-thread executor), so the event
+loop never blocks on the file and the connection is never shared between threads. Writes are
+``BEGIN IMMEDIATE`` transactions; the busy timeout makes the other worker processes wait their
+turn instead of failing. Money is integer micro-units; times are integer microseconds since the
+Unix epoch (UTC), which sort and compare exactly.
+
+Schema: ``accounts``, ``keys`` (by SHA-256 of the secret, never the secret), ``usage``
+(newest first by account through an index), ``catalogue`` (the config's groups, models and
+channels as one JSON blob, without upstream credentials) and ``meta`` (the ``version`` the
+caches poll: bumped by every key change, account creation and top-up, never by a debit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from gateway.store import (
+    MICRO,
+    Account,
+    ConflictError,
+    KeyRecord,
+    MissingError,
+    UsageRecord,
+    hash_key,
+    key_hint,
+)
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+URL_PREFIX = "sqlite:///"
+BUSY_TIMEOUT_MS = 30_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_MICROSECOND = timedelta(microseconds=1)
+KEY_STATUSES = ("enabled", "disabled")
+KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS accounts (
+    id      TEXT PRIMARY KEY,
+    balance INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS keys (
+    id         TEXT PRIMARY KEY,
+    key_hash   TEXT NOT NULL UNIQUE,
+    account    TEXT NOT NULL,
+    grp        TEXT NOT NULL,
+    name       TEXT NOT NULL DEFAULT '',
+    status     TEXT NOT NULL DEFAULT 'enabled',
+    expires_at INTEGER,
+    created_at INTEGER,
+    hint       TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS keys_account ON keys (account);
+CREATE TABLE IF NOT EXISTS usage (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    time              INTEGER NOT NULL,
+    request_id        TEXT NOT NULL,
+    account           TEXT NOT NULL,
+    key_id            TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    channel           TEXT,
+    protocol          TEXT NOT NULL,
+    endpoint          TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost              INTEGER NOT NULL,
+    status            INTEGER NOT NULL,
+    latency_ms        INTEGER NOT NULL,
+    ip_range          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_account_time ON usage (account, time DESC, seq DESC);
+CREATE INDEX IF NOT EXISTS usage_time ON usage (time DESC, seq DESC);
+CREATE TABLE IF NOT EXISTS catalogue (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    payload    TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta (id, version) VALUES (1, 0);
+"""
+
+KEY_COLUMNS = "id, key_hash, account, grp, name, status, expires_at, created_at, hint"
+USAGE_COLUMNS = (
+    "time, request_id, account, key_id, model, channel, protocol, endpoint, prompt_tokens, "
+    "completion_tokens, cost, status, latency_ms, ip_range"
+)
+BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
+
+T = TypeVar("T")
+
+
+def to_micros(dt: datetime) -> int:
+    """Microseconds since the epoch, exactly (a naive time is taken as UTC)."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - EPOCH) // ONE_MICROSECOND
+
+
+def from_micros(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=us)
+
+
+def parse_expiry(value: object) -> datetime | None:
+    """``expires_at`` as given to ``update_key``: a datetime, an RFC 3339 string or None."""
+    if value is None or isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str):
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    else:
+        raise ValueError("expires_at: must be an RFC 3339 time or null")
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
+
+
+def apply_key_changes(rec: KeyRecord, changes: dict[str, object]) -> KeyRecord:
+    """The key after ``changes`` (any of status, group, expires_at, name). Raises ValueError."""
+    unknown = set(changes) - KEY_CHANGES
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: cannot be changed")
+    updates: dict[str, Any] = {}
+    if "status" in changes:
+        if changes["status"] not in KEY_STATUSES:
+            raise ValueError("status: must be enabled or disabled")
+        updates["status"] = changes["status"]
+    for name in ("group", "name"):
+        if name in changes:
+            value = changes[name]
+            if not isinstance(value, str) or (name == "group" and not value):
+                raise ValueError(f"{name}: must be a non-empty string")
+            updates[name] = value
+    if "expires_at" in changes:
+        updates["expires_at"] = parse_expiry(changes["expires_at"])
+    return replace(rec, **updates)
+
+
+def catalogue_json(settings: Settings) -> bytes:
+    """The config's groups, models and channels as saved by ``seed`` (no upstream api_key)."""
+    return orjson.dumps(
+        {
+            "groups": list(settings.groups),
+            "models": [
+                {
+                    "name": m.name,
+                    "capabilities": sorted(m.capabilities),
+                    "price": {
+                        "input": m.price.input,
+                        "output": m.price.output,
+                        "request": m.price.request,
+                        "image": m.price.image,
+                        "audio_second": m.price.audio_second,
+                        "speech_char": m.price.speech_char,
+                    },
+                    "default_max_tokens": m.default_max_tokens,
+                }
+                for m in settings.models
+            ],
+            "channels": [
+                {
+                    "name": c.name,
+                    "type": c.type,
+                    "base_url": c.base_url,
+                    "groups": list(c.groups),
+                    "models": list(c.models),
+                    "model_map": c.model_map,
+                    "priority": c.priority,
+                    "weight": c.weight,
+                }
+                for c in settings.channels
+            ],
+        }
+    )
+
+
+def seed_keys(settings: Settings, now: datetime) -> list[KeyRecord]:
+    return [
+        KeyRecord(
+            id=k.id,
+            key_hash=hash_key(k.key),
+            account=k.account,
+            group=k.group,
+            name=k.name,
+            status=k.status,
+            expires_at=k.expires_at,
+            created_at=now,
+            hint=key_hint(k.key),
+        )
+        for k in settings.keys
+    ]
+
+
+def db_path(url: str) -> str:
+    """``sqlite:///rel/path`` is relative to the working directory, ``sqlite:////abs`` absolute."""
+    if not url.startswith(URL_PREFIX) or len(url) == len(URL_PREFIX):
+        raise ValueError(f"not a sqlite:/// URL: {url}")
+    return url[len(URL_PREFIX) :]
+
+
+def _key_row(rec: KeyRecord) -> tuple[object, ...]:
+    return (
+        rec.id,
+        rec.key_hash,
+        rec.account,
+        rec.group,
+        rec.name,
+        rec.status,
+        None if rec.expires_at is None else to_micros(rec.expires_at),
+        None if rec.created_at is None else to_micros(rec.created_at),
+        rec.hint,
+    )
+
+
+def _key_from_row(row: tuple[Any, ...]) -> KeyRecord:
+    return KeyRecord(
+        id=row[0],
+        key_hash=row[1],
+        account=row[2],
+        group=row[3],
+        name=row[4],
+        status=row[5],
+        expires_at=None if row[6] is None else from_micros(row[6]),
+        created_at=None if row[7] is None else from_micros(row[7]),
+        hint=row[8],
+    )
+
+
+def _usage_row(rec: UsageRecord) -> tuple[object, ...]:
+    return (
+        to_micros(rec.time),
+        rec.request_id,
+        rec.account,
+        rec.key_id,
+        rec.model,
+        rec.channel,
+        rec.protocol,
+        rec.endpoint,
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        rec.cost,
+        rec.status,
+        rec.latency_ms,
+        rec.ip_range,
+    )
+
+
+def _usage_from_row(row: tuple[Any, ...]) -> UsageRecord:
+    return UsageRecord(from_micros(row[0]), *row[1:])
+
+
+class SQLiteStore:
+    """The ``Store`` over one SQLite file (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.path = db_path(url)
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None or self._conn is None:
+            raise RuntimeError("SQLiteStore is not open")
+        conn = self._conn
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
+
+    async def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` inside one write transaction, on the store's thread."""
+
+        def run(conn: sqlite3.Connection) -> T:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+
+        return await self._run(run)
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,  # transactions are explicit
+            check_same_thread=False,  # created here, then only used on the store's thread
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gw-sqlite")
+        try:
+            loop = asyncio.get_running_loop()
+            self._conn = await loop.run_in_executor(self._executor, self._connect)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    async def close(self) -> None:
+        executor, conn = self._executor, self._conn
+        if executor is None:
+            return
+        self._conn = None
+        self._executor = None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(executor, conn.close)
+        executor.shutdown(wait=True)
+
+    # -- seed, version, snapshot ------------------------------------------------------------
+
+    async def seed(self, settings: Settings) -> None:
+        accounts = [(a.id, round(a.balance * MICRO)) for a in settings.accounts]
+        keys = [_key_row(k) for k in seed_keys(settings, datetime.now(UTC))]
+        catalogue = catalogue_json(settings).decode()
+        now = to_micros(datetime.now(UTC))
+
+        def run(conn: sqlite3.Connection) -> None:
+            changed = 0
+            for row in accounts:
+                changed += conn.execute(
+                    "INSERT OR IGNORE INTO accounts (id, balance) VALUES (?, ?)", row
+                ).rowcount
+            for krow in keys:
+                changed += conn.execute(
+                    f"INSERT OR IGNORE INTO keys ({KEY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", krow
+                ).rowcount
+            conn.execute(
+                "INSERT INTO catalogue (id, payload, updated_at) VALUES (1, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET payload = excluded.payload, "
+                "updated_at = excluded.updated_at",
+                (catalogue, now),
+            )
+            if changed:
+                conn.execute(BUMP_VERSION)
+
+        await self._tx(run)
+
+    async def catalogue(self) -> bytes | None:
+        """The JSON saved by the last ``seed`` (not part of the Store protocol)."""
+
+        def run(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute("SELECT payload FROM catalogue WHERE id = 1").fetchone()
+            return None if row is None else str(row[0]).encode()
+
+        return await self._run(run)
+
+    async def version(self) -> int:
+        def run(conn: sqlite3.Connection) -> int:
+            row = conn.execute("SELECT version FROM meta WHERE id = 1").fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._run(run)
+
+    async def load_keys(self) -> list[KeyRecord]:
+        def run(conn: sqlite3.Connection) -> list[KeyRecord]:
+            rows = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys").fetchall()
+            return [_key_from_row(r) for r in rows]
+
+        return await self._run(run)
+
+    async def load_balances(self) -> dict[str, int]:
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            return {r[0]: int(r[1]) for r in conn.execute("SELECT id, balance FROM accounts")}
+
+        return await self._run(run)
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    async def create_account(self, account_id: str, balance: int) -> Account:
+        def run(conn: sqlite3.Connection) -> Account:
+            try:
+                conn.execute(
+                    "INSERT INTO accounts (id, balance) VALUES (?, ?)", (account_id, balance)
+                )
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"account {account_id!r} already exists") from None
+            conn.execute(BUMP_VERSION)
+            return Account(account_id, balance)
+
+        return await self._tx(run)
+
+    async def get_account(self, account_id: str) -> Account | None:
+        def run(conn: sqlite3.Connection) -> Account | None:
+            row = conn.execute(
+                "SELECT id, balance FROM accounts WHERE id = ?", (account_id,)
+            ).fetchone()
+            return None if row is None else Account(row[0], int(row[1]))
+
+        return await self._run(run)
+
+    async def topup(self, account_id: str, amount: int) -> Account:
+        def run(conn: sqlite3.Connection) -> Account:
+            row = conn.execute(
+                "UPDATE accounts SET balance = balance + ? WHERE id = ? RETURNING balance",
+                (amount, account_id),
+            ).fetchone()
+            if row is None:
+                raise MissingError(f"no account {account_id!r}")
+            conn.execute(BUMP_VERSION)
+            return Account(account_id, int(row[0]))
+
+        return await self._tx(run)
+
+    # -- keys -------------------------------------------------------------------------------
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        if rec.created_at is None:
+            rec = replace(rec, created_at=datetime.now(UTC))
+        row = _key_row(rec)
+
+        def run(conn: sqlite3.Connection) -> None:
+            if (
+                conn.execute("SELECT 1 FROM accounts WHERE id = ?", (rec.account,)).fetchone()
+                is None
+            ):
+                raise MissingError(f"no account {rec.account!r}")
+            try:
+                conn.execute(f"INSERT INTO keys ({KEY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row)
+            except sqlite3.IntegrityError:
+                raise ConflictError(f"key {rec.id!r} (or its secret) already exists") from None
+            conn.execute(BUMP_VERSION)
+
+        await self._tx(run)
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        def run(conn: sqlite3.Connection) -> KeyRecord | None:
+            row = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE id = ?", (key_id,)).fetchone()
+            return None if row is None else _key_from_row(row)
+
+        return await self._run(run)
+
+    async def list_keys(self, account: str | None = None) -> list[KeyRecord]:
+        def run(conn: sqlite3.Connection) -> list[KeyRecord]:
+            order = "ORDER BY created_at, id"
+            if account is None:
+                rows = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys {order}").fetchall()
+            else:
+                rows = conn.execute(
+                    f"SELECT {KEY_COLUMNS} FROM keys WHERE account = ? {order}", (account,)
+                ).fetchall()
+            return [_key_from_row(r) for r in rows]
+
+        return await self._run(run)
+
+    async def update_key(self, key_id: str, changes: dict[str, object]) -> KeyRecord:
+        def run(conn: sqlite3.Connection) -> KeyRecord:
+            row = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE id = ?", (key_id,)).fetchone()
+            if row is None:
+                raise MissingError(f"no key {key_id!r}")
+            new = apply_key_changes(_key_from_row(row), changes)
+            values = _key_row(new)
+            conn.execute(
+                "UPDATE keys SET grp = ?, name = ?, status = ?, expires_at = ? WHERE id = ?",
+                (values[3], values[4], values[5], values[6], key_id),
+            )
+            conn.execute(BUMP_VERSION)
+            return new
+
+        return await self._tx(run)
+
+    async def delete_key(self, key_id: str) -> bool:
+        def run(conn: sqlite3.Connection) -> bool:
+            if conn.execute("DELETE FROM keys WHERE id = ?", (key_id,)).rowcount == 0:
+                return False
+            conn.execute(BUMP_VERSION)
+            return True
+
+        return await self._tx(run)
+
+    # -- usage ------------------------------------------------------------------------------
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        if not records:
+            return
+        debits = [(r.cost, r.account) for r in records]
+        rows = [_usage_row(r) for r in records]
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE accounts SET balance = balance - ? WHERE id = ?", debits)
+            conn.executemany(
+                f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows
+            )
+
+        await self._tx(run)
+
+    async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
+        if limit <= 0:
+            return []
+
+        def run(conn: sqlite3.Connection) -> list[UsageRecord]:
+            order = "ORDER BY time DESC, seq DESC LIMIT ?"
+            if account is None:
+                rows = conn.execute(f"SELECT {USAGE_COLUMNS} FROM usage {order}", (limit,))
+            else:
+                rows = conn.execute(
+                    f"SELECT {USAGE_COLUMNS} FROM usage WHERE account = ? {order}",
+                    (account, limit),
+                )
+            return [_usage_from_row(r) for r in rows.fetchall()]
+
+        return await self._run(run)
