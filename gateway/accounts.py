@@ -1,0 +1,363 @@
+"""Accounts, keys and usage as the operator manages them: one set of service functions behind
+both the admin API (``admin.py``) and the ``gateway`` command line (``cli.py``).
+
+Each function validates what a person or a script typed, talks to the store, and raises a
+``GatewayError`` whose status the admin API sends as it is (400 bad input, 404 missing,
+409 already exists); the CLI prints its message. The ``*_json`` functions give the one JSON
+shape both surfaces show: money in balance units (the store's micro-units / 1e6), times in
+RFC 3339 UTC with a ``Z``, and a key's secret only in the reply that created it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+
+from gateway.config import NAME_RE, Channel, ConfigError, Model, Settings, parse_time
+from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
+from gateway.store import (
+    MICRO,
+    Account,
+    ConflictError,
+    KeyRecord,
+    MissingError,
+    Store,
+    UsageRecord,
+    hash_key,
+    key_hint,
+)
+from gateway.types import JSON
+
+KEY_STATUSES = ("enabled", "disabled")
+KEY_CHANGES = frozenset({"status", "group", "expires_at"})
+MAX_AMOUNT = 10**12  # balance units; keeps micro-units well inside a signed 64-bit integer
+MAX_NAME_LEN = 200
+MAX_ID_LEN = 128
+USAGE_DEFAULT_LIMIT = 100
+USAGE_MAX_LIMIT = 1000
+
+
+class AlreadyExistsError(GatewayError):
+    """409: an account id (or key id) that is already taken."""
+
+    status = 409
+    type = "conflict_error"
+
+
+# ---- values --------------------------------------------------------------------------------
+
+
+def to_micro(value: object, field: str) -> int:
+    """A JSON number (or a Decimal typed at the command line) in balance units -> micro-units.
+
+    Goes through the number's decimal text, so 0.1 is exactly 100000 micro-units and
+    0.1 + 0.2 adds up to exactly 0.3; anything finer than a micro-unit is rounded half-even.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise InvalidRequestError(f"{field}: must be a number")
+    try:
+        dec = value if isinstance(value, Decimal) else Decimal(str(value))
+    except InvalidOperation:
+        raise InvalidRequestError(f"{field}: must be a number") from None
+    if not dec.is_finite():
+        raise InvalidRequestError(f"{field}: must be a finite number")
+    if abs(dec) > MAX_AMOUNT:
+        raise InvalidRequestError(f"{field}: must be at most {MAX_AMOUNT} in size")
+    return int((dec * MICRO).to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+def from_micro(micro: int) -> float:
+    """Micro-units -> a JSON number in balance units (300000 -> 0.3, the nearest double)."""
+    return micro / MICRO
+
+
+def format_money(micro: int) -> str:
+    """Micro-units as exact decimal text for people: 300000 -> '0.3', -5 * MICRO -> '-5'."""
+    sign = "-" if micro < 0 else ""
+    whole, frac = divmod(abs(micro), MICRO)
+    if not frac:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{frac:06d}".rstrip("0")
+
+
+def format_time(dt: datetime | None) -> str | None:
+    """RFC 3339 in UTC with a Z; milliseconds only when the time has them."""
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    dt = dt.astimezone(UTC)
+    spec = "seconds" if dt.microsecond == 0 else "milliseconds"
+    return dt.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def _time(value: object, field: str) -> datetime | None:
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(f"{field}: must be an RFC 3339 time or null")
+    try:
+        return parse_time(value, field)
+    except ConfigError:
+        raise InvalidRequestError(
+            f"{field}: not an RFC 3339 time (e.g. 2030-01-01T00:00:00Z)"
+        ) from None
+
+
+def _ident(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{field}: must be a non-empty string")
+    if len(value) > MAX_ID_LEN or not NAME_RE.match(value):
+        raise InvalidRequestError(
+            f"{field}: {value!r} is not a valid id (letters, digits and ._:/@-, "
+            f"at most {MAX_ID_LEN} characters)"
+        )
+    return value
+
+
+def _group(settings: Settings, value: object, field: str = "group") -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{field}: must be a non-empty string")
+    if value not in settings.groups:
+        raise InvalidRequestError(
+            f"{field}: unknown group {value!r} (configured: {', '.join(settings.groups)})"
+        )
+    return value
+
+
+def _status(value: object) -> str:
+    if value not in KEY_STATUSES:
+        raise InvalidRequestError("status: must be 'enabled' or 'disabled'")
+    assert isinstance(value, str)
+    return value
+
+
+def only_fields(body: Mapping[str, object], allowed: frozenset[str] | set[str]) -> None:
+    """Reject fields the endpoint does not know, so a typo is not silently ignored."""
+    for k in body:
+        if k not in allowed:
+            raise InvalidRequestError(f"{k}: unknown field (expected {', '.join(sorted(allowed))})")
+
+
+# ---- accounts ------------------------------------------------------------------------------
+
+
+async def create_account(store: Store, account_id: object, balance: object = 0) -> Account:
+    aid = _ident(account_id, "id")
+    micro = to_micro(balance, "balance")
+    try:
+        return await store.create_account(aid, micro)
+    except ConflictError:
+        raise AlreadyExistsError(f"account {aid!r} already exists") from None
+
+
+async def get_account(store: Store, account_id: str) -> Account:
+    acct = await store.get_account(account_id)
+    if acct is None:
+        raise NotFoundError(f"account {account_id!r} not found")
+    return acct
+
+
+async def list_accounts(store: Store) -> list[Account]:
+    balances = await store.load_balances()
+    return [Account(id=k, balance=v) for k, v in sorted(balances.items())]
+
+
+async def topup(store: Store, account_id: str, amount: object) -> Account:
+    """Add ``amount`` (negative: a correction) to the balance, atomically in the store."""
+    micro = to_micro(amount, "amount")
+    try:
+        return await store.topup(account_id, micro)
+    except MissingError:
+        raise NotFoundError(f"account {account_id!r} not found") from None
+
+
+# ---- keys ----------------------------------------------------------------------------------
+
+
+def new_secret() -> str:
+    return "sk-" + secrets.token_urlsafe(36)  # 36 random bytes: 48 url-safe characters
+
+
+def new_key_id() -> str:
+    return "k_" + secrets.token_hex(6)
+
+
+async def create_key(
+    store: Store,
+    settings: Settings,
+    *,
+    account: object,
+    group: object = None,
+    name: object = None,
+    expires_at: object = None,
+) -> tuple[KeyRecord, str]:
+    """Make a key; returns the record and the secret, which nothing keeps."""
+    if not isinstance(account, str) or not account:
+        raise InvalidRequestError("account: must be a non-empty string")
+    grp = settings.groups[0] if group is None else _group(settings, group)
+    if name is None:
+        name = ""
+    if not isinstance(name, str) or len(name) > MAX_NAME_LEN:
+        raise InvalidRequestError(f"name: must be a string of at most {MAX_NAME_LEN} characters")
+    expiry = _time(expires_at, "expires_at")
+    if await store.get_account(account) is None:
+        raise NotFoundError(f"account {account!r} not found")
+    now = datetime.now(UTC).replace(microsecond=0)
+    for _ in range(3):
+        secret = new_secret()
+        rec = KeyRecord(
+            id=new_key_id(),
+            key_hash=hash_key(secret),
+            account=account,
+            group=grp,
+            name=name,
+            status="enabled",
+            expires_at=expiry,
+            created_at=now,
+            hint=key_hint(secret),
+        )
+        try:
+            await store.create_key(rec)
+        except ConflictError:
+            continue  # a random id collided; draw again
+        return rec, secret
+    raise AlreadyExistsError("could not allocate a unique key id; try again")
+
+
+async def get_key(store: Store, key_id: str) -> KeyRecord:
+    rec = await store.get_key(key_id)
+    if rec is None:
+        raise NotFoundError(f"key {key_id!r} not found")
+    return rec
+
+
+async def list_keys(store: Store, account: str | None = None) -> list[KeyRecord]:
+    keys = await store.list_keys(account or None)
+    return sorted(keys, key=lambda k: (k.created_at or datetime.min.replace(tzinfo=UTC), k.id))
+
+
+async def update_key(
+    store: Store, settings: Settings, key_id: str, body: Mapping[str, object]
+) -> KeyRecord:
+    """Change any of status, group and expires_at (null clears the expiry)."""
+    only_fields(body, KEY_CHANGES)
+    changes: dict[str, object] = {}
+    if "status" in body:
+        changes["status"] = _status(body["status"])
+    if "group" in body:
+        changes["group"] = _group(settings, body["group"])
+    if "expires_at" in body:
+        changes["expires_at"] = _time(body["expires_at"], "expires_at")
+    if not changes:
+        return await get_key(store, key_id)
+    try:
+        return await store.update_key(key_id, changes)
+    except MissingError:
+        raise NotFoundError(f"key {key_id!r} not found") from None
+
+
+async def delete_key(store: Store, key_id: str) -> None:
+    if not await store.delete_key(key_id):
+        raise NotFoundError(f"key {key_id!r} not found")
+
+
+# ---- usage ---------------------------------------------------------------------------------
+
+
+def usage_limit(value: object) -> int:
+    """The ``limit`` of a usage query: default 100, at least 1, at most 1000 (larger is cut)."""
+    if value is None or value == "":
+        return USAGE_DEFAULT_LIMIT
+    if isinstance(value, bool):
+        raise InvalidRequestError("limit: must be a positive integer")
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise InvalidRequestError("limit: must be a positive integer") from None
+    if not isinstance(value, int) or value < 1:
+        raise InvalidRequestError("limit: must be a positive integer")
+    return min(value, USAGE_MAX_LIMIT)
+
+
+async def usage(
+    store: Store, account: str | None = None, limit: object = None
+) -> list[UsageRecord]:
+    """Usage records, newest first."""
+    n = usage_limit(limit)
+    records = await store.usage(account or None, n)
+    return records[:n]
+
+
+# ---- JSON shapes ---------------------------------------------------------------------------
+
+
+def account_json(acct: Account) -> dict[str, JSON]:
+    return {"id": acct.id, "balance": from_micro(acct.balance)}
+
+
+def key_json(rec: KeyRecord, secret: str | None = None) -> dict[str, JSON]:
+    out: dict[str, JSON] = {"id": rec.id}
+    if secret is not None:
+        out["key"] = secret
+    out.update(
+        name=rec.name,
+        account=rec.account,
+        group=rec.group,
+        status=rec.status,
+        expires_at=format_time(rec.expires_at),
+        created_at=format_time(rec.created_at),
+        hint=rec.hint,
+    )
+    return out
+
+
+def usage_json(rec: UsageRecord) -> dict[str, JSON]:
+    return {
+        "time": format_time(rec.time),
+        "request_id": rec.request_id,
+        "account": rec.account,
+        "key_id": rec.key_id,
+        "model": rec.model,
+        "channel": rec.channel,
+        "protocol": rec.protocol,
+        "endpoint": rec.endpoint,
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "cost": from_micro(rec.cost),
+        "status": rec.status,
+        "latency_ms": rec.latency_ms,
+        "ip_range": rec.ip_range,
+    }
+
+
+def model_json(model: Model) -> dict[str, JSON]:
+    price = model.price
+    return {
+        "name": model.name,
+        "capabilities": sorted(model.capabilities),
+        "price": {
+            "input": price.input,
+            "output": price.output,
+            "request": price.request,
+            "image": price.image,
+            "audio_second": price.audio_second,
+            "speech_char": price.speech_char,
+        },
+        "default_max_tokens": model.default_max_tokens,
+    }
+
+
+def channel_json(ch: Channel) -> dict[str, JSON]:
+    """A channel as the console shows it: never its upstream api_key."""
+    return {
+        "name": ch.name,
+        "type": ch.type,
+        "base_url": ch.base_url,
+        "groups": list(ch.groups),
+        "models": list(ch.models),
+        "model_map": dict(ch.model_map),
+        "priority": ch.priority,
+        "weight": ch.weight,
+    }

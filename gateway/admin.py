@@ -1,0 +1,239 @@
+"""The admin API (contract §5): ordinary Starlette handlers under ``/admin``, off the hot path.
+
+Every handler first checks ``Authorization: Bearer <admin_token>`` in constant time; an empty
+configured token turns the API off (always 401). Handlers parse the request, call the service
+functions in ``accounts.py`` (shared with the command line) and render what they return or
+raise: errors in the OpenAI shape ``{"error": {"message", "type", "code"}}``, never a 500 for
+a bad body.
+
+Consistency: before reading balances or usage the handler flushes this instance's usage writer,
+so a caller sees its own finished requests; after any change it refreshes this instance's cache,
+so the change applies here at once (other instances follow within a second).
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Protocol, cast
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway import accounts
+from gateway.config import Settings
+from gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, NotFoundError
+from gateway.store import Store
+from gateway.types import JSON
+
+ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+ERROR_CODES = {
+    400: "invalid_request",
+    401: "invalid_admin_token",
+    404: "not_found",
+    409: "already_exists",
+}
+
+
+class Refreshable(Protocol):
+    async def refresh(self) -> None: ...
+
+
+class Flushable(Protocol):
+    async def flush(self) -> None: ...
+
+
+class AdminState(Protocol):
+    """What the app puts in ``app.state.gateway`` that the admin API uses."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def cache(self) -> Refreshable: ...
+    @property
+    def writer(self) -> Flushable: ...
+
+
+Handler = Callable[[Request, AdminState], Awaitable[Response]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(payload: JSON, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+def error_response(err: GatewayError) -> Response:
+    body = {
+        "error": {"message": err.message, "type": err.type, "code": ERROR_CODES.get(err.status)}
+    }
+    resp = json_response(body, err.status)
+    if err.status == 401:
+        resp.headers["www-authenticate"] = "Bearer"
+    return resp
+
+
+def authorized(header: str, admin_token: str) -> bool:
+    """``Bearer <admin_token>``, compared in constant time; an empty admin_token admits no one."""
+    if not admin_token:
+        return False
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), admin_token.encode())
+
+
+def _guarded(handler: Handler) -> Endpoint:
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        state = cast(AdminState, request.app.state.gateway)
+        if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
+            return error_response(AuthenticationError("missing or invalid admin token"))
+        try:
+            return await handler(request, state)
+        except GatewayError as err:
+            return error_response(err)
+
+    return endpoint
+
+
+async def _body(request: Request) -> dict[str, JSON]:
+    raw = await request.body()
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequestError("request body: not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequestError("request body: must be a JSON object")
+    return payload
+
+
+# ---- accounts ------------------------------------------------------------------------------
+
+
+async def list_accounts(request: Request, state: AdminState) -> Response:
+    await state.writer.flush()
+    accts = await accounts.list_accounts(state.store)
+    return json_response({"data": [accounts.account_json(a) for a in accts]})
+
+
+async def create_account(request: Request, state: AdminState) -> Response:
+    body = await _body(request)
+    accounts.only_fields(body, {"id", "balance"})
+    acct = await accounts.create_account(state.store, body.get("id"), body.get("balance", 0))
+    await state.cache.refresh()
+    return json_response(accounts.account_json(acct), 201)
+
+
+async def get_account(request: Request, state: AdminState) -> Response:
+    await state.writer.flush()
+    acct = await accounts.get_account(state.store, request.path_params["id"])
+    return json_response(accounts.account_json(acct))
+
+
+async def topup(request: Request, state: AdminState) -> Response:
+    body = await _body(request)
+    accounts.only_fields(body, {"amount"})
+    if "amount" not in body:
+        raise InvalidRequestError("amount: required")
+    await state.writer.flush()
+    acct = await accounts.topup(state.store, request.path_params["id"], body["amount"])
+    await state.cache.refresh()
+    return json_response(accounts.account_json(acct))
+
+
+# ---- keys ----------------------------------------------------------------------------------
+
+
+async def list_keys(request: Request, state: AdminState) -> Response:
+    keys = await accounts.list_keys(state.store, request.query_params.get("account"))
+    return json_response({"data": [accounts.key_json(k) for k in keys]})
+
+
+async def create_key(request: Request, state: AdminState) -> Response:
+    body = await _body(request)
+    accounts.only_fields(body, {"account", "group", "name", "expires_at"})
+    rec, secret = await accounts.create_key(
+        state.store,
+        state.settings,
+        account=body.get("account"),
+        group=body.get("group"),
+        name=body.get("name"),
+        expires_at=body.get("expires_at"),
+    )
+    await state.cache.refresh()
+    return json_response(accounts.key_json(rec, secret), 201)
+
+
+async def get_key(request: Request, state: AdminState) -> Response:
+    rec = await accounts.get_key(state.store, request.path_params["id"])
+    return json_response(accounts.key_json(rec))
+
+
+async def update_key(request: Request, state: AdminState) -> Response:
+    body = await _body(request)
+    rec = await accounts.update_key(state.store, state.settings, request.path_params["id"], body)
+    await state.cache.refresh()
+    return json_response(accounts.key_json(rec))
+
+
+async def delete_key(request: Request, state: AdminState) -> Response:
+    key_id = request.path_params["id"]
+    await accounts.delete_key(state.store, key_id)
+    await state.cache.refresh()
+    return json_response({"id": key_id, "deleted": True})
+
+
+# ---- usage and catalogue -------------------------------------------------------------------
+
+
+async def usage(request: Request, state: AdminState) -> Response:
+    limit = accounts.usage_limit(request.query_params.get("limit"))
+    await state.writer.flush()
+    records = await accounts.usage(state.store, request.query_params.get("account"), limit)
+    return json_response({"data": [accounts.usage_json(r) for r in records]})
+
+
+async def list_models(request: Request, state: AdminState) -> Response:
+    return json_response({"data": [accounts.model_json(m) for m in state.settings.models]})
+
+
+async def list_channels(request: Request, state: AdminState) -> Response:
+    return json_response({"data": [accounts.channel_json(c) for c in state.settings.channels]})
+
+
+async def list_groups(request: Request, state: AdminState) -> Response:
+    return json_response({"data": list(state.settings.groups)})
+
+
+async def not_found(request: Request, state: AdminState) -> Response:
+    raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
+
+
+def admin_routes() -> list[BaseRoute]:
+    """The admin routes, to be mounted at ``/admin``."""
+
+    def r(path: str, handler: Handler, *methods: str) -> Route:
+        return Route(path, _guarded(handler), methods=list(methods))
+
+    return [
+        r("/accounts", list_accounts, "GET"),
+        r("/accounts", create_account, "POST"),
+        r("/accounts/{id}", get_account, "GET"),
+        r("/accounts/{id}/topup", topup, "POST"),
+        r("/keys", list_keys, "GET"),
+        r("/keys", create_key, "POST"),
+        r("/keys/{id}", get_key, "GET"),
+        r("/keys/{id}", update_key, "PATCH"),
+        r("/keys/{id}", delete_key, "DELETE"),
+        r("/usage", usage, "GET"),
+        r("/models", list_models, "GET"),
+        r("/channels", list_channels, "GET"),
+        r("/groups", list_groups, "GET"),
+        # last: anything else under /admin is still behind the token, then 404 in our shape
+        r("/{path:path}", not_found, *ALL_METHODS),
+    ]
