@@ -1,0 +1,385 @@
+"""The shared store: Redis, for several gateway instances (``redis://host:port/db``).
+
+Every key name the gateway uses is a constant below. Keys that one Lua script touches together
+share a hash tag, so the layout works on a Redis Cluster too: an account's balance and its usage
+live in slot ``{acct:<id>}``, and all key records in slot ``{keys}`` (a few thousand small
+records that change rarely; the hot path reads them from the cache, never from here).
+
+- A debit and its usage record are one atomic script per record. The record is added to the
+  account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
+  is new, so re-sending a batch after a failure (the writer retries) never debits twice.
+- ``gw:version`` is INCR'd after every key change, account creation and top-up (never by a
+  debit), and the new value is PUBLISHed on ``gw:changes``; caches poll the version.
+- Secrets are never stored: key records are found by the SHA-256 of the secret.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from gateway.store import (
+    MICRO,
+    Account,
+    ConflictError,
+    KeyRecord,
+    MissingError,
+    UsageRecord,
+)
+from gateway.store.sqlite import apply_key_changes, catalogue_json, seed_keys, to_micros
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+# -- key names -------------------------------------------------------------------------------
+VERSION_KEY = "gw:version"  # string counter, INCR'd on every change but debits
+CHANGES_CHANNEL = "gw:changes"  # pub/sub: the new version after each change
+CATALOGUE_KEY = "gw:catalogue"  # string: JSON of groups, models, channels (no api_key)
+ACCOUNTS_KEY = "gw:accounts"  # set of account ids
+BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
+USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
+USAGE_ACCOUNTS_KEY = "gw:usage:accounts"  # set of accounts that have usage records
+KEY_RECORDS_KEY = "gw:{keys}:records"  # hash: key id -> key record JSON
+KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
+
+USAGE_KEEP = 1_000_000  # newest usage records kept per account
+UPDATE_RETRIES = 50
+
+# -- scripts ---------------------------------------------------------------------------------
+# KEYS: balance, usage   ARGV: cost, time µs, record JSON, keep
+SETTLE_LUA = """
+if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[3]) == 0 then return 0 end
+local keep = tonumber(ARGV[4])
+local n = redis.call('ZCARD', KEYS[2])
+if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+# KEYS: balance   ARGV: amount   -> new balance, or nil when the account does not exist
+TOPUP_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+return redis.call('INCRBY', KEYS[1], ARGV[1])
+"""
+
+# KEYS: records, by_hash   ARGV: id, key_hash, record JSON   -> 0 created, 1 id taken, 2 secret
+CREATE_KEY_LUA = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+return 0
+"""
+
+# KEYS: records   ARGV: id, expected JSON, new JSON   -> 1 written, 0 changed meanwhile
+UPDATE_KEY_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+# KEYS: records, by_hash   ARGV: id   -> 1 deleted, 0 absent
+DELETE_KEY_LUA = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local h = cjson.decode(v)['key_hash']
+redis.call('HDEL', KEYS[1], ARGV[1])
+if redis.call('HGET', KEYS[2], h) == ARGV[1] then redis.call('HDEL', KEYS[2], h) end
+return 1
+"""
+
+
+def balance_key(account: str) -> str:
+    return BALANCE_KEY.format(account=account)
+
+
+def usage_key(account: str) -> str:
+    return USAGE_KEY.format(account=account)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _time_text(dt: datetime) -> str:
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(v: Any) -> datetime | None:
+    return None if v is None else datetime.fromisoformat(v).astimezone(UTC)
+
+
+def encode_key(rec: KeyRecord) -> bytes:
+    return orjson.dumps(
+        {
+            "id": rec.id,
+            "key_hash": rec.key_hash,
+            "account": rec.account,
+            "group": rec.group,
+            "name": rec.name,
+            "status": rec.status,
+            "expires_at": None if rec.expires_at is None else _time_text(rec.expires_at),
+            "created_at": None if rec.created_at is None else _time_text(rec.created_at),
+            "hint": rec.hint,
+        }
+    )
+
+
+def decode_key(raw: bytes | str) -> KeyRecord:
+    d = orjson.loads(raw)
+    return KeyRecord(
+        id=d["id"],
+        key_hash=d["key_hash"],
+        account=d["account"],
+        group=d["group"],
+        name=d.get("name", ""),
+        status=d.get("status", "enabled"),
+        expires_at=_parse_time(d.get("expires_at")),
+        created_at=_parse_time(d.get("created_at")),
+        hint=d.get("hint", ""),
+    )
+
+
+def encode_usage(rec: UsageRecord) -> bytes:
+    return orjson.dumps(
+        {
+            "time": _time_text(rec.time),
+            "request_id": rec.request_id,
+            "account": rec.account,
+            "key_id": rec.key_id,
+            "model": rec.model,
+            "channel": rec.channel,
+            "protocol": rec.protocol,
+            "endpoint": rec.endpoint,
+            "prompt_tokens": rec.prompt_tokens,
+            "completion_tokens": rec.completion_tokens,
+            "cost": rec.cost,
+            "status": rec.status,
+            "latency_ms": rec.latency_ms,
+            "ip_range": rec.ip_range,
+        }
+    )
+
+
+def decode_usage(raw: bytes | str) -> UsageRecord:
+    d = orjson.loads(raw)
+    time = _parse_time(d["time"])
+    assert time is not None
+    return UsageRecord(
+        time=time,
+        request_id=d["request_id"],
+        account=d["account"],
+        key_id=d["key_id"],
+        model=d["model"],
+        channel=d["channel"],
+        protocol=d["protocol"],
+        endpoint=d["endpoint"],
+        prompt_tokens=d["prompt_tokens"],
+        completion_tokens=d["completion_tokens"],
+        cost=d["cost"],
+        status=d["status"],
+        latency_ms=d["latency_ms"],
+        ip_range=d["ip_range"],
+    )
+
+
+class RedisStore:
+    """The ``Store`` over Redis (see the module docstring)."""
+
+    _settle: AsyncScript
+    _topup: AsyncScript
+    _create_key: AsyncScript
+    _update_key: AsyncScript
+    _delete_key: AsyncScript
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: aioredis.Redis | None = None
+
+    @property
+    def client(self) -> aioredis.Redis:
+        if self._client is None:
+            raise RuntimeError("RedisStore is not open")
+        return self._client
+
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        client = aioredis.from_url(self.url, decode_responses=False)
+        self._settle = client.register_script(SETTLE_LUA)
+        self._topup = client.register_script(TOPUP_LUA)
+        self._create_key = client.register_script(CREATE_KEY_LUA)
+        self._update_key = client.register_script(UPDATE_KEY_LUA)
+        self._delete_key = client.register_script(DELETE_KEY_LUA)
+        try:
+            await client.ping()
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client = client
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _changed(self) -> None:
+        version = await self.client.incr(VERSION_KEY)
+        await self.client.publish(CHANGES_CHANNEL, version)
+
+    # -- seed, version, snapshot ------------------------------------------------------------
+
+    async def seed(self, settings: Settings) -> None:
+        client = self.client
+        changed = False
+        if settings.accounts:
+            async with client.pipeline(transaction=False) as pipe:
+                for a in settings.accounts:
+                    pipe.set(balance_key(a.id), round(a.balance * MICRO), nx=True)
+                pipe.sadd(ACCOUNTS_KEY, *[a.id for a in settings.accounts])
+                results = await pipe.execute()
+            changed = any(bool(r) for r in results[:-1])
+        for rec in seed_keys(settings, datetime.now(UTC)):
+            created = await self._create_key(
+                keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY],
+                args=[rec.id, rec.key_hash, encode_key(rec)],
+            )
+            changed = changed or int(created) == 0
+        await client.set(CATALOGUE_KEY, catalogue_json(settings))
+        if changed:
+            await self._changed()
+
+    async def catalogue(self) -> bytes | None:
+        """The JSON saved by the last ``seed`` (not part of the Store protocol)."""
+        raw = await self.client.get(CATALOGUE_KEY)
+        return raw.encode() if isinstance(raw, str) else raw
+
+    async def version(self) -> int:
+        raw = await self.client.get(VERSION_KEY)
+        return 0 if raw is None else int(raw)
+
+    async def load_keys(self) -> list[KeyRecord]:
+        raw = await self.client.hgetall(KEY_RECORDS_KEY)
+        return [decode_key(v) for v in raw.values()]
+
+    async def load_balances(self) -> dict[str, int]:
+        members = await self.client.smembers(ACCOUNTS_KEY)
+        ids = sorted(_text(m) for m in members)
+        if not ids:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for account in ids:
+                pipe.get(balance_key(account))
+            values = await pipe.execute()
+        return {a: int(v) for a, v in zip(ids, values, strict=True) if v is not None}
+
+    # -- accounts ---------------------------------------------------------------------------
+
+    async def create_account(self, account_id: str, balance: int) -> Account:
+        if not await self.client.set(balance_key(account_id), balance, nx=True):
+            raise ConflictError(f"account {account_id!r} already exists")
+        await self.client.sadd(ACCOUNTS_KEY, account_id)
+        await self._changed()
+        return Account(account_id, balance)
+
+    async def get_account(self, account_id: str) -> Account | None:
+        raw = await self.client.get(balance_key(account_id))
+        return None if raw is None else Account(account_id, int(raw))
+
+    async def topup(self, account_id: str, amount: int) -> Account:
+        new = await self._topup(keys=[balance_key(account_id)], args=[amount])
+        if new is None:
+            raise MissingError(f"no account {account_id!r}")
+        await self._changed()
+        return Account(account_id, int(new))
+
+    # -- keys -------------------------------------------------------------------------------
+
+    async def create_key(self, rec: KeyRecord) -> None:
+        if rec.created_at is None:
+            rec = replace(rec, created_at=datetime.now(UTC))
+        if not await self.client.exists(balance_key(rec.account)):
+            raise MissingError(f"no account {rec.account!r}")
+        result = await self._create_key(
+            keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[rec.id, rec.key_hash, encode_key(rec)]
+        )
+        if int(result) != 0:
+            raise ConflictError(f"key {rec.id!r} (or its secret) already exists")
+        await self._changed()
+
+    async def get_key(self, key_id: str) -> KeyRecord | None:
+        raw = await self.client.hget(KEY_RECORDS_KEY, key_id)
+        return None if raw is None else decode_key(raw)
+
+    async def list_keys(self, account: str | None = None) -> list[KeyRecord]:
+        keys = await self.load_keys()
+        if account is not None:
+            keys = [k for k in keys if k.account == account]
+        epoch = datetime.min.replace(tzinfo=UTC)
+        keys.sort(key=lambda k: (k.created_at or epoch, k.id))
+        return keys
+
+    async def update_key(self, key_id: str, changes: dict[str, object]) -> KeyRecord:
+        for _ in range(UPDATE_RETRIES):
+            raw = await self.client.hget(KEY_RECORDS_KEY, key_id)
+            if raw is None:
+                raise MissingError(f"no key {key_id!r}")
+            new = apply_key_changes(decode_key(raw), changes)
+            written = await self._update_key(
+                keys=[KEY_RECORDS_KEY], args=[key_id, raw, encode_key(new)]
+            )
+            if int(written) == 1:
+                await self._changed()
+                return new
+        raise ConflictError(f"key {key_id!r} kept changing; update not applied")
+
+    async def delete_key(self, key_id: str) -> bool:
+        deleted = await self._delete_key(keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[key_id])
+        if int(deleted) == 0:
+            return False
+        await self._changed()
+        return True
+
+    # -- usage ------------------------------------------------------------------------------
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        if not records:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            # the index first: no record is ever stored under an account it does not list
+            pipe.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
+            for rec in records:
+                await self._settle(
+                    keys=[balance_key(rec.account), usage_key(rec.account)],
+                    args=[rec.cost, to_micros(rec.time), encode_usage(rec), USAGE_KEEP],
+                    client=pipe,
+                )
+            await pipe.execute()
+
+    async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
+        if limit <= 0:
+            return []
+        client = self.client
+        if account is not None:
+            raw = cast("list[bytes]", await client.zrevrange(usage_key(account), 0, limit - 1))
+            return [decode_usage(r) for r in raw]
+        members = await client.smembers(USAGE_ACCOUNTS_KEY)
+        accounts = sorted(_text(m) for m in members)
+        if not accounts:
+            return []
+        async with client.pipeline(transaction=False) as pipe:
+            for a in accounts:
+                pipe.zrevrange(usage_key(a), 0, limit - 1, withscores=True)
+            per_account: list[list[tuple[bytes, float]]] = await pipe.execute()
+        merged = heapq.merge(*per_account, key=lambda item: -item[1])
+        return [decode_usage(member) for member, _ in itertools.islice(merged, limit)]
