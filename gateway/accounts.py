@@ -221,6 +221,8 @@ async def create_key(
             await store.create_key(rec)
         except ConflictError:
             continue  # a random id collided; draw again
+        except MissingError:
+            raise NotFoundError(f"account {account!r} not found") from None
         return rec, secret
     raise AlreadyExistsError("could not allocate a unique key id; try again")
 
