@@ -1,0 +1,144 @@
+"""The hot path's view of the store: keys and balances in memory, at most about a second stale.
+
+``key()``, ``balance()`` and ``debit()`` are plain dict operations and never await. A background
+task asks the store for its ``version()`` every ``interval``: when it changed (a key or an
+account changed, here or in another instance), the keys are reloaded; balances are reloaded on
+every tick (one query) so that other instances' debits show within a second.
+
+Local debits are tracked until the store's snapshot certainly includes them, so a reload never
+"forgets" a request this process already billed:
+
+- ``debit()`` (called by ``UsageWriter.submit``) adds to ``pending``;
+- ``settled()`` (called by the writer once ``store.settle`` returned) moves the amounts to
+  ``unseen``, tagged with a sequence number;
+- a reload drops the ``unseen`` amounts settled before it started reading: those are in the
+  snapshot. Amounts settled while it was reading stay until the next reload, so a balance may
+  show a just-settled debit twice for one tick (briefly lower, never higher than the truth).
+
+A failed reload (the store briefly down) logs one line, keeps the old snapshot and tries again
+on the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from gateway.store import KeyRecord, Store
+
+log = logging.getLogger("gateway.store.cache")
+
+DEFAULT_INTERVAL = 0.5
+
+
+class Cache:
+    def __init__(self, store: Store, interval: float = DEFAULT_INTERVAL) -> None:
+        self._store = store
+        self._interval = interval
+        self._keys: dict[str, KeyRecord] = {}
+        self._balances: dict[str, int] = {}
+        self._pending: dict[str, int] = {}
+        self._unseen: dict[int, Mapping[str, int]] = {}
+        self._unseen_total: dict[str, int] = {}
+        self._settled_seq = 0
+        self._version: int | None = None
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load everything once (raises if the store does not answer), then keep refreshing."""
+        await self._reload(force=True)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="gateway.cache")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+
+    async def refresh(self) -> None:
+        """Reload keys and balances now (the admin API calls this after a change)."""
+        try:
+            await self._reload(force=True)
+        except Exception as exc:
+            log.warning("cache.refresh_failed error=%s", type(exc).__name__)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            try:
+                await self._reload(force=False)
+            except Exception as exc:
+                if not self._failing:
+                    log.warning("cache.refresh_failed error=%s", type(exc).__name__)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("cache.refresh_recovered")
+                self._failing = False
+
+    async def _reload(self, force: bool) -> None:
+        async with self._lock:
+            seq = self._settled_seq
+            version = await self._store.version()
+            if force or version != self._version:
+                keys = await self._store.load_keys()
+                self._keys = {k.key_hash: k for k in keys}
+                self._version = version
+            self._balances = await self._store.load_balances()
+            done = [s for s in self._unseen if s <= seq]
+            if done:
+                for s in done:
+                    del self._unseen[s]
+                total: dict[str, int] = {}
+                for amounts in self._unseen.values():
+                    for account, amount in amounts.items():
+                        total[account] = total.get(account, 0) + amount
+                self._unseen_total = total
+
+    # -- the hot path -----------------------------------------------------------------------
+
+    def key(self, key_hash: str) -> KeyRecord | None:
+        return self._keys.get(key_hash)
+
+    def balance(self, account: str) -> int | None:
+        """The account's balance in micro-units, less this process's debits the snapshot does
+        not include yet; None for an unknown account."""
+        stored = self._balances.get(account)
+        if stored is None:
+            return None
+        return stored - self._pending.get(account, 0) - self._unseen_total.get(account, 0)
+
+    def debit(self, account: str, amount: int) -> None:
+        if amount:
+            self._pending[account] = self._pending.get(account, 0) + amount
+
+    def settled(self, amounts: Mapping[str, int]) -> None:
+        """The writer stored these debits (per account): the next reload will include them."""
+        if not amounts:
+            return
+        self._settled_seq += 1
+        self._unseen[self._settled_seq] = amounts
+        for account, amount in amounts.items():
+            left = self._pending.get(account, 0) - amount
+            if left:
+                self._pending[account] = left
+            else:
+                self._pending.pop(account, None)
+            self._unseen_total[account] = self._unseen_total.get(account, 0) + amount
+
+    @property
+    def version(self) -> int | None:
+        """The store version of the keys in memory (None before the first load)."""
+        return self._version
