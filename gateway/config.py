@@ -175,9 +175,17 @@ def _expand(value: Any, where: str) -> Any:
 def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     """Validate an already-expanded mapping into Settings. Raises ConfigError."""
     known = {
-        "store", "admin_token", "groups", "models", "channels", "accounts", "keys",
-        "limits", "trusted_proxies", "upstream",
-    }  # fmt: skip
+        "store",
+        "admin_token",
+        "groups",
+        "models",
+        "channels",
+        "accounts",
+        "keys",
+        "limits",
+        "trusted_proxies",
+        "upstream",
+    }
     for k in raw:
         if k not in known:
             raise ConfigError(f"{k}: unknown field")
@@ -204,8 +212,9 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     _unique([k.id for k in keys], "keys", "id")
     _unique([k.key for k in keys], "keys", "key")
     limits = _limits(raw.get("limits") or {})
-    proxies = tuple(_str_list(raw.get("trusted_proxies", ["127.0.0.1/32", "::1/128"]),
-                              "trusted_proxies"))  # fmt: skip
+    proxies = tuple(
+        _str_list(raw.get("trusted_proxies", ["127.0.0.1/32", "::1/128"]), "trusted_proxies")
+    )
     import ipaddress
 
     for i, net in enumerate(proxies):
@@ -322,8 +331,17 @@ def _model(v: Any, where: str) -> Model:
 
 def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
     d = _mapping(v, where)
-    allowed = {"name", "type", "base_url", "api_key", "groups", "models", "model_map",
-               "priority", "weight"}  # fmt: skip
+    allowed = {
+        "name",
+        "type",
+        "base_url",
+        "api_key",
+        "groups",
+        "models",
+        "model_map",
+        "priority",
+        "weight",
+    }
     _no_unknown(d, allowed, where)
     name = _name(d.get("name"), f"{where}.name")
     ctype = d.get("type")
@@ -435,13 +453,16 @@ def _upstream(v: Any) -> UpstreamSettings:
     base = UpstreamSettings()
     _no_unknown(d, set(UpstreamSettings.__dataclass_fields__), "upstream")
     return UpstreamSettings(
-        connect_timeout=_num(d.get("connect_timeout", base.connect_timeout),
-                             "upstream.connect_timeout"),
+        connect_timeout=_num(
+            d.get("connect_timeout", base.connect_timeout), "upstream.connect_timeout"
+        ),
         read_timeout=_num(d.get("read_timeout", base.read_timeout), "upstream.read_timeout"),
         pool_size=_int(d.get("pool_size", base.pool_size), "upstream.pool_size", minimum=1),
-        pool_size_per_host=_int(d.get("pool_size_per_host", base.pool_size_per_host),
-                                "upstream.pool_size_per_host"),
+        pool_size_per_host=_int(
+            d.get("pool_size_per_host", base.pool_size_per_host), "upstream.pool_size_per_host"
+        ),
         retries=_int(d.get("retries", base.retries), "upstream.retries"),
-        cooldown_seconds=_num(d.get("cooldown_seconds", base.cooldown_seconds),
-                              "upstream.cooldown_seconds"),
-    )  # fmt: skip
+        cooldown_seconds=_num(
+            d.get("cooldown_seconds", base.cooldown_seconds), "upstream.cooldown_seconds"
+        ),
+    )

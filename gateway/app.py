@@ -1,0 +1,100 @@
+"""The ASGI application: the route table and the lifespan that owns the process's resources.
+
+``create_app()`` with no argument reads the configuration named by ``GATEWAY_CONFIG``, so
+servers that import the app by path (hypercorn with several workers, uvicorn, granian) build
+the same app in each worker. The lifespan opens the store, seeds it from the file, fills the
+key cache, starts the usage writer and the upstream pool, and closes all of it in reverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from gateway.config import Settings, load_settings
+from gateway.errors import NotFoundError
+from gateway.protocols import ADAPTERS
+from gateway.relay import Relay, send_error
+from gateway.routes import RELAY_ROUTES, is_generate_content_path, is_messages_path
+from gateway.store import Store, open_store
+from gateway.store.cache import Cache
+from gateway.store.writer import UsageWriter
+from gateway.types import Receive, Scope, Send
+from gateway.upstream import Upstream
+
+log = logging.getLogger("gateway.app")
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """What one process holds; ``request.app.state.gateway`` in handlers."""
+
+    settings: Settings
+    store: Store
+    cache: Cache
+    writer: UsageWriter
+    upstream: Upstream
+    relay: Relay
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    """Unknown paths: 404 in the protocol the path belongs to."""
+    path = scope.get("path", "")
+    if is_generate_content_path(path):
+        protocol = "gemini"
+    elif is_messages_path(path):
+        protocol = "anthropic"
+    else:
+        protocol = "openai"
+    err = NotFoundError(f"Unknown request URL: {scope.get('method', '')} {path}")
+    await send_error(send, ADAPTERS[protocol], err)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    if settings is None:
+        settings = load_settings()
+    store = open_store(settings.store)
+    cache = Cache(store)
+    writer = UsageWriter(store, cache)
+    upstream = Upstream(settings.upstream)
+    relay = Relay(settings, cache, writer, upstream)
+    state = GatewayState(settings, store, cache, writer, upstream, relay)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await store.open()
+        try:
+            await store.seed(settings)
+            await cache.start()
+            await writer.start()
+            await upstream.start()
+            log.info("gateway.started store=%s", settings.store.split("://", 1)[0])
+            yield
+        finally:
+            await upstream.stop()
+            await writer.stop()
+            await cache.stop()
+            await store.close()
+
+    from gateway.admin import admin_routes
+
+    routes: list[BaseRoute] = [
+        Route(spec.path, endpoint=relay.endpoint(spec)) for spec in RELAY_ROUTES
+    ]
+    routes.append(Route("/healthz", healthz, methods=["GET"]))
+    routes.append(Mount("/admin", routes=admin_routes()))
+    routes.append(Route("/{path:path}", endpoint=not_found))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.gateway = state
+    return app

@@ -1,0 +1,94 @@
+"""What a call costs and what is recorded of it (pure).
+
+Prices in the catalogue are balance units per million tokens, which is exactly micro-units
+per token; they are turned once into integer pico-units per token so that a request's cost is
+integer arithmetic, rounded half up to micro-units once per request. The usage record holds
+call metadata only; the client IP is cut to its /24 (IPv4) or /48 (IPv6) before it is kept.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.config import Price
+from gateway.types import Scope, Usage
+
+PICO_PER_MICRO = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A price in pico-units (1e-12 balance units): per token, per call."""
+
+    input: int
+    output: int
+    request: int
+
+    @classmethod
+    def from_price(cls, price: Price) -> Rate:
+        return cls(
+            input=round(price.input * PICO_PER_MICRO),
+            output=round(price.output * PICO_PER_MICRO),
+            request=round(price.request * PICO_PER_MICRO * 1_000_000),
+        )
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """Micro-units, rounded half up."""
+        pico = prompt_tokens * self.input + completion_tokens * self.output + self.request
+        return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
+
+
+def usage_tokens(usage: Usage | None) -> tuple[int, int]:
+    """(prompt, completion) tokens of a chat-completions usage object; 0 where missing."""
+    if not usage:
+        return 0, 0
+    p = usage.get("prompt_tokens") or 0
+    c = usage.get("completion_tokens") or 0
+    return (p if isinstance(p, int) else 0), (c if isinstance(c, int) else 0)
+
+
+def ip_range(ip: str | None) -> str:
+    """a.b.c.0/24 for IPv4, the /48 for IPv6; "" when unknown."""
+    if not ip:
+        return ""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return ""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    prefix = 24 if addr.version == 4 else 48
+    return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
+
+
+class ClientAddress:
+    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy."""
+
+    __slots__ = ("_trusted",)
+
+    def __init__(self, trusted_proxies: Sequence[str]) -> None:
+        self._trusted = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_proxies)
+
+    def _is_trusted(self, ip: str) -> bool:
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(addr in net for net in self._trusted)
+
+    def of(self, scope: Scope) -> str | None:
+        client = scope.get("client")
+        peer = client[0] if client else None
+        if peer is None or not self._trusted or not self._is_trusted(peer):
+            return peer
+        for name, value in scope["headers"]:
+            if name == b"x-forwarded-for":
+                # the right-most address not itself a trusted proxy is the client
+                hops = [h.strip() for h in value.decode("latin-1").split(",") if h.strip()]
+                for hop in reversed(hops):
+                    if not self._is_trusted(hop):
+                        return hop
+                return hops[0] if hops else peer
+        return peer

@@ -1,0 +1,614 @@
+"""The hot path: authenticate, route, convert, relay, bill. A plain ASGI callable per route.
+
+One request: read the body (413 past the limit), look the key up in the cache (401), check
+the balance (402), parse once with orjson (400), pick the channels (404/503), then try them in
+order until one answers: a failure before the first byte reaches the client moves on to the
+next channel (and cools a channel down whose credentials were refused). The reply is converted
+by the adapters, or passed through when the client's protocol is the channel's.
+
+Streams run in one loop in this task: ``iter_any()`` feeds the SSE parser, the decoder, the
+encoder, then ``await send``; a slow client blocks ``send``, the loop stops reading and aiohttp
+pauses the upstream socket. A second task only waits for ``http.disconnect`` and cancels the
+loop, whose ``finally`` closes the upstream response at once. Every request that passed
+authentication leaves exactly one usage record, handed to the writer without awaiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import aiohttp
+import orjson
+
+from gateway.auth import check_key, extract_key, key_hash
+from gateway.billing import ClientAddress, Rate, ip_range, usage_tokens
+from gateway.config import Channel, Settings
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    InsufficientBalanceError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UpstreamError,
+    UpstreamUnavailableError,
+)
+from gateway.model_list import anthropic_list, gemini_list, gemini_model, openai_list
+from gateway.model_list import openai_model as openai_model_entry
+from gateway.protocols import ADAPTERS
+from gateway.protocols.base import Adapter, Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.routes import RouteSpec
+from gateway.routing import Catalogue, candidates
+from gateway.sse import SSEParser
+from gateway.store import KeyRecord, UsageRecord
+from gateway.store.cache import Cache
+from gateway.store.writer import UsageWriter
+from gateway.tokens import estimate_prompt_tokens
+from gateway.types import JSON, Receive, Scope, Send, Usage
+from gateway.upstream import Upstream, read_error
+
+log = logging.getLogger("gateway.relay")
+
+JSON_HEADERS = [(b"content-type", b"application/json")]
+STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
+CLIENT_GONE = 499
+_REQUEST_IDS = itertools.count(1)
+_PROCESS_TAG = os.urandom(4).hex()
+
+
+def new_request_id() -> str:
+    return f"{_PROCESS_TAG}{next(_REQUEST_IDS):08x}"
+
+
+@dataclass(slots=True)
+class Call:
+    """What one request accumulates for its usage record (metadata only)."""
+
+    started: float
+    time: datetime
+    request_id: str
+    protocol: str
+    endpoint: str
+    ip_range: str
+    key: KeyRecord | None = None
+    model: str = ""
+    channel: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: int = 0
+    status: int = 200
+    responded: bool = False  # the response's status line has been sent
+
+
+class ClientGone(Exception):
+    """The client disconnected; the stream loop was cancelled on purpose."""
+
+
+class Relay:
+    """Shared by every route: the process's catalogue, cache, writer and upstream pool."""
+
+    def __init__(
+        self, settings: Settings, cache: Cache, writer: UsageWriter, upstream: Upstream
+    ) -> None:
+        self.settings = settings
+        self.catalogue = Catalogue(settings)
+        self.cache = cache
+        self.writer = writer
+        self.upstream = upstream
+        self.address = ClientAddress(settings.trusted_proxies)
+        self.rates = {m.name: Rate.from_price(m.price) for m in settings.models}
+        self.cooling: dict[str, float] = {}
+        self.rng = random.Random()
+        self.max_body = settings.limits.max_request_bytes
+        self.retries = settings.upstream.retries
+        self.cooldown = settings.upstream.cooldown_seconds
+
+    def endpoint(self, spec: RouteSpec) -> RelayEndpoint:
+        return RelayEndpoint(self, spec)
+
+    # ------------------------------------------------------------------ request handling
+    async def handle(self, spec: RouteSpec, scope: Scope, receive: Receive, send: Send) -> None:
+        client = ADAPTERS[spec.protocol]
+        call = Call(
+            started=time.perf_counter(),
+            time=datetime.now(UTC),
+            request_id=new_request_id(),
+            protocol=spec.protocol,
+            endpoint=spec.endpoint,
+            ip_range=ip_range(self.address.of(scope)),
+        )
+        try:
+            if scope["method"] != spec.method:
+                raise GatewayError(
+                    f"Method {scope['method']} is not allowed on {scope['path']}.",
+                    status=405,
+                )
+            secret = extract_key(scope, allow_query=spec.protocol == "gemini")
+            if secret is None:
+                raise AuthenticationError("Missing API key.")
+            call.key = check_key(self.cache.key(key_hash(secret)), call.time)
+            if spec.endpoint in ("models", "model"):
+                await self._models(spec, scope, call.key, send)
+                return
+            raw = await read_body(scope, receive, self.max_body)
+            payload = parse_json(raw)
+            call.model = self._model_name(spec, scope, payload)
+            balance = self.cache.balance(call.key.account)
+            if balance is None or balance <= 0:
+                raise InsufficientBalanceError(
+                    "Your account balance is exhausted; top it up to continue."
+                )
+            await self._relay(spec, scope, receive, send, client, payload, call)
+        except GatewayError as err:
+            call.status = err.status
+            if not call.responded:
+                await send_error(send, client, err)
+        except ClientGone:
+            call.status = CLIENT_GONE
+        except asyncio.CancelledError:
+            call.status = CLIENT_GONE
+            raise
+        except Exception:
+            log.exception("relay.unexpected request_id=%s", call.request_id)
+            call.status = 500
+            if not call.responded:
+                await send_error(send, client, InternalError("internal error"))
+        finally:
+            if call.key is not None and spec.endpoint not in ("models", "model"):
+                self._record(call)
+
+    def _model_name(self, spec: RouteSpec, scope: Scope, payload: JSON) -> str:
+        if spec.protocol == "gemini":
+            model = scope.get("path_params", {}).get("model", "")
+            return model[7:] if model.startswith("models/") else model
+        model = payload.get("model") if isinstance(payload, dict) else None
+        if not isinstance(model, str) or not model:
+            raise InvalidRequestError("'model' is required and must be a string")
+        return model
+
+    def _record(self, call: Call) -> None:
+        key = call.key
+        assert key is not None
+        self.writer.submit(
+            UsageRecord(
+                time=call.time,
+                request_id=call.request_id,
+                account=key.account,
+                key_id=key.id,
+                model=call.model,
+                channel=call.channel,
+                protocol=call.protocol,
+                endpoint=call.endpoint,
+                prompt_tokens=call.prompt_tokens,
+                completion_tokens=call.completion_tokens,
+                cost=call.cost,
+                status=call.status,
+                latency_ms=int((time.perf_counter() - call.started) * 1000),
+                ip_range=call.ip_range,
+            )
+        )
+
+    def _bill(self, call: Call, usage: Usage | None) -> None:
+        p, c = usage_tokens(usage)
+        call.prompt_tokens, call.completion_tokens = p, c
+        call.cost = self.rates[call.model].cost(p, c) if call.model in self.rates else 0
+
+    # ------------------------------------------------------------------ model lists
+    async def _models(self, spec: RouteSpec, scope: Scope, key: KeyRecord, send: Send) -> None:
+        models = self.catalogue.group_models(key.group)
+        if spec.endpoint == "model":
+            name = scope.get("path_params", {}).get("model", "")
+            name = name[7:] if name.startswith("models/") else name
+            found = next((m for m in models if m.name == name), None)
+            if found is None:
+                raise NotFoundError(f"The model '{name}' does not exist.")
+            body = gemini_model(found) if spec.protocol == "gemini" else openai_model_entry(found)
+        elif spec.protocol == "gemini":
+            body = gemini_list(models)
+        elif header(scope, b"anthropic-version") is not None:
+            body = anthropic_list(models)
+        else:
+            body = openai_list(models)
+        await send_json(send, 200, body)
+
+    # ------------------------------------------------------------------ relaying
+    async def _relay(
+        self,
+        spec: RouteSpec,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        client: Adapter,
+        payload: JSON,
+        call: Call,
+    ) -> None:
+        """Try the channels in order until one answers."""
+        assert call.key is not None
+        qs = scope.get("query_string", b"")
+        route = RouteMatch(
+            protocol=spec.protocol,
+            capability=spec.endpoint,
+            model=call.model if spec.protocol == "gemini" else None,
+            stream=spec.stream,
+            sse=b"alt=sse" in qs if spec.protocol == "gemini" else True,
+        )
+        if not isinstance(payload, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        stream = spec.stream if spec.stream is not None else payload.get("stream") is True
+        now = time.monotonic()
+        channels = candidates(
+            self.catalogue,
+            call.key.group,
+            call.model,
+            spec.endpoint,
+            self.rng,
+            self.cooling,
+            now,
+        )
+        channels = channels[: 1 + self.retries]
+        model = self.catalogue.models[call.model]
+        client_headers = forwarded_headers(scope)
+        req = None
+        needs_decode = spec.endpoint == "count_tokens" or any(
+            ch.type != spec.protocol for ch in channels
+        )
+        if needs_decode:
+            # the one conversion toward the internal shape, shared by every attempt
+            req = client.decode_request(payload, route)
+        include_usage = spec.protocol == "openai" and _include_usage(payload)
+        ctx = Ctx(
+            request_id=call.request_id,
+            model=call.model,
+            created=int(call.time.timestamp()),
+            include_usage=include_usage,
+            prompt_tokens_estimate=estimate_prompt_tokens(req) if req is not None else 0,
+        )
+        if spec.endpoint == "count_tokens":
+            assert req is not None
+            await self._count(
+                channels[0], model.default_max_tokens, req, client, ctx, client_headers, call, send
+            )
+            return
+        last: GatewayError | None = None
+        for channel in channels:
+            upstream = ADAPTERS[channel.type]
+            target = UpstreamTarget(
+                channel=channel.name,
+                base_url=channel.base_url,
+                api_key=channel.api_key,
+                model=channel.upstream_model(call.model),
+                default_max_tokens=model.default_max_tokens,
+                stream=stream,
+                client_headers=client_headers,
+            )
+            passthrough = channel.type == spec.protocol
+            if passthrough:
+                body_payload = payload if len(channels) == 1 else dict(payload)
+                up_call = upstream.passthrough_request(body_payload, route, target)
+            else:
+                assert req is not None
+                up_call = upstream.encode_request(req, target)
+            call.channel = channel.name
+            try:
+                resp = await self._open(up_call, upstream, channel)
+            except GatewayError as err:
+                last = err
+                if err.retryable:
+                    continue
+                raise
+            try:
+                if stream:
+                    await self._stream(
+                        resp, route, target, client, upstream, passthrough, ctx, call, receive, send
+                    )
+                else:
+                    await self._reply(resp, client, upstream, passthrough, ctx, call, send)
+            finally:
+                resp.close()
+            return
+        raise last if last is not None else UpstreamUnavailableError("no channel answered")
+
+    async def _open(
+        self, up_call: UpstreamCall, upstream: Adapter, channel: Channel
+    ) -> aiohttp.ClientResponse:
+        """The upstream response once its status is known and is a success."""
+        try:
+            resp = await self.upstream.open(up_call)
+        except GatewayError:
+            self._cool(channel, min(self.cooldown, 5.0))
+            raise
+        if resp.status < 400:
+            return resp
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise read_error(exc) from None
+        finally:
+            resp.release()
+        err = upstream.decode_error(resp.status, raw)
+        log.warning("relay.upstream_status channel=%s status=%d", channel.name, resp.status)
+        if err.channel_fault:
+            self._cool(channel, self.cooldown)
+        retry_after = resp.headers.get("retry-after")
+        if err.status == 429 and err.retry_after is None and retry_after:
+            try:
+                err.retry_after = float(retry_after)
+            except ValueError:
+                pass
+        raise err
+
+    def _cool(self, channel: Channel, seconds: float) -> None:
+        if seconds > 0:
+            self.cooling[channel.name] = time.monotonic() + seconds
+
+    async def _reply(
+        self,
+        resp: aiohttp.ClientResponse,
+        client: Adapter,
+        upstream: Adapter,
+        passthrough: bool,
+        ctx: Ctx,
+        call: Call,
+        send: Send,
+    ) -> None:
+        try:
+            raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise read_error(exc) from None
+        try:
+            up_payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamError("the upstream sent a reply that is not JSON") from None
+        if passthrough:
+            out, usage = client.passthrough_response(up_payload, ctx)
+        else:
+            chat = upstream.decode_response(up_payload)
+            usage = chat.get("usage")
+            out = client.encode_response(chat, ctx)
+        self._bill(call, usage)
+        body = orjson.dumps(out)
+        call.responded = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(
+        self,
+        resp: aiohttp.ClientResponse,
+        route: RouteMatch,
+        target: UpstreamTarget,
+        client: Adapter,
+        upstream: Adapter,
+        passthrough: bool,
+        ctx: Ctx,
+        call: Call,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        parser = SSEParser()
+        usage: Usage | None = None
+        if passthrough:
+            ps = client.passthrough_stream(ctx, route, target)
+            content_type = ps.content_type
+        else:
+            decoder = upstream.stream_decoder(ctx)
+            encoder = client.stream_encoder(ctx, route)
+            content_type = encoder.content_type
+        call.responded = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", content_type.encode()), *STREAM_HEADERS],
+            }
+        )
+        gone = asyncio.Event()
+        watcher = asyncio.create_task(watch_disconnect(receive, gone, asyncio.current_task()))
+        try:
+            try:
+                async for raw in resp.content.iter_any():
+                    out = b""
+                    if passthrough:
+                        for event in parser.feed(raw):
+                            out += ps.feed(event)
+                    else:
+                        for event in parser.feed(raw):
+                            for chunk in decoder.feed(event):
+                                if "usage" in chunk and chunk["usage"]:
+                                    usage = chunk["usage"]
+                                out += encoder.encode(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                tail_events = parser.close()
+                if passthrough:
+                    out = b"".join(ps.feed(e) for e in tail_events) + ps.finish()
+                    usage = ps.usage
+                else:
+                    out = b""
+                    for event in tail_events:
+                        for chunk in decoder.feed(event):
+                            usage = chunk.get("usage") or usage
+                            out += encoder.encode(chunk)
+                    for chunk in decoder.close():
+                        usage = chunk.get("usage") or usage
+                        out += encoder.encode(chunk)
+                    out += encoder.finish(usage)
+                self._bill(call, usage)
+                # the record is queued before the last byte leaves, so a client that reads
+                # its balance right after the stream ends sees this request's cost
+                await send({"type": "http.response.body", "body": out, "more_body": False})
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise read_error(exc) from None
+        except GatewayError as err:
+            usage = ps.usage if passthrough else usage
+            self._bill(call, usage)  # what was generated before the failure is billed
+            call.status = err.status
+            tail = ps.error(err) if passthrough else encoder.error(err)
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            log.warning("relay.stream_error channel=%s status=%d", target.channel, err.status)
+        except asyncio.CancelledError:
+            if not gone.is_set():
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            self._bill(call, ps.usage if passthrough else usage)
+            raise ClientGone() from None
+        finally:
+            watcher.cancel()
+            resp.close()
+
+    async def _count(
+        self,
+        channel: Channel,
+        default_max_tokens: int,
+        req: JSON,
+        client: Adapter,
+        ctx: Ctx,
+        client_headers: dict[str, str],
+        call: Call,
+        send: Send,
+    ) -> None:
+        """count_tokens: asked of the upstream where its protocol can count, else estimated.
+        Never billed."""
+        upstream = ADAPTERS[channel.type]
+        target = UpstreamTarget(
+            channel=channel.name,
+            base_url=channel.base_url,
+            api_key=channel.api_key,
+            model=channel.upstream_model(call.model),
+            default_max_tokens=default_max_tokens,
+            stream=False,
+            client_headers=client_headers,
+        )
+        tokens = ctx.prompt_tokens_estimate
+        up_call = upstream.count_request(req, target)
+        if up_call is not None:
+            call.channel = channel.name
+            resp = await self._open(up_call, upstream, channel)
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise read_error(exc) from None
+            finally:
+                resp.close()
+            try:
+                tokens = upstream.decode_count(orjson.loads(raw))
+            except orjson.JSONDecodeError:
+                raise UpstreamError("the upstream sent a count that is not JSON") from None
+        call.prompt_tokens = tokens
+        call.responded = True
+        await send_json(send, 200, client.encode_count(tokens, ctx))
+
+
+class RelayEndpoint:
+    """The ASGI app of one route: binds the route's spec to the shared relay."""
+
+    __slots__ = ("relay", "spec")
+
+    def __init__(self, relay: Relay, spec: RouteSpec) -> None:
+        self.relay = relay
+        self.spec = spec
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.relay.handle(self.spec, scope, receive, send)
+
+
+# ---------------------------------------------------------------------- ASGI plumbing
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v  # type: ignore[no-any-return]
+    return None
+
+
+def forwarded_headers(scope: Scope) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in scope["headers"]:
+        if k in CLIENT_HEADERS_FORWARDED:
+            out[k.decode()] = v.decode("latin-1")
+    return out
+
+
+def _include_usage(payload: JSON) -> bool:
+    opts = payload.get("stream_options")
+    return isinstance(opts, dict) and opts.get("include_usage") is True
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
+        except ValueError:
+            raise InvalidRequestError("bad Content-Length") from None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        body = message.get("body", b"")
+        if body:
+            size += len(body)
+            if size > limit:
+                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
+            chunks.append(body)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> JSON:
+    if not raw:
+        raise InvalidRequestError("The request body is empty; a JSON object was expected.")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequestError(f"The request body is not valid JSON: {exc.msg}.") from None
+
+
+async def watch_disconnect(
+    receive: Receive, gone: asyncio.Event, task: asyncio.Task[object] | None
+) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone.set()
+            if task is not None:
+                task.cancel()
+            return
+
+
+async def send_json(
+    send: Send, status: int, payload: JSON, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:  # noqa: E501
+    body = orjson.dumps(payload)
+    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, client: Adapter, err: GatewayError) -> None:
+    status, body = client.encode_error(err)
+    extra = None
+    if err.retry_after is not None:
+        extra = [(b"retry-after", str(int(err.retry_after + 0.999)).encode())]
+    await send_json(send, status, body, extra)

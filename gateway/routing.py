@@ -1,0 +1,113 @@
+"""Which channels may serve a request, in the order to try them (pure).
+
+``Catalogue`` indexes the configuration once: (group, model) -> channels, sorted by priority.
+``candidates`` returns the retry order for one request: lower priority first; among equal
+priority, a weighted random order (a channel of weight 2 comes first twice as often as one
+of weight 1; weight 0 is a standby, tried last). Channels cooling down are left out; when every
+channel of the model is cooling down the caller answers 503.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from gateway.config import Channel, Model, Settings
+from gateway.errors import NotFoundError, UpstreamUnavailableError
+
+# the capabilities a channel type can serve upstream
+CHANNEL_CAPABILITIES: dict[str, frozenset[str]] = {
+    "openai": frozenset({"chat", "count_tokens", "embeddings", "images", "audio", "rerank"}),
+    "anthropic": frozenset({"chat", "count_tokens"}),
+    "gemini": frozenset({"chat", "count_tokens"}),
+}
+# the catalogue capability an endpoint needs
+REQUIRED_CAPABILITY = {
+    "chat": "chat",
+    "count_tokens": "chat",
+    "embeddings": "embeddings",
+    "images": "images",
+    "audio_transcription": "audio",
+    "audio_speech": "audio",
+    "rerank": "rerank",
+}
+
+
+class Catalogue:
+    """The configuration's models and channels, indexed for the hot path."""
+
+    __slots__ = ("models", "_by_group_model", "_group_models")
+
+    def __init__(self, settings: Settings) -> None:
+        self.models: dict[str, Model] = {m.name: m for m in settings.models}
+        by: dict[tuple[str, str], list[Channel]] = {}
+        for ch in settings.channels:
+            for g in ch.groups:
+                for m in ch.models:
+                    by.setdefault((g, m), []).append(ch)
+        self._by_group_model = {
+            k: tuple(sorted(v, key=lambda c: c.priority)) for k, v in by.items()
+        }
+        self._group_models: dict[str, tuple[Model, ...]] = {}
+        for g in settings.groups:
+            names = [m.name for m in settings.models if (g, m.name) in self._by_group_model]
+            self._group_models[g] = tuple(self.models[n] for n in names)
+
+    def group_models(self, group: str) -> tuple[Model, ...]:
+        """The models a key of this group can reach, in catalogue order."""
+        return self._group_models.get(group, ())
+
+    def channels(self, group: str, model: str) -> tuple[Channel, ...]:
+        return self._by_group_model.get((group, model), ())
+
+
+def _weighted_order(channels: list[Channel], rng: random.Random) -> list[Channel]:
+    if len(channels) < 2:
+        return channels
+    # Efraimidis-Spirakis: sort by u^(1/w), descending; weight 0 sorts last
+    keyed = []
+    for ch in channels:
+        w = ch.weight
+        keyed.append((rng.random() ** (1.0 / w) if w > 0 else -1.0, ch))
+    keyed.sort(key=lambda kc: kc[0], reverse=True)
+    return [ch for _, ch in keyed]
+
+
+def candidates(
+    catalogue: Catalogue,
+    group: str,
+    model: str,
+    endpoint: str,
+    rng: random.Random,
+    cooling: Mapping[str, float] | None = None,
+    now: float = 0.0,
+) -> list[Channel]:
+    """The channels to try for one request, in order. Raises NotFoundError (404) when the
+    model is outside the group or lacks the endpoint's capability, and
+    UpstreamUnavailableError (503) when every channel is cooling down."""
+    m = catalogue.models.get(model)
+    chans = catalogue.channels(group, model) if m is not None else ()
+    if m is None or not chans:
+        raise NotFoundError(f"The model '{model}' does not exist or you do not have access to it.")
+    need = REQUIRED_CAPABILITY[endpoint]
+    if need not in m.capabilities:
+        raise NotFoundError(f"The model '{model}' does not support this endpoint.")
+    chans = tuple(c for c in chans if endpoint in CHANNEL_CAPABILITIES[c.type])
+    if not chans:
+        raise NotFoundError(f"No channel serves '{model}' for this endpoint.")
+    if cooling:
+        ready = tuple(c for c in chans if cooling.get(c.name, 0.0) <= now)
+        if not ready:
+            raise UpstreamUnavailableError(
+                f"Every channel of '{model}' is cooling down after failures; try again shortly."
+            )
+        chans = ready
+    out: list[Channel] = []
+    i = 0
+    while i < len(chans):
+        j = i
+        while j < len(chans) and chans[j].priority == chans[i].priority:
+            j += 1
+        out.extend(_weighted_order(list(chans[i:j]), rng))
+        i = j
+    return out

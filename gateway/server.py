@@ -1,0 +1,99 @@
+"""Running the app: hypercorn by default (HTTP/2, graceful shutdown), uvicorn or granian as
+options. The app is plain ASGI, so the server is a choice, not a ceiling.
+
+With one worker the app is built here and served in this process; with several, each worker
+imports ``gateway.app:create_app()``, which reads the file named by ``GATEWAY_CONFIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from gateway.config import Settings
+
+SERVERS = ("hypercorn", "uvicorn", "granian")
+GRACEFUL_SECONDS = 30.0  # long enough for in-flight streams to end on SIGTERM
+APP_FACTORY = "gateway.app:create_app"
+
+
+def serve(
+    settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
+) -> None:
+    """Serve until SIGINT or SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    os.environ["GATEWAY_CONFIG"] = settings.path
+    if server == "uvicorn":
+        _uvicorn(host, port, workers)
+    elif server == "granian":
+        _granian(host, port, workers)
+    else:
+        _hypercorn(settings, host, port, workers)
+
+
+def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
+    from hypercorn.config import Config
+
+    cfg = Config()
+    cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    cfg.graceful_timeout = GRACEFUL_SECONDS
+    cfg.keep_alive_timeout = 75
+    cfg.accesslog = None
+    cfg.errorlog = "-"
+    cfg.loglevel = "WARNING"
+    cfg.backlog = 2048
+    if workers > 1:
+        from hypercorn.run import run
+
+        cfg.application_path = f"{APP_FACTORY}()"
+        cfg.workers = workers
+        run(cfg)
+        return
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    from gateway.app import create_app
+
+    app = create_app(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"gateway: serving on http://{host}:{port}", flush=True)
+        await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+def _uvicorn(host: str, port: int, workers: int) -> None:
+    import uvicorn
+
+    print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
+    uvicorn.run(
+        APP_FACTORY,
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
+    )
+
+
+def _granian(host: str, port: int, workers: int) -> None:
+    from granian import Granian  # type: ignore[import-not-found,unused-ignore]
+    from granian.constants import Interfaces  # type: ignore[import-not-found,unused-ignore]
+
+    print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
+    Granian(
+        APP_FACTORY,
+        address=host,
+        port=port,
+        interface=Interfaces.ASGI,
+        workers=workers,
+        factory=True,
+    ).serve()

@@ -1,0 +1,65 @@
+"""The one upstream HTTP client of a process: a keep-alive pool, timeouts, error mapping.
+
+One ``aiohttp.ClientSession`` per process with an explicit ``TCPConnector`` (pool size, DNS
+cache) and ``ClientTimeout(total=None, connect=..., sock_read=<longest silence>)``: a stream
+may last as long as it keeps sending; aiohttp's 5-minute default total is never relied on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from gateway.config import UpstreamSettings
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
+from gateway.protocols.base import UpstreamCall
+
+
+class Upstream:
+    def __init__(self, settings: UpstreamSettings) -> None:
+        self._settings = settings
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        s = self._settings
+        connector = aiohttp.TCPConnector(
+            limit=s.pool_size,
+            limit_per_host=s.pool_size_per_host,
+            ttl_dns_cache=300,
+            keepalive_timeout=60,
+            enable_cleanup_closed=False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=s.connect_timeout, sock_read=s.read_timeout
+            ),
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+            read_bufsize=2**16,
+        )
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def open(self, call: UpstreamCall) -> aiohttp.ClientResponse:
+        """Send the call; the response once its status and headers arrived."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        try:
+            return await self._session.post(
+                call.url, data=call.body, headers=call.headers, allow_redirects=False
+            )
+        except TimeoutError:
+            raise UpstreamTimeoutError("the upstream did not answer in time") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
+
+
+def read_error(exc: BaseException) -> GatewayError:
+    """The gateway error for a failure while reading an upstream body or stream."""
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return UpstreamTimeoutError("the upstream stopped sending", retryable=False)
+    return UpstreamError(f"the upstream connection failed: {type(exc).__name__}", retryable=False)
