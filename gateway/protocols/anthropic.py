@@ -1,0 +1,559 @@
+"""The `anthropic` protocol: the Messages API (``/v1/messages``, ``/v1/messages/count_tokens``).
+
+Client side, a Messages request is decoded into the chat-completions shape and replies are
+encoded back (the event stream lives in ``anthropic_stream``); upstream side, a chat request
+becomes a Messages request to ``{base_url}/v1/messages``. Passthrough changes only ``model``.
+
+Mappings worth knowing:
+
+- ``system`` (string or text blocks) <-> leading ``system`` message; ``system``/``developer``
+  messages anywhere in a chat conversation are hoisted into the top-level ``system``.
+- ``tool_result`` blocks <-> ``tool`` messages (consecutive ones grouped into one user turn);
+  consecutive same-role messages are merged, as the Messages API requires.
+- ``tool_choice`` auto/any/none/tool <-> auto/required/none/function;
+  ``disable_parallel_tool_use`` <-> ``parallel_tool_calls: false``.
+- ``stop_reason`` end_turn/stop_sequence/pause_turn -> stop, max_tokens -> length,
+  tool_use -> tool_calls, refusal -> content_filter (and back: stop -> end_turn).
+- ``thinking`` <-> ``reasoning_effort``: effort low/medium/high (minimal counts as low) sends
+  ``budget_tokens`` 1024/4096/16384, capped below ``max_tokens`` (thinking is left off when
+  fewer than 1024 tokens remain); a budget up to 2048 reads as low, up to 8192 medium, above
+  high; ``adaptive`` reads as medium. Thinking blocks + signature <-> ``reasoning_content`` +
+  ``reasoning_signature``; ``redacted_thinking`` <-> ``redacted_reasoning``.
+- usage: ``prompt_tokens`` = input + cache read + cache creation; cache reads are
+  ``prompt_tokens_details.cached_tokens``, cache writes ``cache_creation_tokens``.
+- ``metadata.user_id`` <-> ``user``; images: base64 source <-> ``data:`` URL, url source <-> URL;
+  a base64 PDF ``document`` <-> a chat ``file`` part with ``file_data``.
+
+Not carried across (dropped on purpose); "out" is Messages -> others, "in" others -> Messages:
+
+| field                                                   | dir | why                             |
+|---------------------------------------------------------|-----|---------------------------------|
+| ``cache_control`` (system, blocks, tools)               | out | no cache breakpoints elsewhere  |
+| ``tool_result.is_error``                                | out | chat tool messages lack it      |
+| server tools (web search, bash, ...), their blocks      | out | run by Anthropic; no equivalent |
+| citations, ``search_result``, ``container_upload``      | out | no counterpart                  |
+| ``stop_sequence`` (which sequence matched)              | out | finish_reason is only "stop"    |
+| ``service_tier``, ``container``, ``mcp_servers``,       | out | Anthropic-only                  |
+| ``context_management``                                  |     |                                 |
+| ``redacted_thinking`` in streams                        | out | stream deltas have no field     |
+| ``response_format`` (JSON mode, json_schema)            | in  | no field in 2023-06-01; not     |
+|                                                         |     | emulated with a forced tool     |
+| ``n``, ``seed``, ``logprobs``, ``logit_bias``,          | in  | no counterpart                  |
+| ``presence_penalty``, ``frequency_penalty``             |     |                                 |
+| tool ``strict``, message ``name``                       | in  | no counterpart                  |
+| ``reasoning_content`` without a signature               | in  | unsigned thinking is rejected   |
+| audio input parts                                       | in  | Messages takes no audio (400)   |
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
+from gateway.protocols.anthropic_stream import (
+    AnthropicPassthrough,
+    AnthropicStreamDecoder,
+    AnthropicStreamEncoder,
+    decode_assistant_blocks,
+    decode_error_payload,
+    decode_message,
+    decode_usage,
+    encode_message,
+    error_body,
+)
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.types import JSON, ChatMessage, ChatRequest, ChatResponse, Usage
+
+DEFAULT_VERSION = "2023-06-01"
+EFFORT_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+MIN_BUDGET = 1024
+COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
+SYSTEM_ROLES = ("system", "developer")
+
+
+# Messages -> chat (client side) -----------------------------------------------------------
+def _text_of(blocks: JSON, where: str) -> list[str]:
+    if isinstance(blocks, str):
+        return [blocks]
+    if not isinstance(blocks, list):
+        raise InvalidRequestError(f"{where}: must be a string or a list of text blocks")
+    texts = []
+    for i, block in enumerate(blocks):
+        if not isinstance(block, dict) or not isinstance(block.get("text"), str):
+            raise InvalidRequestError(f"{where}.{i}: must be a text block")
+        texts.append(block["text"])
+    return texts
+
+
+def _decode_media(block: dict[str, JSON], where: str) -> JSON:
+    """An image or document block -> a chat content part."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise InvalidRequestError(f"{where}.source: required")
+    stype = source.get("type")
+    if block["type"] == "image":
+        if stype == "base64":
+            url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+            return {"type": "image_url", "image_url": {"url": url}}
+        if stype == "url" and isinstance(source.get("url"), str):
+            return {"type": "image_url", "image_url": {"url": source["url"]}}
+    else:  # document
+        if stype == "base64":
+            data = f"data:{source.get('media_type')};base64,{source.get('data')}"
+            part: dict[str, JSON] = {"file_data": data}
+            if isinstance(block.get("title"), str):
+                part["filename"] = block["title"]
+            return {"type": "file", "file": part}
+        if stype == "text" and isinstance(source.get("data"), str):
+            return {"type": "text", "text": source["data"]}
+    raise InvalidRequestError(f"{where}.source.type: {stype!r} cannot be sent to this model")
+
+
+def _decode_parts(blocks: list[JSON], where: str) -> list[JSON]:
+    parts: list[JSON] = []
+    for j, block in enumerate(blocks):
+        btype = block.get("type") if isinstance(block, dict) else None
+        if btype == "text":
+            parts.append({"type": "text", "text": block.get("text") or ""})
+        elif btype in ("image", "document"):
+            parts.append(_decode_media(block, f"{where}.{j}"))
+        elif btype is None:
+            raise InvalidRequestError(f"{where}.{j}: must be a content block with a type")
+        # other block types (server tools, search results, ...) are not carried
+    return parts
+
+
+def _simplify(parts: list[JSON]) -> JSON:
+    """A lone text part becomes a plain string, as most chat clients write it."""
+    if len(parts) == 1 and parts[0].get("type") == "text":
+        return parts[0]["text"]
+    return parts
+
+
+def _decode_user(content: JSON, where: str) -> list[ChatMessage]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    out: list[ChatMessage] = []
+    rest: list[JSON] = []
+    for j, block in enumerate(content):
+        if isinstance(block, dict) and block.get("type") == "tool_result":
+            result = block.get("content")
+            if isinstance(result, list):
+                result = _simplify(_decode_parts(result, f"{where}.{j}.content"))
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(block.get("tool_use_id") or ""),
+                    "content": result if result is not None else "",
+                }
+            )
+        else:
+            rest.append(block)
+    if rest:
+        parts = _decode_parts(rest, where)
+        if parts:
+            out.append({"role": "user", "content": _simplify(parts)})
+    return out
+
+
+def _decode_tool_choice(choice: JSON, req: ChatRequest) -> None:
+    if not isinstance(choice, dict):
+        raise InvalidRequestError("tool_choice: must be an object")
+    ctype = choice.get("type")
+    if ctype == "auto":
+        req["tool_choice"] = "auto"
+    elif ctype == "any":
+        req["tool_choice"] = "required"
+    elif ctype == "none":
+        req["tool_choice"] = "none"
+    elif ctype == "tool":
+        req["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    else:
+        raise InvalidRequestError(f"tool_choice.type: unknown value {ctype!r}")
+    if choice.get("disable_parallel_tool_use") is True:
+        req["parallel_tool_calls"] = False
+
+
+def _effort(thinking: JSON) -> str | None:
+    if not isinstance(thinking, dict):
+        return None
+    if thinking.get("type") == "adaptive":
+        return "medium"
+    if thinking.get("type") != "enabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int):
+        raise InvalidRequestError("thinking.budget_tokens: must be an integer")
+    return "low" if budget <= 2048 else "medium" if budget <= 8192 else "high"
+
+
+def decode_messages_request(payload: JSON, route: RouteMatch) -> ChatRequest:
+    if not isinstance(payload, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("model: Field required")
+    raw_messages = payload.get("messages")
+    if not isinstance(raw_messages, list):
+        raise InvalidRequestError("messages: Field required")
+    req: ChatRequest = {"model": model}
+    messages: list[ChatMessage] = []
+    if payload.get("system") is not None:
+        texts = _text_of(payload["system"], "system")
+        if len(texts) == 1:
+            messages.append({"role": "system", "content": texts[0]})
+        elif texts:
+            parts = [{"type": "text", "text": t} for t in texts]
+            messages.append({"role": "system", "content": parts})
+    for i, m in enumerate(raw_messages):
+        where = f"messages.{i}"
+        if not isinstance(m, dict):
+            raise InvalidRequestError(f"{where}: must be an object")
+        content = m.get("content")
+        if not isinstance(content, str | list):
+            raise InvalidRequestError(f"{where}.content: must be a string or a list of blocks")
+        role = m.get("role")
+        if role == "user":
+            messages.extend(_decode_user(content, f"{where}.content"))
+        elif role == "assistant":
+            messages.append(decode_assistant_blocks(content, f"{where}.content"))
+        else:
+            raise InvalidRequestError(f"{where}.role: must be 'user' or 'assistant'")
+    req["messages"] = messages
+    if route.capability == "chat":
+        max_tokens = payload.get("max_tokens")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            raise InvalidRequestError("max_tokens: Field required")
+        req["max_tokens"] = max_tokens
+        if payload.get("stream") is True:
+            req["stream"] = True
+    for key in ("temperature", "top_p", "top_k"):
+        if payload.get(key) is not None:
+            req[key] = payload[key]
+    stops = payload.get("stop_sequences")
+    if stops:
+        req["stop"] = stops
+    tools = payload.get("tools")
+    if tools:
+        converted = [
+            {
+                "type": "function",
+                "function": {
+                    k: v
+                    for k, v in (
+                        ("name", t.get("name")),
+                        ("description", t.get("description")),
+                        ("parameters", t.get("input_schema")),
+                    )
+                    if v is not None
+                },
+            }
+            for t in tools
+            if isinstance(t, dict) and t.get("type") in (None, "custom")
+        ]
+        if converted:
+            req["tools"] = converted
+            if payload.get("tool_choice") is not None:
+                _decode_tool_choice(payload["tool_choice"], req)
+    metadata = payload.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
+        req["user"] = metadata["user_id"]
+    effort = _effort(payload.get("thinking"))
+    if effort:
+        req["reasoning_effort"] = effort
+    return req
+
+
+# chat -> Messages (upstream side) -----------------------------------------------------------
+def _parse_data_url(url: str, where: str) -> tuple[str, str]:
+    header, comma, data = url[5:].partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise InvalidRequestError(f"{where}: only base64 data URLs are supported")
+    return header[: -len(";base64")], data
+
+
+def _encode_part(part: JSON, where: str) -> JSON | None:
+    if isinstance(part, str):
+        return {"type": "text", "text": part} if part else None
+    if not isinstance(part, dict):
+        raise InvalidRequestError(f"{where}: must be a content part")
+    ptype = part.get("type")
+    if ptype in ("text", "refusal"):
+        text = part.get(ptype)
+        return {"type": "text", "text": text} if text else None
+    if ptype == "image_url":
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        if not isinstance(url, str):
+            raise InvalidRequestError(f"{where}.image_url.url: required")
+        if url.startswith("data:"):
+            media_type, data = _parse_data_url(url, f"{where}.image_url.url")
+            source = {"type": "base64", "media_type": media_type, "data": data}
+            return {"type": "image", "source": source}
+        return {"type": "image", "source": {"type": "url", "url": url}}
+    if ptype == "file":
+        file = part.get("file")
+        data_url = file.get("file_data") if isinstance(file, dict) else None
+        if not isinstance(data_url, str) or not data_url.startswith("data:"):
+            raise InvalidRequestError(f"{where}.file: only inline file_data is supported")
+        media_type, data = _parse_data_url(data_url, f"{where}.file.file_data")
+        source = {"type": "base64", "media_type": media_type, "data": data}
+        block: dict[str, JSON] = {"type": "document", "source": source}
+        if isinstance(file, dict) and isinstance(file.get("filename"), str):
+            block["title"] = file["filename"]
+        return block
+    raise InvalidRequestError(f"{where}.type: {ptype!r} cannot be sent to this model")
+
+
+def _encode_content(content: JSON, where: str) -> list[JSON]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"{where}: must be a string or a list of parts")
+    blocks = [_encode_part(p, f"{where}.{j}") for j, p in enumerate(content)]
+    return [b for b in blocks if b is not None]
+
+
+def _encode_assistant(msg: ChatMessage, where: str) -> list[JSON]:
+    blocks: list[JSON] = []
+    signature = msg.get("reasoning_signature")
+    if signature:
+        blocks.append(
+            {
+                "type": "thinking",
+                "thinking": msg.get("reasoning_content") or "",
+                "signature": signature,
+            }  # fmt: skip
+        )
+    for data in msg.get("redacted_reasoning") or ():
+        blocks.append({"type": "redacted_thinking", "data": data})
+    blocks.extend(_encode_content(msg.get("content"), f"{where}.content"))
+    if msg.get("refusal"):
+        blocks.append({"type": "text", "text": msg["refusal"]})
+    for k, call in enumerate(msg.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        arguments = function.get("arguments") or "{}"
+        try:
+            args = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            raise InvalidRequestError(
+                f"{where}.tool_calls.{k}.function.arguments: not valid JSON"
+            ) from None
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": function.get("name") or "",
+                "input": args if isinstance(args, dict) else {},
+            }  # fmt: skip
+        )
+    return blocks
+
+
+def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]]:
+    """Chat messages -> (Messages turns, system texts). Consecutive same-role turns merge."""
+    system: list[str] = []
+    turns: list[tuple[str, list[JSON]]] = []
+    for i, msg in enumerate(messages):
+        where = f"messages.{i}"
+        role = msg.get("role")
+        if role in SYSTEM_ROLES:
+            content = msg.get("content")
+            blocks = _encode_content(content, f"{where}.content")
+            system.extend(b["text"] for b in blocks if b.get("type") == "text")
+            continue
+        if role == "user":
+            blocks = _encode_content(msg.get("content"), f"{where}.content")
+        elif role == "assistant":
+            blocks = _encode_assistant(msg, where)
+        elif role in ("tool", "function"):
+            result = msg.get("content")
+            block: dict[str, JSON] = {"type": "tool_result", "tool_use_id": msg.get("tool_call_id")}
+            if isinstance(result, list):
+                block["content"] = _encode_content(result, f"{where}.content")
+            elif result:
+                block["content"] = result
+            blocks, role = [block], "user"
+        else:
+            raise InvalidRequestError(f"{where}.role: unknown role {role!r}")
+        if not blocks:
+            continue  # the Messages API rejects empty turns
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+    out: list[JSON] = []
+    for role, blocks in turns:
+        if len(blocks) == 1 and blocks[0].get("type") == "text":
+            out.append({"role": role, "content": blocks[0]["text"]})
+        else:
+            out.append({"role": role, "content": blocks})
+    return out, system
+
+
+def _encode_tools(req: ChatRequest, body: dict[str, JSON]) -> None:
+    tools = []
+    for tool in req.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not function.get("name"):
+            raise InvalidRequestError("tools: each tool must be a function with a name")
+        out: dict[str, JSON] = {"name": function["name"]}
+        if function.get("description"):
+            out["description"] = function["description"]
+        out["input_schema"] = function.get("parameters") or {"type": "object", "properties": {}}
+        tools.append(out)
+    if not tools:
+        return
+    body["tools"] = tools
+    choice = req.get("tool_choice")
+    encoded: dict[str, JSON] | None = None
+    if choice == "auto":
+        encoded = {"type": "auto"}
+    elif choice == "required":
+        encoded = {"type": "any"}
+    elif choice == "none":
+        encoded = {"type": "none"}
+    elif isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not name:
+            raise InvalidRequestError("tool_choice.function.name: required")
+        encoded = {"type": "tool", "name": name}
+    elif choice is not None:
+        raise InvalidRequestError(f"tool_choice: unknown value {choice!r}")
+    if req.get("parallel_tool_calls") is False and (encoded or {}).get("type") != "none":
+        encoded = encoded or {"type": "auto"}
+        encoded["disable_parallel_tool_use"] = True
+    if encoded is not None:
+        body["tool_choice"] = encoded
+
+
+def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, JSON]:
+    messages, system = _encode_messages(req.get("messages") or [])
+    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
+    if not isinstance(max_tokens, int):
+        max_tokens = target.default_max_tokens
+    body: dict[str, JSON] = {"model": target.model, "max_tokens": max_tokens}
+    if len(system) == 1:
+        body["system"] = system[0]
+    elif system:
+        body["system"] = [{"type": "text", "text": t} for t in system]
+    body["messages"] = messages
+    for key in ("temperature", "top_p", "top_k"):
+        if req.get(key) is not None:
+            body[key] = req[key]
+    stop = req.get("stop")
+    if isinstance(stop, str):
+        body["stop_sequences"] = [stop]
+    elif isinstance(stop, list) and stop:
+        body["stop_sequences"] = stop
+    _encode_tools(req, body)
+    budget = EFFORT_BUDGETS.get(req.get("reasoning_effort") or "")
+    if budget:
+        budget = min(budget, max_tokens - 1)
+        if budget >= MIN_BUDGET:
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if req.get("user"):
+        body["metadata"] = {"user_id": req["user"]}
+    if target.stream:
+        body["stream"] = True
+    return body
+
+
+def _headers(target: UpstreamTarget) -> dict[str, str]:
+    headers = {
+        "x-api-key": target.api_key,
+        "anthropic-version": target.client_headers.get("anthropic-version") or DEFAULT_VERSION,
+        "content-type": "application/json",
+    }
+    beta = target.client_headers.get("anthropic-beta")
+    if beta:
+        headers["anthropic-beta"] = beta
+    return headers
+
+
+def _url(target: UpstreamTarget, count: bool = False) -> str:
+    base = target.base_url.rstrip("/")
+    return f"{base}/v1/messages/count_tokens" if count else f"{base}/v1/messages"
+
+
+class AnthropicAdapter:
+    name: ClassVar[str] = "anthropic"
+    capabilities: ClassVar[frozenset[str]] = frozenset({"chat", "count_tokens"})
+
+    # client side -------------------------------------------------------------------------
+    def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
+        return decode_messages_request(payload, route)
+
+    def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON:
+        return encode_message(resp, ctx)
+
+    def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> AnthropicStreamEncoder:
+        return AnthropicStreamEncoder(ctx)
+
+    def encode_error(self, err: GatewayError) -> tuple[int, JSON]:
+        return err.status, error_body(err)
+
+    def encode_count(self, tokens: int, ctx: Ctx) -> JSON:
+        return {"input_tokens": tokens}
+
+    # upstream side -----------------------------------------------------------------------
+    def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
+        body = encode_messages_body(req, target)
+        return UpstreamCall(url=_url(target), headers=_headers(target), body=orjson.dumps(body))
+
+    def decode_response(self, payload: JSON) -> ChatResponse:
+        return decode_message(payload)
+
+    def stream_decoder(self, ctx: Ctx) -> AnthropicStreamDecoder:
+        return AnthropicStreamDecoder(ctx)
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError:
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            payload = None
+        return decode_error_payload(status, payload)
+
+    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall | None:
+        full = encode_messages_body(req, target)
+        body = {k: full[k] for k in COUNT_FIELDS if k in full}
+        return UpstreamCall(
+            url=_url(target, count=True), headers=_headers(target), body=orjson.dumps(body)
+        )
+
+    def decode_count(self, payload: JSON) -> int:
+        tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
+        if not isinstance(tokens, int):
+            raise UpstreamError("upstream sent a malformed token count")
+        return tokens
+
+    # passthrough -------------------------------------------------------------------------
+    def passthrough_request(
+        self, payload: JSON, route: RouteMatch, target: UpstreamTarget
+    ) -> UpstreamCall:
+        if not isinstance(payload, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        payload["model"] = target.model
+        return UpstreamCall(
+            url=_url(target, count=route.capability == "count_tokens"),
+            headers=_headers(target),
+            body=orjson.dumps(payload),
+        )
+
+    def passthrough_response(self, payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
+        if not isinstance(payload, dict):
+            raise UpstreamError("upstream sent a malformed message")
+        if "model" in payload:
+            payload["model"] = ctx.model
+        usage = payload.get("usage")
+        return payload, decode_usage(usage) if isinstance(usage, dict) else None
+
+    def passthrough_stream(
+        self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
+    ) -> AnthropicPassthrough:
+        return AnthropicPassthrough(ctx)
