@@ -31,7 +31,7 @@ from gateway.store import (
 from gateway.types import JSON
 
 KEY_STATUSES = ("enabled", "disabled")
-KEY_CHANGES = frozenset({"status", "group", "expires_at"})
+KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
 MAX_AMOUNT = 10**12  # balance units; keeps micro-units well inside a signed 64-bit integer
 MAX_NAME_LEN = 200
 MAX_ID_LEN = 128
@@ -125,6 +125,12 @@ def _group(settings: Settings, value: object, field: str = "group") -> str:
     return value
 
 
+def _name(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NAME_LEN:
+        raise InvalidRequestError(f"name: must be a string of at most {MAX_NAME_LEN} characters")
+    return value
+
+
 def _status(value: object) -> str:
     if value not in KEY_STATUSES:
         raise InvalidRequestError("status: must be 'enabled' or 'disabled'")
@@ -196,10 +202,7 @@ async def create_key(
     if not isinstance(account, str) or not account:
         raise InvalidRequestError("account: must be a non-empty string")
     grp = settings.groups[0] if group is None else _group(settings, group)
-    if name is None:
-        name = ""
-    if not isinstance(name, str) or len(name) > MAX_NAME_LEN:
-        raise InvalidRequestError(f"name: must be a string of at most {MAX_NAME_LEN} characters")
+    name = _name("" if name is None else name)
     expiry = _time(expires_at, "expires_at")
     if await store.get_account(account) is None:
         raise NotFoundError(f"account {account!r} not found")
@@ -242,7 +245,7 @@ async def list_keys(store: Store, account: str | None = None) -> list[KeyRecord]
 async def update_key(
     store: Store, settings: Settings, key_id: str, body: Mapping[str, object]
 ) -> KeyRecord:
-    """Change any of status, group and expires_at (null clears the expiry)."""
+    """Change any of status, group, expires_at (null clears the expiry) and name."""
     only_fields(body, KEY_CHANGES)
     changes: dict[str, object] = {}
     if "status" in body:
@@ -251,6 +254,8 @@ async def update_key(
         changes["group"] = _group(settings, body["group"])
     if "expires_at" in body:
         changes["expires_at"] = _time(body["expires_at"], "expires_at")
+    if "name" in body:
+        changes["name"] = _name(body["name"])
     if not changes:
         return await get_key(store, key_id)
     try:

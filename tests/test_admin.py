@@ -1,0 +1,548 @@
+"""The admin API (contract §5), driven through a Starlette app built from ``admin_routes()``
+over a real store, cache and usage writer."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from gateway.admin import admin_routes
+from gateway.config import Settings, parse_settings
+from gateway.store import MICRO, Store, UsageRecord, hash_key
+from gateway.store.cache import Cache
+from gateway.store.writer import UsageWriter
+
+TOKEN = "admin-secret-token"
+UPSTREAM_KEY = "upstream-credential-never-shown"
+
+
+def make_settings(admin_token: str = TOKEN) -> Settings:
+    return parse_settings(
+        {
+            "store": "sqlite:///unused.db",
+            "admin_token": admin_token,
+            "groups": ["default", "vip"],
+            "models": [
+                {"name": "chat-small", "capabilities": ["chat"], "price": {"input": 0.5}},
+            ],
+            "channels": [
+                {
+                    "name": "oa-1",
+                    "type": "openai",
+                    "base_url": "http://127.0.0.1:9001/v1",
+                    "api_key": UPSTREAM_KEY,
+                    "groups": ["default"],
+                    "models": ["chat-small"],
+                }
+            ],
+        }
+    )
+
+
+@dataclass
+class GatewayState:
+    settings: Settings
+    store: Store
+    cache: Cache
+    writer: UsageWriter
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    raw: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.raw)
+
+
+class Admin:
+    """Calls the ASGI app by hand: one request body, then the reply collected."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        raw: bytes | None = None,
+        token: str | None = TOKEN,
+        auth: str | None = None,
+    ) -> Reply:
+        path, _, query = path.partition("?")
+        if raw is None:
+            raw = b"" if body is None else orjson.dumps(body)
+        headers = [(b"content-type", b"application/json")]
+        if auth is None and token is not None:
+            auth = f"Bearer {token}"
+        if auth is not None:
+            headers.append((b"authorization", auth.encode()))
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": query.encode(),
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            return {"type": "http.disconnect"}
+
+        status = 0
+        resp_headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                resp_headers.update({k.decode(): v.decode() for k, v in message["headers"]})
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, send)
+        return Reply(status, resp_headers, b"".join(chunks))
+
+
+@pytest.fixture
+async def state(store: Store) -> GatewayState:
+    cache = Cache(store)
+    await cache.refresh()
+    return GatewayState(make_settings(), store, cache, UsageWriter(store, cache))
+
+
+def build_app(state: GatewayState) -> Starlette:
+    app = Starlette(routes=[Mount("/admin", routes=admin_routes())])
+    app.state.gateway = state
+    return app
+
+
+@pytest.fixture
+def admin(state: GatewayState) -> Admin:
+    return Admin(build_app(state))
+
+
+def assert_error(reply: Reply, status: int, type_: str) -> dict[str, Any]:
+    assert reply.status == status, reply.raw
+    assert reply.headers["content-type"] == "application/json"
+    err = reply.json()["error"]
+    assert set(err) == {"message", "type", "code"}
+    assert err["type"] == type_
+    assert isinstance(err["message"], str) and err["message"]
+    return err  # type: ignore[no-any-return]
+
+
+def usage_record(n: int, account: str, *, cost: int = 0, minutes: int = 0) -> UsageRecord:
+    return UsageRecord(
+        time=datetime(2030, 1, 1, tzinfo=UTC) + timedelta(minutes=minutes),
+        request_id=f"req-{n}",
+        account=account,
+        key_id="k_test",
+        model="chat-small",
+        channel="oa-1",
+        protocol="openai",
+        endpoint="chat",
+        prompt_tokens=10 + n,
+        completion_tokens=20 + n,
+        cost=cost,
+        status=200,
+        latency_ms=100 + n,
+        ip_range="203.0.113.0/24",
+    )
+
+
+# ---- authentication ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [None, "Bearer wrong-token", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer", f"{TOKEN}"],
+)
+async def test_bad_or_missing_token_is_401(admin: Admin, auth: str | None) -> None:
+    for method, path in [
+        ("GET", "/admin/keys"),
+        ("POST", "/admin/accounts"),
+        ("GET", "/admin/usage"),
+        ("GET", "/admin/no-such-endpoint"),
+    ]:
+        reply = await admin(method, path, {"id": "x", "balance": 1}, token=None, auth=auth)
+        assert_error(reply, 401, "authentication_error")
+        assert reply.headers["www-authenticate"] == "Bearer"
+
+
+async def test_bearer_scheme_is_case_insensitive(admin: Admin) -> None:
+    reply = await admin("GET", "/admin/keys", auth=f"bearer {TOKEN}")
+    assert reply.status == 200
+
+
+async def test_empty_admin_token_turns_the_api_off(state: GatewayState) -> None:
+    state.settings = make_settings(admin_token="")
+    admin = Admin(build_app(state))
+    for auth in [None, "Bearer ", "Bearer  ", f"Bearer {TOKEN}"]:
+        reply = await admin("GET", "/admin/keys", token=None, auth=auth)
+        assert_error(reply, 401, "authentication_error")
+
+
+async def test_an_unrefused_change_needs_the_token(admin: Admin, store: Store) -> None:
+    reply = await admin("POST", "/admin/accounts", {"id": "mallory", "balance": 100}, token="no")
+    assert reply.status == 401
+    assert await store.get_account("mallory") is None
+
+
+async def test_unknown_admin_path_is_404_in_shape(admin: Admin) -> None:
+    assert_error(await admin("GET", "/admin/nothing/here"), 404, "not_found_error")
+    assert_error(await admin("PUT", "/admin/keys/k_1"), 404, "not_found_error")
+
+
+# ---- accounts ------------------------------------------------------------------------------
+
+
+async def test_create_and_get_account(admin: Admin) -> None:
+    reply = await admin("POST", "/admin/accounts", {"id": "alice", "balance": 10.5})
+    assert reply.status == 201
+    assert reply.json() == {"id": "alice", "balance": 10.5}
+    reply = await admin("GET", "/admin/accounts/alice")
+    assert reply.status == 200
+    assert reply.json() == {"id": "alice", "balance": 10.5}
+
+
+async def test_account_balance_defaults_to_zero(admin: Admin) -> None:
+    reply = await admin("POST", "/admin/accounts", {"id": "bob"})
+    assert reply.status == 201
+    assert reply.json() == {"id": "bob", "balance": 0}
+
+
+async def test_duplicate_account_is_409_and_keeps_the_balance(admin: Admin) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 5})
+    reply = await admin("POST", "/admin/accounts", {"id": "alice", "balance": 999})
+    assert_error(reply, 409, "conflict_error")
+    assert (await admin("GET", "/admin/accounts/alice")).json()["balance"] == 5
+
+
+async def test_missing_account_is_404(admin: Admin) -> None:
+    assert_error(await admin("GET", "/admin/accounts/nobody"), 404, "not_found_error")
+    reply = await admin("POST", "/admin/accounts/nobody/topup", {"amount": 1})
+    assert_error(reply, 404, "not_found_error")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"",
+        b"[1, 2]",
+        b'"alice"',
+        b'{"balance": 1}',
+        b'{"id": "", "balance": 1}',
+        b'{"id": 7, "balance": 1}',
+        b'{"id": "has space", "balance": 1}',
+        b'{"id": "alice", "balance": "10"}',
+        b'{"id": "alice", "balance": true}',
+        b'{"id": "alice", "balance": null}',
+        b'{"id": "alice", "balance": 1e300}',
+        b'{"id": "alice", "balanse": 1}',
+    ],
+)
+async def test_bad_account_body_is_400(admin: Admin, store: Store, raw: bytes) -> None:
+    reply = await admin("POST", "/admin/accounts", raw=raw)
+    assert_error(reply, 400, "invalid_request_error")
+    assert await store.get_account("alice") is None
+
+
+async def test_topup_arithmetic_is_exact(admin: Admin, store: Store) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 0})
+    first = await admin("POST", "/admin/accounts/alice/topup", {"amount": 0.1})
+    assert first.json() == {"id": "alice", "balance": 0.1}
+    second = await admin("POST", "/admin/accounts/alice/topup", {"amount": 0.2})
+    assert second.status == 200
+    assert second.json() == {"id": "alice", "balance": 0.3}  # not 0.30000000000000004
+    assert b'"balance":0.3}' in second.raw
+    acct = await store.get_account("alice")
+    assert acct is not None and acct.balance == 300_000
+    negative = await admin("POST", "/admin/accounts/alice/topup", {"amount": -0.05})
+    assert negative.json()["balance"] == 0.25
+
+
+@pytest.mark.parametrize("raw", [b"{}", b'{"amount": "5"}', b'{"amount": null}', b"nope"])
+async def test_bad_topup_is_400(admin: Admin, raw: bytes) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 1})
+    assert_error(await admin("POST", "/admin/accounts/alice/topup", raw=raw), 400,
+                 "invalid_request_error")  # fmt: skip
+    assert (await admin("GET", "/admin/accounts/alice")).json()["balance"] == 1
+
+
+async def test_balance_includes_requests_still_in_the_writer(
+    admin: Admin, state: GatewayState
+) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 2})
+    state.writer.submit(usage_record(1, "alice", cost=250_000))  # not yet written to the store
+    assert (await admin("GET", "/admin/accounts/alice")).json()["balance"] == 1.75
+
+
+async def test_topup_is_seen_by_this_instance_at_once(admin: Admin, state: GatewayState) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 0})
+    assert state.cache.balance("alice") == 0
+    await admin("POST", "/admin/accounts/alice/topup", {"amount": 3})
+    assert state.cache.balance("alice") == 3 * MICRO
+
+
+# ---- keys ----------------------------------------------------------------------------------
+
+
+async def create_key(admin: Admin, **body: Any) -> dict[str, Any]:
+    body.setdefault("account", "alice")
+    body.setdefault("group", "default")
+    reply = await admin("POST", "/admin/keys", body)
+    assert reply.status == 201, reply.raw
+    return reply.json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def alice(admin: Admin) -> None:
+    assert (await admin("POST", "/admin/accounts", {"id": "alice", "balance": 10})).status == 201
+
+
+@pytest.mark.usefixtures("alice")
+async def test_create_key_shows_the_secret_once(
+    admin: Admin, state: GatewayState, store: Store
+) -> None:
+    created = await create_key(admin, name="laptop")
+    secret = created["key"]
+    assert re.fullmatch(r"sk-[A-Za-z0-9_-]{48}", secret)
+    assert re.fullmatch(r"k_[0-9a-f]{12}", created["id"])
+    assert created["account"] == "alice"
+    assert created["group"] == "default"
+    assert created["name"] == "laptop"
+    assert created["status"] == "enabled"
+    assert created["expires_at"] is None
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", created["created_at"])
+    assert created["hint"].startswith("sk-") and created["hint"].endswith(secret[-4:])
+    assert secret not in created["hint"]
+
+    # usable at once by this instance
+    rec = state.cache.key(hash_key(secret))
+    assert rec is not None and rec.id == created["id"]
+
+    listed = await admin("GET", "/admin/keys")
+    one = await admin("GET", f"/admin/keys/{created['id']}")
+    for reply in (listed, one):
+        assert reply.status == 200
+        assert secret.encode() not in reply.raw
+        assert secret[3:20].encode() not in reply.raw
+    assert [k["id"] for k in listed.json()["data"]] == [created["id"]]
+    shown = one.json()
+    assert "key" not in shown
+    assert shown == {k: v for k, v in created.items() if k != "key"}
+
+    # nor does the store keep it
+    stored = await store.load_keys()
+    assert stored and all(secret not in repr(k) for k in stored)
+    assert stored[0].key_hash == hash_key(secret)
+
+
+@pytest.mark.usefixtures("alice")
+async def test_two_keys_differ(admin: Admin) -> None:
+    a = await create_key(admin)
+    b = await create_key(admin)
+    assert a["id"] != b["id"] and a["key"] != b["key"]
+
+
+@pytest.mark.usefixtures("alice")
+async def test_create_key_validation(admin: Admin, store: Store) -> None:
+    reply = await admin("POST", "/admin/keys", {"account": "nobody", "group": "default"})
+    assert_error(reply, 404, "not_found_error")
+    for body in [
+        {"account": "alice", "group": "gold"},
+        {"account": "alice", "group": 3},
+        {"group": "default"},
+        {"account": "alice", "group": "default", "expires_at": "next tuesday"},
+        {"account": "alice", "group": "default", "expires_at": 1893456000},
+        {"account": "alice", "group": "default", "name": ["x"]},
+        {"account": "alice", "group": "default", "secret": "sk-mine"},
+    ]:
+        assert_error(await admin("POST", "/admin/keys", body), 400, "invalid_request_error")
+    assert_error(await admin("POST", "/admin/keys", raw=b"{"), 400, "invalid_request_error")
+    assert await store.list_keys() == []
+
+
+@pytest.mark.usefixtures("alice")
+async def test_create_key_with_expiry_and_default_group(admin: Admin) -> None:
+    reply = await admin(
+        "POST", "/admin/keys", {"account": "alice", "expires_at": "2030-06-01T12:00:00+02:00"}
+    )
+    assert reply.status == 201
+    assert reply.json()["expires_at"] == "2030-06-01T10:00:00Z"
+    assert reply.json()["group"] == "default"
+
+
+@pytest.mark.usefixtures("alice")
+async def test_list_keys_by_account(admin: Admin) -> None:
+    await admin("POST", "/admin/accounts", {"id": "bob", "balance": 1})
+    a = await create_key(admin, account="alice")
+    b = await create_key(admin, account="bob", group="vip")
+    all_ids = {k["id"] for k in (await admin("GET", "/admin/keys")).json()["data"]}
+    assert all_ids == {a["id"], b["id"]}
+    bobs = (await admin("GET", "/admin/keys?account=bob")).json()["data"]
+    assert [k["id"] for k in bobs] == [b["id"]]
+    assert bobs[0]["group"] == "vip"
+    assert (await admin("GET", "/admin/keys?account=carol")).json() == {"data": []}
+
+
+@pytest.mark.usefixtures("alice")
+async def test_patch_key(admin: Admin, state: GatewayState) -> None:
+    created = await create_key(admin)
+    path = f"/admin/keys/{created['id']}"
+    secret_hash = hash_key(created["key"])
+
+    reply = await admin("PATCH", path, {"status": "disabled"})
+    assert reply.status == 200
+    assert reply.json()["status"] == "disabled"
+    assert "key" not in reply.json()
+    cached = state.cache.key(secret_hash)
+    assert cached is not None and cached.status == "disabled"
+
+    reply = await admin("PATCH", path, {"expires_at": "2031-02-03T04:05:06Z", "group": "vip"})
+    assert reply.json()["expires_at"] == "2031-02-03T04:05:06Z"
+    assert reply.json()["group"] == "vip"
+    assert (await admin("GET", path)).json()["expires_at"] == "2031-02-03T04:05:06Z"
+
+    reply = await admin("PATCH", path, {"expires_at": None, "status": "enabled"})
+    assert reply.json()["expires_at"] is None
+    assert reply.json()["status"] == "enabled"
+    shown = (await admin("GET", path)).json()
+    assert shown["expires_at"] is None and shown["group"] == "vip"
+    cached = state.cache.key(secret_hash)
+    assert cached is not None and cached.expires_at is None and cached.group == "vip"
+
+
+@pytest.mark.usefixtures("alice")
+async def test_patch_key_validation(admin: Admin) -> None:
+    created = await create_key(admin)
+    path = f"/admin/keys/{created['id']}"
+    for body in [
+        {"status": "paused"},
+        {"status": True},
+        {"group": "gold"},
+        {"expires_at": "soon"},
+        {"account": "bob"},
+        {"key": "sk-new"},
+    ]:
+        assert_error(await admin("PATCH", path, body), 400, "invalid_request_error")
+    assert_error(await admin("PATCH", path, raw=b"[]"), 400, "invalid_request_error")
+    assert (await admin("GET", path)).json() == {k: v for k, v in created.items() if k != "key"}
+    reply = await admin("PATCH", "/admin/keys/k_missing", {"status": "disabled"})
+    assert_error(reply, 404, "not_found_error")
+
+
+@pytest.mark.usefixtures("alice")
+async def test_delete_key(admin: Admin, state: GatewayState) -> None:
+    created = await create_key(admin)
+    path = f"/admin/keys/{created['id']}"
+    assert state.cache.key(hash_key(created["key"])) is not None
+    reply = await admin("DELETE", path)
+    assert reply.status == 200
+    assert reply.json() == {"id": created["id"], "deleted": True}
+    assert state.cache.key(hash_key(created["key"])) is None
+    assert_error(await admin("GET", path), 404, "not_found_error")
+    assert_error(await admin("DELETE", path), 404, "not_found_error")
+    assert (await admin("GET", "/admin/keys")).json() == {"data": []}
+
+
+# ---- usage ---------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("alice")
+async def test_usage_newest_first_with_limit(admin: Admin, store: Store) -> None:
+    await admin("POST", "/admin/accounts", {"id": "bob", "balance": 1})
+    await store.settle(
+        [
+            usage_record(1, "alice", cost=1_500_000, minutes=1),
+            usage_record(2, "bob", cost=100_000, minutes=2),
+            usage_record(3, "alice", cost=250_000, minutes=3),
+        ]
+    )
+    data = (await admin("GET", "/admin/usage")).json()["data"]
+    assert [r["request_id"] for r in data] == ["req-3", "req-2", "req-1"]
+    newest = data[0]
+    assert newest["time"] == "2030-01-01T00:03:00Z"
+    assert newest["cost"] == 0.25
+    assert newest["account"] == "alice"
+    assert newest["channel"] == "oa-1"
+    assert newest["prompt_tokens"] == 13 and newest["completion_tokens"] == 23
+    assert newest["latency_ms"] == 103 and newest["status"] == 200
+    assert newest["ip_range"] == "203.0.113.0/24"
+
+    data = (await admin("GET", "/admin/usage?limit=2")).json()["data"]
+    assert [r["request_id"] for r in data] == ["req-3", "req-2"]
+    data = (await admin("GET", "/admin/usage?account=alice&limit=1")).json()["data"]
+    assert [r["request_id"] for r in data] == ["req-3"]
+    data = (await admin("GET", "/admin/usage?account=alice")).json()["data"]
+    assert [r["request_id"] for r in data] == ["req-3", "req-1"]
+    assert (await admin("GET", "/admin/accounts/alice")).json()["balance"] == 8.25
+
+
+async def test_usage_limit_is_capped_at_1000(admin: Admin, store: Store) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 1})
+    await store.settle([usage_record(n, "alice", minutes=n) for n in range(1005)])
+    assert len((await admin("GET", "/admin/usage")).json()["data"]) == 100
+    assert len((await admin("GET", "/admin/usage?limit=5000")).json()["data"]) == 1000
+
+
+@pytest.mark.parametrize("limit", ["0", "-3", "ten", "1.5"])
+async def test_bad_usage_limit_is_400(admin: Admin, limit: str) -> None:
+    reply = await admin("GET", f"/admin/usage?limit={limit}")
+    assert_error(reply, 400, "invalid_request_error")
+
+
+async def test_usage_includes_requests_still_in_the_writer(
+    admin: Admin, state: GatewayState
+) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 1})
+    state.writer.submit(usage_record(7, "alice", cost=10))
+    data = (await admin("GET", "/admin/usage?account=alice")).json()["data"]
+    assert [r["request_id"] for r in data] == ["req-7"]
+
+
+# ---- catalogue -----------------------------------------------------------------------------
+
+
+async def test_models_and_channels_without_credentials(admin: Admin) -> None:
+    models = await admin("GET", "/admin/models")
+    assert models.status == 200
+    (model,) = models.json()["data"]
+    assert model["name"] == "chat-small"
+    assert model["capabilities"] == ["chat"]
+    assert model["price"]["input"] == 0.5
+
+    channels = await admin("GET", "/admin/channels")
+    assert channels.status == 200
+    (channel,) = channels.json()["data"]
+    assert channel["name"] == "oa-1" and channel["type"] == "openai"
+    assert channel["models"] == ["chat-small"] and channel["groups"] == ["default"]
+    assert "api_key" not in channel
+    assert UPSTREAM_KEY.encode() not in channels.raw
+
+    assert (await admin("GET", "/admin/groups")).json() == {"data": ["default", "vip"]}
