@@ -10,7 +10,8 @@ Not carried toward an openai channel (dropped on purpose):
 | field                                   | why                                            |
 |-----------------------------------------|------------------------------------------------|
 | ``top_k``                               | chat completions has no such parameter         |
-| ``reasoning_signature``, ``redacted_reasoning``, tool ``thought_signature`` | other providers' opaque data |
+| ``reasoning_signature``, ``redacted_reasoning`` | other providers' opaque data       |
+| tool call ``thought_signature``         | Gemini's opaque data                           |
 | ``reasoning_content`` on input messages | OpenAI does not take reasoning back as input   |
 | ``usage.cache_creation_tokens``         | no field for it in chat completions usage      |
 """

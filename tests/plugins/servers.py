@@ -1,0 +1,186 @@
+"""Served gateways for end-to-end tests: the fake upstream and the gateway on real sockets.
+
+``fake`` is the bundled fake upstream on an ephemeral port; ``gateway`` is the app served by
+hypercorn on an ephemeral port in the test's event loop, configured by ``make_config`` against
+that upstream and the store of ``store_url`` (so every end-to-end test runs on both stores).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from starlette.applications import Starlette
+
+from bench.fake_upstream import FakeUpstream
+from gateway.app import GatewayState, create_app
+from gateway.config import Settings, parse_settings
+
+ADMIN_TOKEN = "admin-test-token"
+KEYS = {
+    "alice": "sk-alice-0000000000000001",
+    "vip": "sk-vip-00000000000000002",
+    "disabled": "sk-disabled-000000000003",
+    "expired": "sk-expired-0000000000004",
+    "broke": "sk-broke-000000000000005",
+}
+PRICE = {"input": 1.0, "output": 2.0}  # micro-units per token: easy sums
+
+
+def make_config(upstream_url: str, store_url: str, **overrides: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "store": store_url,
+        "admin_token": ADMIN_TOKEN,
+        "groups": ["default", "vip"],
+        "models": [
+            {"name": "chat-small", "capabilities": ["chat", "vision", "tools"], "price": PRICE},
+            {"name": "claude-small", "capabilities": ["chat", "vision", "tools"], "price": PRICE},
+            {"name": "gemini-small", "capabilities": ["chat", "vision", "tools"], "price": PRICE},
+            {"name": "vip-model", "capabilities": ["chat"], "price": PRICE},
+        ],
+        "channels": [
+            {
+                "name": "oa",
+                "type": "openai",
+                "base_url": upstream_url + "/v1",
+                "api_key": "upstream-key",
+                "groups": ["default", "vip"],
+                "models": ["chat-small"],
+                "model_map": {"chat-small": "up-small"},
+            },
+            {
+                "name": "an",
+                "type": "anthropic",
+                "base_url": upstream_url,
+                "api_key": "upstream-key",
+                "groups": ["default", "vip"],
+                "models": ["claude-small"],
+            },
+            {
+                "name": "gm",
+                "type": "gemini",
+                "base_url": upstream_url,
+                "api_key": "upstream-key",
+                "groups": ["default", "vip"],
+                "models": ["gemini-small"],
+            },
+            {
+                "name": "vip-only",
+                "type": "openai",
+                "base_url": upstream_url + "/v1",
+                "api_key": "upstream-key",
+                "groups": ["vip"],
+                "models": ["vip-model"],
+            },
+        ],
+        "accounts": [{"id": "alice", "balance": 10.0}, {"id": "broke", "balance": 0}],
+        "keys": [
+            {"id": "k-alice", "key": KEYS["alice"], "account": "alice", "group": "default"},
+            {"id": "k-vip", "key": KEYS["vip"], "account": "alice", "group": "vip"},
+            {
+                "id": "k-disabled",
+                "key": KEYS["disabled"],
+                "account": "alice",
+                "group": "default",
+                "status": "disabled",
+            },
+            {
+                "id": "k-expired",
+                "key": KEYS["expired"],
+                "account": "alice",
+                "group": "default",
+                "expires_at": "2020-01-01T00:00:00Z",
+            },
+            {"id": "k-broke", "key": KEYS["broke"], "account": "broke", "group": "default"},
+        ],
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+@dataclass
+class ServedGateway:
+    url: str
+    app: Starlette
+    settings: Settings
+
+    @property
+    def state(self) -> GatewayState:
+        return self.app.state.gateway  # type: ignore[no-any-return]
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+
+@contextlib.asynccontextmanager
+async def serve_app(settings: Settings) -> AsyncIterator[ServedGateway]:
+    """Serve a gateway with hypercorn on an ephemeral port until the block ends."""
+    app = create_app(settings)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    port = sock.getsockname()[1]
+    cfg = Config()
+    cfg.bind = [f"fd://{sock.fileno()}"]
+    cfg.accesslog = None
+    cfg.errorlog = None
+    cfg.graceful_timeout = 1.0
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(app, cfg, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
+    try:
+        url = f"http://127.0.0.1:{port}"
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            for _ in range(200):
+                try:
+                    async with s.get(url + "/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.02)
+        yield ServedGateway(url=url, app=app, settings=settings)
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        sock.close()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as f:
+        yield f
+
+
+@pytest.fixture
+def gateway_factory(
+    fake: FakeUpstream, store_url: str
+) -> Callable[..., contextlib.AbstractAsyncContextManager[ServedGateway]]:
+    """``async with gateway_factory(**config_overrides) as gw:`` for tests that change config."""
+
+    def factory(**overrides: Any) -> contextlib.AbstractAsyncContextManager[ServedGateway]:
+        return serve_app(parse_settings(make_config(fake.url, store_url, **overrides)))
+
+    return factory
+
+
+@pytest.fixture
+async def gateway(
+    gateway_factory: Callable[..., contextlib.AbstractAsyncContextManager[ServedGateway]],
+) -> AsyncIterator[ServedGateway]:
+    async with gateway_factory() as gw:
+        yield gw
