@@ -1,0 +1,641 @@
+"""One suite over both store backends (SQLite, Redis), plus the cache and the usage writer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.config import Settings, parse_settings
+from gateway.store import (
+    MICRO,
+    ConflictError,
+    KeyRecord,
+    MissingError,
+    Store,
+    UsageRecord,
+    hash_key,
+    key_hint,
+    open_store,
+)
+from gateway.store.cache import Cache
+from gateway.store.sqlite import SQLiteStore
+from gateway.store.writer import UsageWriter
+from tests.plugins.stores import sqlite_url
+
+T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+SECRET = "sk-test-secret-4f1c9a7e2b"
+UPSTREAM_SECRET = "upstream-secret-9d8e7f"
+
+
+def usage_rec(
+    i: int, account: str = "alice", cost: int = 1_000, time: datetime | None = None
+) -> UsageRecord:
+    return UsageRecord(
+        time=time or T0 + timedelta(milliseconds=i),
+        request_id=f"req-{account}-{i}",
+        account=account,
+        key_id="k-1",
+        model="chat-small",
+        channel=None if i % 3 == 0 else "oa-1",
+        protocol="openai",
+        endpoint="chat",
+        prompt_tokens=10 + i,
+        completion_tokens=20 + i,
+        cost=cost,
+        status=200,
+        latency_ms=15,
+        ip_range="203.0.113.0/24",
+    )
+
+
+def key_rec(key_id: str, secret: str, account: str = "alice", **kw: Any) -> KeyRecord:
+    return KeyRecord(
+        id=key_id,
+        key_hash=hash_key(secret),
+        account=account,
+        group=kw.pop("group", "default"),
+        hint=key_hint(secret),
+        **kw,
+    )
+
+
+def settings(**overrides: Any) -> Settings:
+    raw: dict[str, Any] = {
+        "store": "sqlite:///unused.db",
+        "groups": ["default", "vip"],
+        "models": [{"name": "chat-small", "price": {"input": 0.5, "output": 1.5}}],
+        "channels": [
+            {
+                "name": "oa-1",
+                "type": "openai",
+                "base_url": "http://127.0.0.1:9001/v1",
+                "api_key": UPSTREAM_SECRET,
+                "models": ["chat-small"],
+            }
+        ],
+        "accounts": [{"id": "alice", "balance": 10.0}, {"id": "bob", "balance": 2.5}],
+        "keys": [{"id": "k-alice", "key": SECRET, "account": "alice", "group": "default"}],
+    }
+    raw.update(overrides)
+    return parse_settings(raw)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll until ``check()`` holds; fail only after a generous deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def second_store(store_url: str) -> AsyncIterator[Store]:
+    """Another instance on the same store, as another gateway process would open it."""
+    s = open_store(store_url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# -- accounts ------------------------------------------------------------------------------
+
+
+async def test_accounts_create_get_topup(store: Store) -> None:
+    acct = await store.create_account("alice", 5 * MICRO)
+    assert (acct.id, acct.balance) == ("alice", 5 * MICRO)
+    assert await store.get_account("alice") == acct
+    assert await store.get_account("nobody") is None
+
+    assert (await store.topup("alice", 250)).balance == 5 * MICRO + 250
+    assert (await store.topup("alice", -1_000)).balance == 5 * MICRO - 750
+    got = await store.get_account("alice")
+    assert got is not None and got.balance == 5 * MICRO - 750
+    assert await store.load_balances() == {"alice": 5 * MICRO - 750}
+
+    with pytest.raises(ConflictError):
+        await store.create_account("alice", 1)
+    with pytest.raises(MissingError):
+        await store.topup("nobody", 1)
+    got = await store.get_account("alice")
+    assert got is not None and got.balance == 5 * MICRO - 750  # the conflict changed nothing
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+async def test_keys_create_get_list_update_delete(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    await store.create_account("bob", MICRO)
+    expiry = datetime(2030, 1, 1, tzinfo=UTC)
+    k1 = key_rec("k-1", "sk-one-111111", name="laptop", expires_at=expiry, created_at=T0)
+    k2 = key_rec("k-2", "sk-two-222222", created_at=T0 + timedelta(seconds=1))
+    k3 = key_rec("k-3", "sk-three-3333", account="bob", created_at=T0 + timedelta(seconds=2))
+    for k in (k1, k2, k3):
+        await store.create_key(k)
+
+    assert await store.get_key("k-1") == k1
+    assert await store.get_key("nope") is None
+    assert [k.id for k in await store.list_keys()] == ["k-1", "k-2", "k-3"]
+    assert [k.id for k in await store.list_keys("alice")] == ["k-1", "k-2"]
+    assert await store.list_keys("carol") == []
+
+    disabled = await store.update_key("k-1", {"status": "disabled", "group": "vip"})
+    assert (disabled.status, disabled.group, disabled.expires_at) == ("disabled", "vip", expiry)
+    assert await store.get_key("k-1") == disabled
+
+    later = datetime(2031, 6, 1, 12, 0, tzinfo=UTC)
+    assert (await store.update_key("k-2", {"expires_at": later})).expires_at == later
+    got = await store.get_key("k-2")
+    assert got is not None and got.expires_at == later
+    assert (await store.update_key("k-1", {"expires_at": None})).expires_at is None
+    got = await store.get_key("k-1")
+    assert got is not None and got.expires_at is None and got.status == "disabled"
+
+    with pytest.raises(MissingError):
+        await store.update_key("nope", {"status": "disabled"})
+    with pytest.raises(ValueError):
+        await store.update_key("k-2", {"status": "paused"})
+
+    assert await store.delete_key("k-2") is True
+    assert await store.get_key("k-2") is None
+    assert await store.delete_key("k-2") is False
+    assert [k.id for k in await store.list_keys()] == ["k-1", "k-3"]
+
+
+async def test_key_conflicts_and_unknown_account(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    await store.create_key(key_rec("k-1", "sk-one-111111"))
+    with pytest.raises(ConflictError):
+        await store.create_key(key_rec("k-1", "sk-other-9999"))  # same id
+    with pytest.raises(ConflictError):
+        await store.create_key(key_rec("k-9", "sk-one-111111"))  # same secret
+    with pytest.raises(MissingError):
+        await store.create_key(key_rec("k-2", "sk-two-222222", account="nobody"))
+    assert [k.id for k in await store.list_keys()] == ["k-1"]
+
+
+async def test_deleted_key_frees_its_secret(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    await store.create_key(key_rec("k-1", "sk-one-111111"))
+    assert await store.delete_key("k-1")
+    await store.create_key(key_rec("k-2", "sk-one-111111"))
+    assert [k.id for k in await store.load_keys()] == ["k-2"]
+
+
+async def test_load_keys_finds_a_key_by_the_hash_of_its_secret(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    await store.create_key(key_rec("k-1", "sk-one-111111", created_at=T0))
+    await store.create_key(key_rec("k-2", "sk-two-222222", group="vip", created_at=T0))
+    by_hash = {k.key_hash: k for k in await store.load_keys()}
+    found = by_hash[hash_key("sk-two-222222")]
+    assert (found.id, found.group, found.hint) == ("k-2", "vip", "sk-…2222")
+    assert hash_key("sk-unknown-0000") not in by_hash
+    assert found.created_at == T0
+    assert found.created_at is not None and found.created_at.tzinfo is not None
+
+
+async def test_created_at_is_filled_in_when_missing(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    await store.create_key(key_rec("k-1", "sk-one-111111"))
+    got = await store.get_key("k-1")
+    assert got is not None and got.created_at is not None and got.created_at >= before
+
+
+# -- settle and usage ----------------------------------------------------------------------
+
+
+async def test_settle_debits_exactly_and_lists_usage_newest_first(store: Store) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    await store.create_account("bob", 10 * MICRO)
+    records = [usage_rec(i, "alice", cost=1_234_567) for i in range(6)]
+    records += [usage_rec(i, "bob", cost=3) for i in range(6, 10)]
+    shuffled = records[:]
+    random.Random(7).shuffle(shuffled)  # settled out of time order: listing still sorts by time
+    await store.settle(shuffled[:5])
+    await store.settle(shuffled[5:])
+
+    assert await store.load_balances() == {
+        "alice": 10 * MICRO - 6 * 1_234_567,
+        "bob": 10 * MICRO - 12,
+    }
+    newest_first = sorted(records, key=lambda r: r.time, reverse=True)
+    assert await store.usage() == newest_first
+    assert await store.usage(limit=3) == newest_first[:3]
+    assert await store.usage("alice") == [r for r in newest_first if r.account == "alice"]
+    assert (
+        await store.usage("alice", limit=2) == [r for r in newest_first if r.account == "alice"][:2]
+    )
+    assert await store.usage("carol") == []
+
+
+async def test_usage_record_round_trips_every_field(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    rec = UsageRecord(
+        time=datetime(2025, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        request_id="req-x",
+        account="alice",
+        key_id="k-7",
+        model="chat-small",
+        channel=None,
+        protocol="anthropic",
+        endpoint="count_tokens",
+        prompt_tokens=0,
+        completion_tokens=0,
+        cost=0,
+        status=499,
+        latency_ms=123456,
+        ip_range="2001:db8:1234::/48",
+    )
+    await store.settle([rec])
+    assert await store.usage() == [rec]
+    got = await store.get_account("alice")
+    assert got is not None and got.balance == MICRO
+
+
+async def test_settle_of_an_unknown_account_keeps_the_record(store: Store) -> None:
+    await store.settle([usage_rec(1, "ghost", cost=5)])
+    assert [r.request_id for r in await store.usage()] == ["req-ghost-1"]
+    assert await store.get_account("ghost") is None
+
+
+async def test_fifty_concurrent_settles_bill_exactly(store: Store) -> None:
+    await store.create_account("alice", 100 * MICRO)
+    cost = 777_777
+    await asyncio.gather(*(store.settle([usage_rec(i, cost=cost)]) for i in range(50)))
+    got = await store.get_account("alice")
+    assert got is not None and got.balance == 100 * MICRO - 50 * cost
+    assert len(await store.usage(limit=1000)) == 50
+
+
+async def test_sqlite_two_instances_on_one_file_lose_nothing(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "shared.db")
+    a, b = SQLiteStore(url), SQLiteStore(url)
+    await a.open()
+    await b.open()
+    try:
+        await a.create_account("alice", 100 * MICRO)
+        jobs = []
+        for i in range(100):
+            target = a if i % 2 else b
+            jobs.append(target.settle([usage_rec(2 * i, cost=1_001), usage_rec(2 * i + 1, cost=1)]))
+        await asyncio.gather(*jobs)
+        for s in (a, b):
+            got = await s.get_account("alice")
+            assert got is not None and got.balance == 100 * MICRO - 100 * 1_002
+        assert len(await b.usage(limit=1_000)) == 200
+    finally:
+        await a.close()
+        await b.close()
+
+
+# -- seed ----------------------------------------------------------------------------------
+
+
+async def test_seed_creates_absent_and_keeps_runtime_changes(store: Store) -> None:
+    await store.seed(settings())
+    assert await store.load_balances() == {"alice": 10 * MICRO, "bob": 2_500_000}
+    key = await store.get_key("k-alice")
+    assert key is not None
+    assert (key.key_hash, key.account, key.group, key.status) == (
+        hash_key(SECRET),
+        "alice",
+        "default",
+        "enabled",
+    )
+    assert key.hint == key_hint(SECRET)
+
+    await store.topup("alice", -3 * MICRO)
+    await store.update_key("k-alice", {"status": "disabled"})
+    more = settings(
+        accounts=[
+            {"id": "alice", "balance": 10.0},
+            {"id": "bob", "balance": 2.5},
+            {"id": "carol", "balance": 0.000001},
+        ]
+    )
+    await store.seed(more)
+    assert await store.load_balances() == {"alice": 7 * MICRO, "bob": 2_500_000, "carol": 1}
+    key = await store.get_key("k-alice")
+    assert key is not None and key.status == "disabled"
+    assert len(await store.list_keys()) == 1
+
+
+# -- persistence and paths (SQLite) ---------------------------------------------------------
+
+
+async def test_sqlite_persists_across_close_and_reopen(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "a" / "b" / "gateway.db")  # missing folders are created
+    s = SQLiteStore(url)
+    await s.open()
+    await s.create_account("alice", 10 * MICRO)
+    await s.create_key(key_rec("k-1", "sk-one-111111", created_at=T0))
+    await s.settle([usage_rec(1, cost=500)])
+    version = await s.version()
+    await s.close()
+
+    s = SQLiteStore(url)
+    await s.open()
+    try:
+        assert await s.load_balances() == {"alice": 10 * MICRO - 500}
+        assert [k.id for k in await s.load_keys()] == ["k-1"]
+        assert [r.request_id for r in await s.usage()] == ["req-alice-1"]
+        assert await s.version() == version
+    finally:
+        await s.close()
+
+
+async def test_sqlite_url_with_three_slashes_is_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = open_store("sqlite:///data/gateway.db")
+    await s.open()
+    try:
+        await s.create_account("alice", 1)
+    finally:
+        await s.close()
+    assert (tmp_path / "data" / "gateway.db").is_file()
+
+
+# -- version -------------------------------------------------------------------------------
+
+
+async def test_version_changes_with_keys_and_accounts_but_not_debits(store: Store) -> None:
+    seen = [await store.version()]
+
+    async def changed() -> None:
+        v = await store.version()
+        assert v != seen[-1]
+        seen.append(v)
+
+    await store.create_account("alice", MICRO)
+    await changed()
+    await store.topup("alice", 5)
+    await changed()
+    await store.create_key(key_rec("k-1", "sk-one-111111"))
+    await changed()
+    await store.update_key("k-1", {"status": "disabled"})
+    await changed()
+    await store.delete_key("k-1")
+    await changed()
+    await store.settle([usage_rec(1)])
+    assert await store.version() == seen[-1]
+    await store.seed(settings())
+    await changed()
+
+
+# -- cache ---------------------------------------------------------------------------------
+
+
+async def test_cache_sees_changes_made_through_another_instance(
+    store: Store, second_store: Store
+) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    cache = Cache(store)
+    await cache.start()
+    try:
+        h = hash_key(SECRET)
+        assert cache.key(h) is None
+        assert cache.balance("alice") == 10 * MICRO
+        assert cache.balance("bob") is None
+
+        await second_store.create_key(key_rec("k-1", SECRET))
+        await eventually(lambda: cache.key(h) is not None)
+
+        await second_store.update_key("k-1", {"status": "disabled"})
+        await eventually(lambda: (k := cache.key(h)) is not None and k.status == "disabled")
+
+        await second_store.settle([usage_rec(1, cost=4_000)])  # a debit: no version bump
+        await eventually(lambda: cache.balance("alice") == 10 * MICRO - 4_000)
+
+        await second_store.create_account("bob", 7)
+        await eventually(lambda: cache.balance("bob") == 7)
+
+        await second_store.delete_key("k-1")
+        await eventually(lambda: cache.key(h) is None)
+    finally:
+        await cache.stop()
+
+
+async def test_cache_refresh_shows_a_change_at_once(store: Store) -> None:
+    await store.create_account("alice", MICRO)
+    cache = Cache(store, interval=3600)  # the background task will not get there first
+    await cache.start()
+    try:
+        await store.create_key(key_rec("k-1", SECRET))
+        await store.topup("alice", 9)
+        await cache.refresh()
+        assert cache.key(hash_key(SECRET)) is not None
+        assert cache.balance("alice") == MICRO + 9
+    finally:
+        await cache.stop()
+
+
+async def test_cache_keeps_its_snapshot_while_the_store_is_down(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.create_account("alice", MICRO)
+    await store.create_key(key_rec("k-1", SECRET))
+    cache = Cache(store, interval=0.05)
+    await cache.start()
+    try:
+        await store.close()
+        with caplog.at_level(logging.WARNING, logger="gateway.store.cache"):
+            await cache.refresh()
+            await asyncio.sleep(0.3)  # several failing ticks
+        failures = [r for r in caplog.records if "cache.refresh_failed" in r.getMessage()]
+        assert 1 <= len(failures) <= 2  # the explicit refresh, then one line for the streak
+        assert cache.key(hash_key(SECRET)) is not None
+        assert cache.balance("alice") == MICRO
+
+        await store.open()  # back: the same background task picks the changes up
+        await store.topup("alice", 1)
+        await eventually(lambda: cache.balance("alice") == MICRO + 1)
+    finally:
+        await cache.stop()
+
+
+async def test_cache_balance_counts_writer_debits_before_and_after_flush(store: Store) -> None:
+    await store.create_account("alice", 1_000)
+    cache = Cache(store, interval=3600)
+    await cache.start()
+    writer = UsageWriter(store, cache)
+    try:
+        for i in range(3):
+            writer.submit(usage_rec(i, cost=100))
+        assert cache.balance("alice") == 700  # at once, before anything is written
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 1_000
+
+        await cache.refresh()  # a reload must not forget the unwritten debits
+        assert cache.balance("alice") == 700
+
+        await writer.start()
+        await writer.flush()
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 700
+        assert cache.balance("alice") == 700  # not counted twice after the write
+        await cache.refresh()
+        assert cache.balance("alice") == 700
+        await store.topup("alice", 50)
+        await cache.refresh()
+        assert cache.balance("alice") == 750
+    finally:
+        await writer.stop()
+        await cache.stop()
+
+
+# -- writer --------------------------------------------------------------------------------
+
+
+async def test_writer_flush_returns_once_everything_submitted_is_stored(store: Store) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    writer = UsageWriter(store, batch=16)
+    await writer.start()
+    try:
+        await writer.flush()  # nothing pending: returns at once
+        for i in range(100):
+            writer.submit(usage_rec(i, cost=10))
+        await writer.flush()
+        assert len(await store.usage(limit=1_000)) == 100
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 10 * MICRO - 1_000
+    finally:
+        await writer.stop()
+
+
+async def test_writer_stop_drains_the_queue(store: Store) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    writer = UsageWriter(store)
+    await writer.start()
+    for i in range(20):
+        writer.submit(usage_rec(i, cost=1))
+    await writer.stop()
+    assert len(await store.usage(limit=1_000)) == 20
+
+
+async def test_writer_flush_without_a_task_writes_inline(store: Store) -> None:
+    await store.create_account("alice", 10)
+    writer = UsageWriter(store)
+    writer.submit(usage_rec(1, cost=4))
+    await writer.flush()
+    got = await store.get_account("alice")
+    assert got is not None and got.balance == 6
+
+
+class FlakyStore:
+    """A store whose first ``failures`` settle calls fail (as when the store is briefly down)."""
+
+    def __init__(self, inner: Store, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+        self.calls = 0
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError("store unreachable")
+        await self.inner.settle(records)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_writer_retries_a_failed_settle_without_losing_or_doubling(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    flaky = FlakyStore(store, failures=2)
+    writer = UsageWriter(flaky)  # type: ignore[arg-type]
+    await writer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.store.writer"):
+            for i in range(5):
+                writer.submit(usage_rec(i, cost=1_000))
+            await writer.flush()
+        assert flaky.calls >= 3
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 10 * MICRO - 5_000
+        assert len(await store.usage(limit=100)) == 5
+        failures = [r.getMessage() for r in caplog.records if "settle_failed" in r.getMessage()]
+        assert len(failures) == 2
+        for line in failures:  # ids and counts only, no record contents
+            assert "203.0.113" not in line and "chat-small" not in line
+    finally:
+        await writer.stop()
+
+
+async def test_redis_batch_resent_after_a_partial_failure_never_doubles(redis_url: str) -> None:
+    # SQLite settles a batch in one transaction; Redis one record at a time, so a batch can
+    # half-succeed before a connection drops, and the writer then re-sends all of it.
+    store = open_store(redis_url)
+    await store.open()
+    try:
+        await store.create_account("alice", 10 * MICRO)
+        batch = [usage_rec(i, cost=100) for i in range(4)]
+        await store.settle(batch[:2])
+        await store.settle(batch)
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 10 * MICRO - 400
+        assert len(await store.usage()) == 4
+    finally:
+        await store.close()
+
+
+# -- secrets -------------------------------------------------------------------------------
+
+
+async def _everything_in_redis(url: str) -> bytes:
+    client = aioredis.from_url(url)
+    parts: list[bytes] = []
+    try:
+        async for name in client.scan_iter(match="*"):
+            parts.append(name)
+            kind = (await client.type(name)).decode()
+            if kind == "string":
+                parts.append(await client.get(name))
+            elif kind == "hash":
+                for k, v in (await client.hgetall(name)).items():
+                    parts += [k, v]
+            elif kind == "set":
+                parts += list(await client.smembers(name))
+            elif kind == "zset":
+                parts += list(await client.zrange(name, 0, -1))
+            elif kind == "list":
+                parts += list(await client.lrange(name, 0, -1))
+            else:
+                raise AssertionError(f"unexpected Redis type {kind} at {name!r}")
+    finally:
+        await client.aclose()
+    return b"\n".join(parts)
+
+
+async def test_secrets_never_reach_the_store(store: Store, store_url: str) -> None:
+    await store.seed(settings())
+    other = "sk-admin-made-77aa55cc33"
+    await store.create_key(key_rec("k-2", other))
+    await store.settle([usage_rec(1)])
+    assert await store.get_key("k-2") is not None
+
+    if isinstance(store, SQLiteStore):
+        folder = Path(store.path).parent
+        dump = b"".join(p.read_bytes() for p in folder.iterdir() if p.is_file())
+        assert b"k-alice" in dump  # the scan does see the data
+    else:
+        dump = await _everything_in_redis(store_url)
+        assert b"k-alice" in dump
+    for secret in (SECRET, other, UPSTREAM_SECRET):
+        assert secret.encode() not in dump
