@@ -1,0 +1,352 @@
+"""The ``gateway`` command line, run through ``main([...])`` against a config file with a
+SQLite store in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import types
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.cli import main
+from gateway.store import UsageRecord, open_store
+
+CONFIG = """\
+store: sqlite:///{db}
+admin_token: admin-token
+groups: [default, vip]
+models:
+  - name: chat-small
+    capabilities: [chat]
+    price: {{input: 0.5, output: 1.5}}
+channels:
+  - name: oa-1
+    type: openai
+    base_url: {base_url}
+    api_key: upstream-key
+    groups: [default]
+    models: [chat-small]
+accounts:
+  - id: alice
+    balance: 10
+"""
+
+
+def write_config(tmp_path: Path, base_url: str = "http://127.0.0.1:9001/v1") -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(CONFIG.format(db=tmp_path / "data" / "gw.db", base_url=base_url))
+    return path
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("GATEWAY_CONFIG", "GATEWAY_STORE", "GATEWAY_ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return write_config(tmp_path)
+
+
+class Runner:
+    def __init__(self, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.config = config
+        self.capsys = capsys
+
+    def __call__(self, *argv: str, code: int = 0) -> tuple[str, str]:
+        self.capsys.readouterr()
+        rc = main([*argv, "--config", str(self.config)])
+        out, err = self.capsys.readouterr()
+        assert rc == code, (out, err)
+        return out, err
+
+    def json(self, *argv: str) -> Any:
+        out, _ = self(*argv, "--json")
+        return orjson.loads(out)
+
+
+@pytest.fixture
+def gw(config: Path, capsys: pytest.CaptureFixture[str]) -> Runner:
+    return Runner(config, capsys)
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gateway: ")
+    return lines[0]
+
+
+def rows(table: str) -> list[list[str]]:
+    return [line.split() for line in table.strip().splitlines()]
+
+
+# ---- accounts ------------------------------------------------------------------------------
+
+
+def test_accounts_create_show_and_table(gw: Runner) -> None:
+    out, _ = gw("accounts", "create", "bob", "--balance", "2.5")
+    assert rows(out) == [["ID", "BALANCE"], ["bob", "2.5"]]
+    assert gw.json("accounts", "show", "bob") == {"id": "bob", "balance": 2.5}
+
+
+def test_config_accounts_are_there_before_the_first_start(gw: Runner) -> None:
+    assert gw.json("accounts", "show", "alice") == {"id": "alice", "balance": 10}
+
+
+def test_topup_is_exact(gw: Runner) -> None:
+    gw("accounts", "create", "bob")
+    gw("accounts", "topup", "bob", "0.1")
+    out, _ = gw("accounts", "topup", "bob", "0.2")
+    assert rows(out)[1] == ["bob", "0.3"]
+    assert gw.json("accounts", "show", "bob") == {"id": "bob", "balance": 0.3}
+    out, _ = gw("accounts", "topup", "bob", "-1")
+    assert rows(out)[1] == ["bob", "-0.7"]
+
+
+def test_accounts_list_aligns_balances(gw: Runner) -> None:
+    gw("accounts", "create", "a-much-longer-account-id", "--balance", "1234.5")
+    out, _ = gw("accounts", "list")
+    lines = out.rstrip("\n").splitlines()
+    assert lines[0].split() == ["ID", "BALANCE"]
+    # the balance column is right-aligned: every line ends at the same column
+    assert len({len(line) for line in lines}) == 1
+    assert gw.json("accounts", "list")["data"] == [
+        {"id": "a-much-longer-account-id", "balance": 1234.5},
+        {"id": "alice", "balance": 10},
+    ]
+
+
+def test_account_errors(gw: Runner) -> None:
+    _, err = gw("accounts", "show", "nobody", code=1)
+    assert one_error_line(err) == "gateway: account 'nobody' not found"
+    _, err = gw("accounts", "create", "alice", code=1)
+    assert "already exists" in one_error_line(err)
+    _, err = gw("accounts", "topup", "alice", "lots", code=2)
+    assert "not a number" in err
+    _, err = gw("accounts", "create", "bad id!", code=1)
+    assert "not a valid id" in one_error_line(err)
+    assert gw.json("accounts", "show", "alice")["balance"] == 10
+
+
+# ---- keys ----------------------------------------------------------------------------------
+
+
+def test_keys_create_shows_the_secret_once(gw: Runner, config: Path) -> None:
+    created = gw.json("keys", "create", "--account", "alice", "--name", "laptop")
+    secret = created["key"]
+    assert re.fullmatch(r"sk-[A-Za-z0-9_-]{48}", secret)
+    assert created["group"] == "default"
+    assert created["name"] == "laptop"
+
+    out, _ = gw("keys", "list")
+    assert secret not in out
+    (header, row) = rows(out)
+    assert header == ["ID", "NAME", "ACCOUNT", "GROUP", "STATUS", "EXPIRES", "CREATED", "HINT"]
+    assert row[:6] == [created["id"], "laptop", "alice", "default", "enabled", "-"]
+    assert row[7] == created["hint"]
+
+    listed = gw.json("keys", "list")["data"]
+    assert [k["id"] for k in listed] == [created["id"]]
+    assert "key" not in listed[0]
+
+    db = config.parent / "data" / "gw.db"
+    for path in db.parent.iterdir():
+        assert secret.encode() not in path.read_bytes()
+
+
+def test_keys_create_table_output(gw: Runner) -> None:
+    out, _ = gw("keys", "create", "--account", "alice", "--group", "vip",
+                "--expires-at", "2030-01-01T00:00:00Z")  # fmt: skip
+    fields = dict(line.split(None, 1) for line in out.splitlines() if line and " " in line)
+    assert re.fullmatch(r"sk-[A-Za-z0-9_-]{48}", fields["key"])
+    assert fields["group"] == "vip"
+    assert fields["expires_at"] == "2030-01-01T00:00:00Z"
+    assert "shown only this once" in out
+
+
+def test_keys_disable_then_list_shows_disabled(gw: Runner) -> None:
+    kid = gw.json("keys", "create", "--account", "alice")["id"]
+    other = gw.json("keys", "create", "--account", "alice")["id"]
+    out, _ = gw("keys", "disable", kid)
+    assert rows(out)[1][:5] == [kid, "-", "alice", "default", "disabled"]
+
+    statuses = {k["id"]: k["status"] for k in gw.json("keys", "list")["data"]}
+    assert statuses == {kid: "disabled", other: "enabled"}
+    out, _ = gw("keys", "list")
+    table = {r[0]: r[4] for r in rows(out)[1:]}
+    assert table == {kid: "disabled", other: "enabled"}
+
+    assert gw.json("keys", "enable", kid)["status"] == "enabled"
+    assert {k["status"] for k in gw.json("keys", "list")["data"]} == {"enabled"}
+
+
+def test_keys_list_by_account(gw: Runner) -> None:
+    gw("accounts", "create", "bob")
+    gw("keys", "create", "--account", "alice")
+    bobs = gw.json("keys", "create", "--account", "bob")["id"]
+    assert [k["id"] for k in gw.json("keys", "list", "--account", "bob")["data"]] == [bobs]
+    out, _ = gw("keys", "list", "--account", "carol")
+    assert out.strip() == "no keys"
+
+
+def test_keys_delete(gw: Runner) -> None:
+    kid = gw.json("keys", "create", "--account", "alice")["id"]
+    assert gw.json("keys", "delete", kid) == {"id": kid, "deleted": True}
+    assert gw.json("keys", "list") == {"data": []}
+    _, err = gw("keys", "delete", kid, code=1)
+    assert one_error_line(err) == f"gateway: key '{kid}' not found"
+
+
+def test_key_errors(gw: Runner) -> None:
+    _, err = gw("keys", "create", "--account", "nobody", code=1)
+    assert one_error_line(err) == "gateway: account 'nobody' not found"
+    _, err = gw("keys", "create", "--account", "alice", "--group", "gold", code=1)
+    assert "unknown group 'gold'" in one_error_line(err)
+    _, err = gw("keys", "create", "--account", "alice", "--expires-at", "soon", code=1)
+    assert "expires_at" in one_error_line(err)
+    _, err = gw("keys", "disable", "k_nothere", code=1)
+    assert one_error_line(err) == "gateway: key 'k_nothere' not found"
+    assert gw.json("keys", "list") == {"data": []}
+
+
+# ---- usage ---------------------------------------------------------------------------------
+
+
+def settle(store_url: str, records: list[UsageRecord]) -> None:
+    async def run() -> None:
+        store = open_store(store_url)
+        await store.open()
+        try:
+            await store.settle(records)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def record(n: int, account: str) -> UsageRecord:
+    return UsageRecord(
+        time=datetime(2030, 1, 1, tzinfo=UTC) + timedelta(minutes=n),
+        request_id=f"req-{n}",
+        account=account,
+        key_id="k_1",
+        model="chat-small",
+        channel=None if n == 2 else "oa-1",
+        protocol="anthropic",
+        endpoint="chat",
+        prompt_tokens=100 * n,
+        completion_tokens=10 * n,
+        cost=125_000 * n,
+        status=200,
+        latency_ms=40 + n,
+        ip_range="198.51.100.0/24",
+    )
+
+
+def test_usage(gw: Runner, config: Path) -> None:
+    gw("accounts", "create", "bob")
+    settle(f"sqlite:///{config.parent / 'data' / 'gw.db'}",
+           [record(1, "alice"), record(2, "bob"), record(3, "alice")])  # fmt: skip
+
+    data = gw.json("usage")["data"]
+    assert [r["request_id"] for r in data] == ["req-3", "req-2", "req-1"]
+    assert data[0]["time"] == "2030-01-01T00:03:00Z"
+    assert data[0]["cost"] == 0.375
+    assert data[1]["channel"] is None
+    assert [r["request_id"] for r in gw.json("usage", "--limit", "1")["data"]] == ["req-3"]
+    assert [r["request_id"] for r in gw.json("usage", "--account", "alice")["data"]] == [
+        "req-3",
+        "req-1",
+    ]
+
+    out, _ = gw("usage", "--account", "alice")
+    table = rows(out)
+    assert table[0][:3] == ["TIME", "ACCOUNT", "KEY"]
+    assert [r[0] for r in table[1:]] == ["2030-01-01T00:03:00Z", "2030-01-01T00:01:00Z"]
+    assert table[1][10] == "0.375"
+    assert gw.json("accounts", "show", "alice")["balance"] == 9.5
+
+    _, err = gw("usage", "--limit", "0", code=2)
+    assert "--limit" in err
+
+
+# ---- config, usage errors and serve ----------------------------------------------------------
+
+
+def test_bad_config_is_one_line_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GATEWAY_STORE", raising=False)
+    path = write_config(tmp_path, base_url="not a url")
+    for argv in (["keys", "list"], ["serve"], ["usage", "--json"]):
+        assert main([*argv, "--config", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert one_error_line(err) == "gateway: config error: channels[0].base_url: not a URL"
+
+
+def test_missing_config(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                        tmp_path: Path) -> None:  # fmt: skip
+    monkeypatch.delenv("GATEWAY_CONFIG", raising=False)
+    assert main(["keys", "list"]) == 2
+    assert "GATEWAY_CONFIG" in one_error_line(capsys.readouterr().err)
+    assert main(["keys", "list", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in one_error_line(capsys.readouterr().err)
+
+
+def test_config_from_environment(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_CONFIG", str(config))
+    assert main(["accounts", "show", "alice", "--json"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"id": "alice", "balance": 10}
+    # --json and --config also work before the command
+    assert main(["--json", "accounts", "show", "alice"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["id"] == "alice"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["keys"], ["accounts", "topup", "alice"], ["nonsense"], ["serve", "--port", "0"],
+     ["serve", "--workers", "x"], ["serve", "--server", "gunicorn"]],
+)  # fmt: skip
+def test_usage_errors_exit_2(
+    argv: list[str], config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--config", str(config)]) == 2
+    assert capsys.readouterr().err
+
+
+def test_serve_passes_its_options_on(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+    fake = types.ModuleType("gateway.server")
+
+    def serve(settings: Any, host: str, port: int, workers: int, server: str = "x") -> None:
+        calls.append((settings.admin_token, host, port, workers, server))
+
+    fake.serve = serve  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "gateway.server", fake)
+    assert main(["serve", "--config", str(config)]) == 0
+    assert main(["serve", "--config", str(config), "--host", "0.0.0.0", "--port", "9000",
+                 "--workers", "4", "--server", "uvicorn"]) == 0  # fmt: skip
+    assert calls == [
+        ("admin-token", "127.0.0.1", 8080, 1, "hypercorn"),
+        ("admin-token", "0.0.0.0", 9000, 4, "uvicorn"),
+    ]
+
+
+def test_python_dash_m_gateway(config: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "accounts", "show", "alice", "--json",
+         "--config", str(config)],
+        capture_output=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert orjson.loads(proc.stdout) == {"id": "alice", "balance": 10}
