@@ -33,9 +33,10 @@ def extract_key(scope: Scope, allow_query: bool = False) -> str | None:
         if v:
             return v.strip().decode("latin-1")
     if allow_query and scope.get("query_string"):
-        for k, v in parse_qsl(scope["query_string"].decode("latin-1")):
-            if k == "key" and v:
-                return v
+        query: bytes = scope["query_string"]
+        for name, value in parse_qsl(query.decode("latin-1")):
+            if name == "key" and value:
+                return value
     return None
 
 

@@ -80,13 +80,14 @@ class ClientAddress:
 
     def of(self, scope: Scope) -> str | None:
         client = scope.get("client")
-        peer = client[0] if client else None
+        peer: str | None = str(client[0]) if client else None
         if peer is None or not self._trusted or not self._is_trusted(peer):
             return peer
         for name, value in scope["headers"]:
             if name == b"x-forwarded-for":
                 # the right-most address not itself a trusted proxy is the client
-                hops = [h.strip() for h in value.decode("latin-1").split(",") if h.strip()]
+                raw: bytes = value
+                hops = [h.strip() for h in raw.decode("latin-1").split(",") if h.strip()]
                 for hop in reversed(hops):
                     if not self._is_trusted(hop):
                         return hop

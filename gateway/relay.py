@@ -168,8 +168,8 @@ class Relay:
 
     def _model_name(self, spec: RouteSpec, scope: Scope, payload: JSON) -> str:
         if spec.protocol == "gemini":
-            model = scope.get("path_params", {}).get("model", "")
-            return model[7:] if model.startswith("models/") else model
+            path_model = str(scope.get("path_params", {}).get("model", ""))
+            return path_model[7:] if path_model.startswith("models/") else path_model
         model = payload.get("model") if isinstance(payload, dict) else None
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' is required and must be a string")

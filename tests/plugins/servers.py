@@ -12,16 +12,18 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from starlette.applications import Starlette
 
-from bench.fake_upstream import FakeUpstream
 from gateway.app import GatewayState, create_app
 from gateway.config import Settings, parse_settings
+
+if TYPE_CHECKING:
+    from bench.fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "admin-test-token"
 KEYS = {
@@ -162,6 +164,8 @@ async def serve_app(settings: Settings) -> AsyncIterator[ServedGateway]:
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeUpstream]:
+    from bench.fake_upstream import FakeUpstream
+
     async with FakeUpstream() as f:
         yield f
 
