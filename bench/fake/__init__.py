@@ -1,0 +1,9 @@
+"""The bundled fake upstream: the three providers' wire formats, scripted per request."""
+
+from __future__ import annotations
+
+from bench.fake.plan import Defaults
+from bench.fake.reply import Reply
+from bench.fake.server import FakeUpstream, RecordedRequest
+
+__all__ = ["Defaults", "FakeUpstream", "RecordedRequest", "Reply"]

@@ -1,0 +1,590 @@
+"""The fake upstream's HTTP side: one aiohttp app answering the three providers' paths.
+
+Per request: find the route, check the provider's auth, read and record the body, take the
+next queued ``Reply`` (else the body's ``[[fake ...]]`` directive, else the demo reply), wait
+``first_ms``, then answer in the provider's format. Stream events are written one
+``await resp.write`` each, so pacing is real and a slow reader holds the writer back.
+
+``disconnects`` counts requests whose client went away before the answer was complete (a
+stream cut short, or a client that gave up on a hanging or slow request); a connection the fake
+closes itself (``drop_after``) is not counted. Nothing is logged per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.parser
+import email.policy
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from bench.fake import anthropic, gemini, media, openai
+from bench.fake.incoming import (
+    Incoming,
+    RequestShapeError,
+    from_anthropic,
+    from_gemini,
+    from_openai,
+)
+from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
+from bench.fake.reply import DirectiveError, Reply, find_directive
+
+JSON_TYPE = "application/json"
+DROPPED = "fake.dropped"
+AUDIO_PIECE = 8192
+DEMO_TRANSCRIPT = "This is the demo transcription."
+GEMINI_ACTIONS = frozenset(
+    {
+        "generateContent",
+        "streamGenerateContent",
+        "countTokens",
+        "embedContent",
+        "batchEmbedContents",
+    }
+)
+CHAT_KINDS = frozenset({"chat", "messages", "generateContent", "streamGenerateContent"})
+OPENAI_POSTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/embeddings": "embeddings",
+    "/v1/images/generations": "images",
+    "/v1/audio/transcriptions": "transcriptions",
+    "/v1/audio/speech": "speech",
+    "/v1/rerank": "rerank",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    headers: CIMultiDict[str]  # case-insensitive
+    body: bytes
+    json: Any  # the decoded body, or None when it is not JSON
+    form: Mapping[str, str]  # multipart text fields
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    protocol: str  # openai | anthropic | gemini
+    kind: str | None  # None: unknown path
+    model: str | None = None  # from a Gemini path
+
+
+def route(method: str, path: str, headers: Mapping[str, str]) -> Route:
+    if method == "POST":
+        kind = OPENAI_POSTS.get(path)
+        if kind is not None:
+            return Route("openai", kind)
+        if path == "/v1/messages":
+            return Route("anthropic", "messages")
+        if path == "/v1/messages/count_tokens":
+            return Route("anthropic", "count_tokens")
+        for prefix in ("/v1beta/models/", "/v1/models/"):
+            if path.startswith(prefix):
+                model, _, action = path[len(prefix) :].rpartition(":")
+                if model and action in GEMINI_ACTIONS:
+                    return Route("gemini", action, model)
+    elif method == "GET":
+        if path == "/v1/models":
+            return Route("anthropic" if "anthropic-version" in headers else "openai", "models")
+        if path == "/v1beta/models":
+            return Route("gemini", "models")
+    if path.startswith("/v1beta/") or ":" in path:
+        return Route("gemini", None)
+    if path.startswith("/v1/messages"):
+        return Route("anthropic", None)
+    return Route("openai", None)
+
+
+class FakeUpstream:
+    """A scripted upstream on 127.0.0.1; ``async with FakeUpstream() as fake: fake.url``."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        require_key: str | None = None,
+        defaults: Defaults | None = None,
+        record: bool = True,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.require_key = require_key
+        self.defaults = defaults or Defaults()
+        self.record = record
+        self.requests: list[RecordedRequest] = []
+        self.disconnects = 0
+        self.open_streams = 0
+        self._replies: deque[Reply] = deque()
+        self._seen_disconnects = 0
+        self._disconnect_event = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._counter = 0
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(client_max_size=256 * 1024 * 1024)
+        self.app.router.add_route("*", "/{tail:.*}", self._handle)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def queue(self, *replies: Reply) -> None:
+        """Replies for the next requests, first in first out, on any endpoint."""
+        self._replies.extend(replies)
+
+    async def wait_disconnect(self, timeout: float = 5.0) -> None:
+        """Return once per client disconnect, in order; TimeoutError if none comes in time."""
+
+        async def wait() -> None:
+            while self.disconnects <= self._seen_disconnects:
+                self._disconnect_event.clear()
+                await self._disconnect_event.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+        self._seen_disconnects += 1
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=1024)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeUpstream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---- request handling ---------------------------------------------------------------
+
+    def _disconnected(self) -> None:
+        self.disconnects += 1
+        self._disconnect_event.set()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            return await self._serve(request)
+        except asyncio.CancelledError:
+            if not self._closing and not request.get(DROPPED):
+                self._disconnected()
+            raise
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET" and request.path.startswith("/files/"):
+            return web.Response(body=media.PNG, content_type="image/png")
+        where = route(request.method, request.path, request.headers)
+        if where.kind is None:
+            message = f"Invalid URL ({request.method} {request.path})"
+            return self._error(where.protocol, 404, None, message)
+        rejected = self._check_auth(where.protocol, request)
+        if rejected is not None:
+            return rejected
+        raw = await request.read() if request.can_read_body else b""
+        payload: Any = None
+        form: dict[str, str] = {}
+        files: dict[str, bytes] = {}
+        if where.kind == "transcriptions":
+            form, files = _multipart(request.headers.get("Content-Type", ""), raw)
+        elif raw:
+            try:
+                payload = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                payload = None
+        if self.record:
+            self.requests.append(
+                RecordedRequest(
+                    request.method,
+                    request.path,
+                    dict(request.query),
+                    CIMultiDict(request.headers),
+                    raw,
+                    payload,
+                    form,
+                )
+            )
+        if request.method == "POST" and where.kind != "transcriptions":
+            if not isinstance(payload, dict):
+                return self._error(where.protocol, 400, None, _bad_json(where.protocol))
+        body: dict[str, Any] = payload if isinstance(payload, dict) else {}
+        try:
+            incoming = _incoming(where, body)
+            reply, incoming = self._next_reply(where, body, form, incoming)
+        except RequestShapeError as exc:
+            return self._error(where.protocol, 400, None, str(exc), param=exc.param)
+        except DirectiveError as exc:
+            return self._error(where.protocol, 400, None, str(exc))
+        first_ms = reply.first_ms if reply.first_ms is not None else self.defaults.first_ms
+        if first_ms > 0:
+            await asyncio.sleep(first_ms / 1000)
+        if reply.hang:
+            await asyncio.Event().wait()
+        if reply.status >= 400:
+            return self._error(
+                where.protocol,
+                reply.status,
+                reply.error_type,
+                reply.error_message,
+                retry_after=reply.retry_after,
+                headers=reply.headers,
+            )
+        return await self._answer(request, where, body, form, files, reply, incoming)
+
+    def _next_reply(
+        self, where: Route, body: dict[str, Any], form: dict[str, str], incoming: Incoming | None
+    ) -> tuple[Reply, Incoming | None]:
+        """The queued reply, else the directive's, else the demo; and the request seen without
+        its directive (what ``echo`` repeats)."""
+        if incoming is not None:
+            text = incoming.last_user_text
+            default_tool = incoming.first_tool
+        else:
+            text = _directive_text(where, body, form)
+            default_tool = None
+        queued = self._replies.popleft() if self._replies else None
+        try:
+            found = find_directive(text, default_tool) if text else None
+        except DirectiveError:
+            if queued is None:
+                raise
+            found = None
+        if found is not None and incoming is not None:
+            incoming = dataclasses.replace(incoming, last_user_text=found.rest)
+        if queued is not None:
+            return queued, incoming
+        return (found.reply if found is not None else Reply()), incoming
+
+    def _check_auth(self, protocol: str, request: web.Request) -> web.Response | None:
+        want = self.require_key
+        if protocol == "openai":
+            header = request.headers.get("Authorization", "")
+            key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+            if not key:
+                return self._error("openai", 401, None, openai.MISSING_KEY, code="")
+            if want is not None and key != want:
+                shown = key[:3] + "*" * 4 + key[-2:] if len(key) > 6 else "*" * len(key)
+                message = f"Incorrect API key provided: {shown}."
+                return self._error("openai", 401, None, message, code="invalid_api_key")
+        elif protocol == "anthropic":
+            key = request.headers.get("x-api-key", "")
+            if not key:
+                return self._error("anthropic", 401, None, "x-api-key header is required")
+            if want is not None and key != want:
+                return self._error("anthropic", 401, None, "invalid x-api-key")
+            if not request.headers.get("anthropic-version"):
+                message = "anthropic-version: header is required"
+                return self._error("anthropic", 400, None, message)
+        else:
+            key = request.headers.get("x-goog-api-key") or request.query.get("key", "")
+            if not key:
+                return self._error("gemini", 403, None, gemini.MISSING_KEY)
+            if want is not None and key != want:
+                return self._error("gemini", 400, None, gemini.BAD_KEY, reason="API_KEY_INVALID")
+        return None
+
+    def _error(
+        self,
+        protocol: str,
+        status: int,
+        error_type: str | None,
+        message: str | None,
+        *,
+        retry_after: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        reason: str | None = None,
+    ) -> web.Response:
+        out: dict[str, str] = {}
+        wait = retry_after if retry_after is not None else 1
+        if protocol == "openai":
+            payload = openai.error_payload(status, error_type, message, code or None, param)
+            if code == "":
+                payload["error"]["code"] = None
+        elif protocol == "anthropic":
+            payload = anthropic.error_payload(
+                status, error_type, message, f"req_{self._request_id()}"
+            )
+        else:
+            retry = wait if status == 429 else None
+            payload = gemini.error_payload(
+                status, error_type, message, reason=reason, retry_after=retry
+            )
+        if status == 429 and protocol != "gemini":
+            out["Retry-After"] = str(wait)
+        if headers:
+            out.update(headers)
+        return web.Response(
+            status=status, body=orjson.dumps(payload), content_type=JSON_TYPE, headers=out
+        )
+
+    def _request_id(self) -> str:
+        self._counter += 1
+        return f"fake{self._counter:012x}"
+
+    # ---- answers ----------------------------------------------------------------------------
+
+    async def _answer(
+        self,
+        request: web.Request,
+        where: Route,
+        body: dict[str, Any],
+        form: dict[str, str],
+        files: dict[str, bytes],
+        reply: Reply,
+        incoming: Incoming | None,
+    ) -> web.StreamResponse:
+        kind = where.kind
+        headers = dict(reply.headers)
+        if incoming is not None and kind in CHAT_KINDS:
+            if kind == "streamGenerateContent" or (
+                kind != "generateContent" and body.get("stream")
+            ):
+                return await self._chat_stream(request, where, body, reply, incoming)
+            return self._json(self._chat_body(where, body, reply, incoming), headers)
+        if incoming is not None and kind in ("count_tokens", "countTokens"):
+            count = incoming.prompt_tokens
+            if where.protocol == "anthropic":
+                return self._json(orjson.dumps({"input_tokens": count}), headers)
+            details = [{"modality": "TEXT", "tokenCount": count}]
+            out = {"totalTokens": count, "promptTokensDetails": details}
+            return self._json(orjson.dumps(out), headers)
+        if kind == "models":
+            if where.protocol == "openai":
+                return self._json(media.openai_models(), headers)
+            if where.protocol == "anthropic":
+                return self._json(media.anthropic_models(), headers)
+            return self._json(media.gemini_models(), headers)
+        if kind == "embeddings":
+            return self._json(media.openai_embeddings(body), headers)
+        if kind == "embedContent":
+            out = {"embedding": media.gemini_embedding(body)}
+            return self._json(orjson.dumps(out), headers)
+        if kind == "batchEmbedContents":
+            requests = body.get("requests")
+            items = requests if isinstance(requests, list) else []
+            out = {"embeddings": [media.gemini_embedding(r) for r in items if isinstance(r, dict)]}
+            return self._json(orjson.dumps(out), headers)
+        if kind == "images":
+            base = f"{request.scheme}://{request.host}"
+            return self._json(media.images(body, base, int(time.time())), headers)
+        if kind == "rerank":
+            return self._json(media.rerank(body, self._request_id()), headers)
+        if kind == "transcriptions":
+            audio = files.get("file", b"")
+            text = reply.text if reply.text is not None else DEMO_TRANSCRIPT
+            seconds = media.audio_seconds(audio)
+            raw, content_type = media.transcription(
+                text, seconds, form.get("response_format", "json")
+            )
+            return web.Response(body=raw, headers={"Content-Type": content_type, **headers})
+        # speech: binary audio, streamed in pieces
+        spoken = body.get("input")
+        audio, content_type = media.speech(
+            spoken if isinstance(spoken, str) else "", str(body.get("response_format") or "mp3")
+        )
+        pieces = [audio[i : i + AUDIO_PIECE] for i in range(0, len(audio), AUDIO_PIECE)]
+        events = [(CONTENT, piece) for piece in pieces]
+        return await self._stream(request, events, content_type, None, reply)
+
+    def _json(self, raw: bytes, headers: dict[str, str]) -> web.Response:
+        return web.Response(body=raw, content_type=JSON_TYPE, headers=headers or None)
+
+    def _plan_for(
+        self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
+    ) -> Plan:
+        model = where.model if where.protocol == "gemini" else str(body.get("model", ""))
+        return make_plan(
+            reply, incoming, self.defaults, model or "", self._request_id(), int(time.time())
+        )
+
+    def _chat_body(
+        self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
+    ) -> bytes:
+        plan = self._plan_for(where, body, reply, incoming)
+        if where.protocol == "openai":
+            return openai.render(plan)
+        if where.protocol == "anthropic":
+            return anthropic.render(plan)
+        return gemini.render(plan)
+
+    async def _chat_stream(
+        self,
+        request: web.Request,
+        where: Route,
+        body: dict[str, Any],
+        reply: Reply,
+        incoming: Incoming,
+    ) -> web.StreamResponse:
+        plan = self._plan_for(where, body, reply, incoming)
+        if where.protocol == "openai":
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
+            events = openai.stream(plan, usage)
+            return await self._stream(request, events, openai.SSE_TYPE, openai.stream_error, reply)
+        if where.protocol == "anthropic":
+            events = anthropic.stream(plan)
+            return await self._stream(
+                request, events, anthropic.SSE_TYPE, anthropic.stream_error, reply
+            )
+        sse = request.query.get("alt") == "sse"
+        events = gemini.stream(plan, sse)
+
+        def error(error_type: str | None, message: str | None, written: int) -> bytes:
+            return gemini.stream_error(error_type, message, written, sse)
+
+        content_type = gemini.SSE_TYPE if sse else gemini.JSON_TYPE
+        return await self._stream(request, events, content_type, error, reply)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        events: list[tuple[int, bytes]],
+        content_type: str,
+        error: Callable[[str | None, str | None, int], bytes] | None,
+        reply: Reply,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": content_type, "Cache-Control": "no-cache", **reply.headers}
+        )
+        delay = (reply.delay_ms if reply.delay_ms is not None else self.defaults.delay_ms) / 1000
+        limit = reply.drop_after if reply.drop_after is not None else reply.error_after
+        self.open_streams += 1
+        try:
+            await resp.prepare(request)
+            written = 0
+            content = 0
+            for kind, data in events:
+                if kind != HEAD:
+                    if limit is not None and (content >= limit or kind == TAIL):
+                        await self._cut(request, resp, reply, error, written)
+                        return resp
+                    if kind != TAIL:
+                        if content and delay > 0:
+                            await asyncio.sleep(delay)
+                        content += 1
+                await resp.write(data)
+                written += 1
+            if limit is not None:
+                await self._cut(request, resp, reply, error, written)
+                return resp
+            await resp.write_eof()
+        except ConnectionResetError:
+            if not request.get(DROPPED):
+                self._disconnected()
+        finally:
+            self.open_streams -= 1
+        return resp
+
+    async def _cut(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        reply: Reply,
+        error: Callable[[str | None, str | None, int], bytes] | None,
+        written: int,
+    ) -> None:
+        if reply.drop_after is not None or error is None:
+            request[DROPPED] = True
+            transport = request.transport
+            if transport is not None:
+                transport.close()
+            return
+        await resp.write(error(reply.error_type, reply.error_message, written))
+        await resp.write_eof()
+
+
+def _bad_json(protocol: str) -> str:
+    if protocol == "anthropic":
+        return "Request body must be a JSON object"
+    if protocol == "gemini":
+        return "Invalid JSON payload received."
+    return "We could not parse the JSON body of your request."
+
+
+def _incoming(where: Route, body: dict[str, Any]) -> Incoming | None:
+    kind = where.kind
+    if kind == "chat":
+        return from_openai(body)
+    if kind == "messages":
+        return from_anthropic(body)
+    if kind == "count_tokens":
+        return from_anthropic(body, counting=True)
+    if kind in ("generateContent", "streamGenerateContent", "countTokens"):
+        return from_gemini(body)
+    return None
+
+
+def _directive_text(where: Route, body: dict[str, Any], form: dict[str, str]) -> str:
+    kind = where.kind
+    value: Any = None
+    if kind == "embeddings":
+        texts = media.embedding_texts(body)
+        value = texts[-1] if texts else None
+    elif kind == "images":
+        value = body.get("prompt")
+    elif kind == "speech":
+        value = body.get("input")
+    elif kind == "rerank":
+        value = body.get("query")
+    elif kind == "transcriptions":
+        value = form.get("prompt")
+    elif kind == "embedContent":
+        value = media.gemini_content_text(body.get("content"))
+    elif kind == "batchEmbedContents":
+        requests = body.get("requests")
+        if isinstance(requests, list) and requests and isinstance(requests[-1], dict):
+            value = media.gemini_content_text(requests[-1].get("content"))
+    return value if isinstance(value, str) else ""
+
+
+def _multipart(content_type: str, raw: bytes) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Text fields and file contents of a multipart/form-data body."""
+    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
+    form: dict[str, str] = {}
+    files: dict[str, bytes] = {}
+    if not message.is_multipart():
+        return form, files
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str):
+            continue
+        data = part.get_payload(decode=True)
+        if not isinstance(data, bytes):
+            data = b""
+        if part.get_filename() is not None:
+            files[name] = data
+        else:
+            form[name] = data.decode("utf-8", "replace")
+    return form, files
