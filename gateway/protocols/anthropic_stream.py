@@ -136,7 +136,7 @@ def decode_error_payload(status: int | None, payload: JSON) -> GatewayError:
             message = err["message"]
     if etype in ("authentication_error", "permission_error", "billing_error"):
         return UpstreamError(
-            f"upstream rejected the channel's credentials ({etype})", channel_fault=True
+            f"upstream rejected the channel's credentials ({status or etype})", channel_fault=True
         )
     if etype == "overloaded_error":
         return UpstreamUnavailableError(message)
