@@ -546,3 +546,72 @@ async def test_models_and_channels_without_credentials(admin: Admin) -> None:
     assert UPSTREAM_KEY.encode() not in channels.raw
 
     assert (await admin("GET", "/admin/groups")).json() == {"data": ["default", "vip"]}
+
+
+# ---- end to end: a served gateway, its admin API and the command line on the same store ----
+
+
+async def test_served_gateway_key_lifecycle(gateway: Any, tmp_path: Any) -> None:
+    import asyncio
+
+    import aiohttp
+    import yaml
+
+    from gateway.cli import main as cli_main
+    from tests.plugins.servers import ADMIN_TOKEN
+
+    admin_headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession(base_url=gateway.url) as http:
+
+        async def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+            async with http.request(method, path, json=body, headers=admin_headers) as r:
+                return r.status, await r.json(content_type=None)
+
+        assert (await call("POST", "/admin/accounts", {"id": "carol", "balance": 5}))[0] == 201
+        status, created = await call(
+            "POST", "/admin/keys", {"account": "carol", "group": "default"}
+        )
+        assert status == 201
+        client = {"authorization": f"Bearer {created['key']}"}
+
+        async with http.post("/v1/chat/completions", json=chat, headers=client) as r:
+            assert r.status == 200
+            await r.read()
+        status, usage = await call("GET", "/admin/usage?account=carol")
+        assert status == 200
+        (rec,) = usage["data"]
+        assert rec["key_id"] == created["id"] and rec["model"] == "chat-small"
+        assert rec["status"] == 200 and rec["endpoint"] == "chat"
+        assert rec["cost"] > 0
+        status, acct = await call("GET", "/admin/accounts/carol")
+        assert acct["balance"] == pytest.approx(5 - rec["cost"], abs=1e-9)
+
+        # disabled through the admin API: refused at once by this instance
+        assert (await call("PATCH", f"/admin/keys/{created['id']}", {"status": "disabled"}))[0]
+        async with http.post("/v1/chat/completions", json=chat, headers=client) as r:
+            assert r.status == 401
+
+        # enabled again through the command line, on the same store: the gateway follows
+        config = tmp_path / "cli.yaml"
+        config.write_text(yaml.safe_dump({
+            "store": gateway.settings.store, "admin_token": "x", "groups": ["default", "vip"],
+        }))  # fmt: skip
+        rc = await asyncio.to_thread(cli_main, ["keys", "enable", created["id"], "--config",
+                                                str(config)])  # fmt: skip
+        assert rc == 0
+        for _ in range(200):  # generous: the contract's one second, on a busy machine
+            async with http.post("/v1/chat/completions", json=chat, headers=client) as r:
+                await r.read()
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.05)
+        assert r.status == 200
+
+        # admin bodies never 500, and the catalogue hides upstream credentials
+        async with http.post("/admin/keys", data=b"{", headers=admin_headers) as r:
+            assert r.status == 400
+        async with http.get("/admin/channels", headers=admin_headers) as r:
+            assert b"upstream-key" not in await r.read()
+        async with http.get("/admin/keys") as r:
+            assert r.status == 401
