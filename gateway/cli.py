@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from redis.exceptions import RedisError
 
 from gateway import accounts
 from gateway.config import ConfigError, Settings, load_settings
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidRequestError
 from gateway.store import Account, KeyRecord, Store, StoreError, UsageRecord, open_store
 from gateway.types import JSON
 
@@ -130,6 +131,24 @@ def _set_status(status: str) -> Command:
     return run
 
 
+async def cmd_keys_update(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    changes: dict[str, object] = {}
+    if args.group is not None:
+        changes["group"] = args.group
+    if args.name is not None:
+        changes["name"] = args.name
+    if args.no_expiry:
+        changes["expires_at"] = None
+    elif args.expires_at is not None:
+        changes["expires_at"] = args.expires_at
+    if not changes:
+        raise InvalidRequestError(
+            "nothing to change: give --group, --name, --expires-at or --no-expiry"
+        )
+    rec = await accounts.update_key(store, settings, args.id, changes)
+    return Output(accounts.key_json(rec), keys_table([rec]))
+
+
 async def cmd_keys_delete(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
     await accounts.delete_key(store, args.id)
     return Output({"id": args.id, "deleted": True}, f"deleted key {args.id}")
@@ -224,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--server", choices=SERVERS, default="hypercorn")
 
     leaf = [common, output]
-    keys = sub.add_parser("keys", help="create, list, enable, disable and delete keys")
+    keys = sub.add_parser("keys", help="create, list, update, enable, disable and delete keys")
     ksub = keys.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = ksub.add_parser("create", parents=leaf, help="make a key (the secret is shown once)")
     p.add_argument("--account", required=True)
@@ -240,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = ksub.add_parser(action, parents=leaf, help=f"{action} a key")
         p.add_argument("id")
         p.set_defaults(func=_set_status(status))
+    p = ksub.add_parser("update", parents=leaf, help="change a key's group, name or expiry")
+    p.add_argument("id")
+    p.add_argument("--group", default=None)
+    p.add_argument("--name", default=None)
+    expiry = p.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-at", default=None, metavar="TIME", help="RFC 3339")
+    expiry.add_argument("--no-expiry", action="store_true", help="the key never expires")
+    p.set_defaults(func=cmd_keys_update)
     p = ksub.add_parser("delete", parents=leaf, help="delete a key")
     p.add_argument("id")
     p.set_defaults(func=cmd_keys_delete)
@@ -297,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(run_command(args.func, args, settings))
     except GatewayError as exc:
         return _fail(exc.message, 1)
-    except (StoreError, OSError, RedisError) as exc:
+    except (StoreError, OSError, RedisError, sqlite3.Error) as exc:
         return _fail(f"store error: {exc}", 1)
     if args.json:
         sys.stdout.write(orjson.dumps(out.payload, option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -185,6 +185,23 @@ def test_keys_disable_then_list_shows_disabled(gw: Runner) -> None:
     assert {k["status"] for k in gw.json("keys", "list")["data"]} == {"enabled"}
 
 
+def test_keys_update_sets_and_clears_the_expiry(gw: Runner) -> None:
+    kid = gw.json("keys", "create", "--account", "alice")["id"]
+    updated = gw.json("keys", "update", kid, "--expires-at", "2031-05-06T07:08:09Z",
+                      "--group", "vip", "--name", "ci")  # fmt: skip
+    assert (updated["expires_at"], updated["group"], updated["name"]) == (
+        "2031-05-06T07:08:09Z", "vip", "ci",
+    )  # fmt: skip
+    (listed,) = gw.json("keys", "list")["data"]
+    assert listed["expires_at"] == "2031-05-06T07:08:09Z"
+    assert gw.json("keys", "update", kid, "--no-expiry")["expires_at"] is None
+    (listed,) = gw.json("keys", "list")["data"]
+    assert listed["expires_at"] is None and listed["group"] == "vip"
+    _, err = gw("keys", "update", kid, code=1)
+    assert "nothing to change" in one_error_line(err)
+    gw("keys", "update", kid, "--no-expiry", "--expires-at", "2031-01-01T00:00:00Z", code=2)
+
+
 def test_keys_list_by_account(gw: Runner) -> None:
     gw("accounts", "create", "bob")
     gw("keys", "create", "--account", "alice")
@@ -288,6 +305,20 @@ def test_bad_config_is_one_line_naming_the_field(
         out, err = capsys.readouterr()
         assert out == ""
         assert one_error_line(err) == "gateway: config error: channels[0].base_url: not a URL"
+
+
+@pytest.mark.parametrize("store", ["redis://127.0.0.1:1/0", "sqlite:///{dir}/not-a-db"])
+def test_unusable_store_is_one_line_exit_1(
+    store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GATEWAY_STORE", raising=False)
+    (tmp_path / "not-a-db").write_bytes(b"this is not an sqlite file " * 100)
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace(
+        path.read_text().splitlines()[0], "store: " + store.format(dir=tmp_path)
+    ))  # fmt: skip
+    assert main(["keys", "list", "--config", str(path)]) == 1
+    assert one_error_line(capsys.readouterr().err).startswith("gateway: store error: ")
 
 
 def test_missing_config(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
