@@ -64,7 +64,13 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def json_response(payload: JSON, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+    # no-store: a reply may carry a key's only showing, or balances that change
+    return Response(
+        orjson.dumps(payload),
+        status_code=status,
+        media_type="application/json",
+        headers={"cache-control": "no-store"},
+    )
 
 
 def error_response(err: GatewayError) -> Response:

@@ -329,7 +329,10 @@ async def alice(admin: Admin) -> None:
 async def test_create_key_shows_the_secret_once(
     admin: Admin, state: GatewayState, store: Store
 ) -> None:
-    created = await create_key(admin, name="laptop")
+    reply = await admin("POST", "/admin/keys", {"account": "alice", "name": "laptop"})
+    assert reply.status == 201
+    assert reply.headers["cache-control"] == "no-store"
+    created = reply.json()
     secret = created["key"]
     assert re.fullmatch(r"sk-[A-Za-z0-9_-]{48}", secret)
     assert re.fullmatch(r"k_[0-9a-f]{12}", created["id"])
