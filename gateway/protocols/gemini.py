@@ -122,6 +122,8 @@ def _schema_to_gemini(schema: JSON) -> JSON:
                 out["anyOf"] = [{"type": t} for t in kinds]
         elif key == "const":
             out["enum"] = [value]
+        elif key == "enum" and isinstance(value, list):
+            out["enum"] = [v for v in value if v is not None]  # null is said by nullable
         elif key == "properties" and isinstance(value, dict):
             out["properties"] = {name: _schema_to_gemini(s) for name, s in value.items()}
         elif key == "items":

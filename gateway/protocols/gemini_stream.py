@@ -262,7 +262,7 @@ class GeminiStreamDecoder:
         self._id = f"chatcmpl-{ctx.request_id}"
         self._calls = [0]
         self._started: set[int] = set()
-        self._with_calls: set[int] = set()
+        self._tool_slots: dict[int, int] = {}  # choice index -> tool calls so far
         self._finished = False
         self._usage: Usage | None = None
 
@@ -288,13 +288,14 @@ class GeminiStreamDecoder:
             content = cand.get("content")
             if isinstance(content, dict) and "parts" in content:
                 for delta in part_deltas(content["parts"], self._calls, prefix):
-                    if "tool_calls" in delta:
-                        self._with_calls.add(index)
+                    for call in delta.get("tool_calls") or ():
+                        call["index"] = self._tool_slots.get(index, 0)
+                        self._tool_slots[index] = call["index"] + 1
                     chunks.append(self._chunk(index, delta))
             reason = cand.get("finishReason")
             if reason:
                 finish = FINISH_FROM_GEMINI.get(reason, "stop")
-                if finish == "stop" and index in self._with_calls:
+                if finish == "stop" and index in self._tool_slots:
                     finish = "tool_calls"
                 chunks.append(self._chunk(index, {}, finish))
                 finished_now = True
@@ -424,7 +425,9 @@ class GeminiStreamEncoder:
             candidate: JSON = {}
             if finish:
                 self._flush_calls(index, parts)
-            if parts:
+                # Gemini's last chunk always has content, an empty text part when nothing is left
+                candidate["content"] = {"parts": parts or [{"text": ""}], "role": "model"}
+            elif parts:
                 candidate["content"] = {"parts": parts, "role": "model"}
             if finish:
                 candidate["finishReason"] = FINISH_TO_GEMINI.get(finish, "OTHER")
