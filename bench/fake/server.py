@@ -143,16 +143,20 @@ class FakeUpstream:
         """Replies for the next requests, first in first out, on any endpoint."""
         self._replies.extend(replies)
 
-    async def wait_disconnect(self, timeout: float = 5.0) -> None:
-        """Return once per client disconnect, in order; TimeoutError if none comes in time."""
+    async def wait_disconnect(self, timeout: float = 5.0) -> bool:
+        """True once per client disconnect, in order of arrival; False if none came in time."""
 
         async def wait() -> None:
             while self.disconnects <= self._seen_disconnects:
                 self._disconnect_event.clear()
                 await self._disconnect_event.wait()
 
-        await asyncio.wait_for(wait(), timeout)
+        try:
+            await asyncio.wait_for(wait(), timeout)
+        except TimeoutError:
+            return False
         self._seen_disconnects += 1
+        return True
 
     async def start(self) -> None:
         self._runner = web.AppRunner(
@@ -207,9 +211,6 @@ class FakeUpstream:
         if where.kind is None:
             message = f"Invalid URL ({request.method} {request.path})"
             return self._error(where.protocol, 404, None, message)
-        rejected = self._check_auth(where.protocol, request)
-        if rejected is not None:
-            return rejected
         raw = await request.read() if request.can_read_body else b""
         payload: Any = None
         form: dict[str, str] = {}
@@ -233,6 +234,9 @@ class FakeUpstream:
                     form,
                 )
             )
+        rejected = self._check_auth(where.protocol, request)
+        if rejected is not None:
+            return rejected
         if request.method == "POST" and where.kind != "transcriptions":
             if not isinstance(payload, dict):
                 return self._error(where.protocol, 400, None, _bad_json(where.protocol))
@@ -287,8 +291,7 @@ class FakeUpstream:
     def _check_auth(self, protocol: str, request: web.Request) -> web.Response | None:
         want = self.require_key
         if protocol == "openai":
-            header = request.headers.get("Authorization", "")
-            key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+            key = _bearer(request)
             if not key:
                 return self._error("openai", 401, None, openai.MISSING_KEY, code="")
             if want is not None and key != want:
@@ -296,7 +299,8 @@ class FakeUpstream:
                 message = f"Incorrect API key provided: {shown}."
                 return self._error("openai", 401, None, message, code="invalid_api_key")
         elif protocol == "anthropic":
-            key = request.headers.get("x-api-key", "")
+            # x-api-key, or Bearer (what recent versions of the official SDK send)
+            key = request.headers.get("x-api-key", "") or _bearer(request)
             if not key:
                 return self._error("anthropic", 401, None, "x-api-key header is required")
             if want is not None and key != want:
@@ -522,6 +526,11 @@ class FakeUpstream:
             return
         await resp.write(error(reply.error_type, reply.error_message, written))
         await resp.write_eof()
+
+
+def _bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    return header[7:].strip() if header[:7].lower() == "bearer " else ""
 
 
 def _bad_json(protocol: str) -> str:
