@@ -159,7 +159,8 @@ async def serve_app(settings: Settings) -> AsyncIterator[ServedGateway]:
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
-        sock.close()
+        with contextlib.suppress(OSError):  # hypercorn may have closed the fd already
+            sock.close()
 
 
 @pytest.fixture
