@@ -433,20 +433,21 @@ def _user_parts(content: JSON) -> list[JSON]:
 
 
 def _assistant_parts(msg: ChatMessage, *, upstream: bool) -> list[JSON]:
+    """An assistant message -> model parts. ``reasoning_signature`` goes where Gemini puts a
+    reply's signature: on the text part; without text, on the thought part; else on the first
+    functionCall that has none of its own; else on an empty thought part."""
     parts: list[JSON] = []
     signature = msg.get("reasoning_signature")
+    thought: JSON = None
     if msg.get("reasoning_content"):
-        thought: JSON = {"text": msg["reasoning_content"], "thought": True}
-        if signature:
-            thought["thoughtSignature"] = signature
-            signature = None
+        thought = {"text": msg["reasoning_content"], "thought": True}
         parts.append(thought)
     text = _text_of(msg.get("content"))
     if text:
         parts.append({"text": text})
-        if signature:
-            parts[-1]["thoughtSignature"] = signature
-            signature = None
+    if signature and (text or thought is not None):
+        parts[-1]["thoughtSignature"] = signature
+        signature = None
     for call in msg.get("tool_calls") or ():
         function = call.get("function") or {}
         own = call.get("thought_signature")
