@@ -440,3 +440,25 @@ def test_client_output_parses_with_google_genai(path: Path) -> None:
             continue
         sdk = genai_types.GenerateContentResponse.model_validate(obj)
         assert sdk.model_version is not None and sdk.response_id is not None
+
+
+def test_tool_config_without_tools_is_not_sent_on() -> None:
+    payload = {
+        "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "NONE"}},
+    }
+    assert "tool_choice" not in G.decode_request(payload, CHAT)
+
+
+def test_any_with_several_allowed_names_narrows_the_tools() -> None:
+    decls = [{"name": n, "parameters": {"type": "OBJECT", "properties": {}}} for n in "abc"]
+    payload = {
+        "contents": [{"role": "user", "parts": [{"text": "x"}]}],
+        "tools": [{"functionDeclarations": decls}],
+        "toolConfig": {
+            "functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["a", "c"]}
+        },
+    }
+    req = G.decode_request(payload, CHAT)
+    assert req["tool_choice"] == "required"
+    assert [t["function"]["name"] for t in req["tools"]] == ["a", "c"]

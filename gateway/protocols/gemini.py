@@ -316,8 +316,8 @@ def _decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
     if tools:
         req["tools"] = tools
     config = (payload.get("toolConfig") or {}).get("functionCallingConfig")
-    if not isinstance(config, dict):
-        return
+    if not isinstance(config, dict) or not tools:
+        return  # a tool choice without tools is refused by chat-completions upstreams
     mode = config.get("mode")
     names = config.get("allowedFunctionNames") or []
     if mode == "NONE":
@@ -326,7 +326,7 @@ def _decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
         req["tool_choice"] = {"type": "function", "function": {"name": names[0]}}
     elif mode == "ANY":
         req["tool_choice"] = "required"
-        if names and tools:
+        if names:
             req["tools"] = [t for t in tools if t["function"]["name"] in names]
     elif mode in ("AUTO", "VALIDATED"):
         req["tool_choice"] = "auto"
