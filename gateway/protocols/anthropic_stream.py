@@ -190,7 +190,7 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
     msg: ChatMessage = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
-    if thinking:
+    if any(thinking):
         msg["reasoning_content"] = "".join(thinking)
     if signature:
         msg["reasoning_signature"] = signature
@@ -219,18 +219,28 @@ def decode_message(payload: JSON) -> ChatResponse:
     }
 
 
+def _call_signature(calls: list[ToolCall] | None) -> str | None:
+    """A Gemini thoughtSignature on a function call has no place on a tool_use block; it rides
+    in a thinking block (empty text) so that it comes back as ``reasoning_signature``."""
+    for call in calls or ():
+        if call.get("thought_signature"):
+            return call["thought_signature"]
+    return None
+
+
 def encode_message(resp: ChatResponse, ctx: Ctx) -> JSON:
     choices = resp.get("choices") or []
     if not choices:
         raise UpstreamError("upstream sent a reply without choices")
     msg = choices[0].get("message") or {}
     content: list[JSON] = []
-    if msg.get("reasoning_content") or msg.get("reasoning_signature"):
+    signature = msg.get("reasoning_signature") or _call_signature(msg.get("tool_calls"))
+    if msg.get("reasoning_content") or signature:
         content.append(
             {
                 "type": "thinking",
                 "thinking": msg.get("reasoning_content") or "",
-                "signature": msg.get("reasoning_signature") or "",
+                "signature": signature or "",
             }  # fmt: skip
         )
     for data in msg.get("redacted_reasoning") or ():
@@ -415,7 +425,7 @@ class AnthropicStreamEncoder:
     prompt tokens early (gemini) gives the real count; otherwise the local estimate."""
 
     __slots__ = ("content_type", "_ctx", "_started", "_index", "_open", "_tools", "_tool_ids",
-                 "_finish", "_usage")  # fmt: skip
+                 "_finish", "_usage", "_signed")  # fmt: skip
 
     def __init__(self, ctx: Ctx) -> None:
         self.content_type = EVENT_STREAM
@@ -427,6 +437,7 @@ class AnthropicStreamEncoder:
         self._tool_ids: dict[int, str] = {}  # chat tool call index -> id
         self._finish: str | None = None
         self._usage: Usage | None = None
+        self._signed = False
 
     def _start(self, usage: Usage | None) -> bytes:
         self._started = True
@@ -495,11 +506,7 @@ class AnthropicStreamEncoder:
                 parts.append(self._block_delta({"type": "thinking_delta", "thinking": thinking}))
             signature = delta.get("reasoning_signature")
             if signature:
-                if self._open != "thinking":
-                    parts.append(
-                        self._open_block({"type": "thinking", "thinking": "", "signature": ""})
-                    )
-                parts.append(self._block_delta({"type": "signature_delta", "signature": signature}))
+                parts.append(self._signature(signature))
             for text in (delta.get("content"), delta.get("refusal")):
                 if text:
                     if self._open != "text":
@@ -511,6 +518,13 @@ class AnthropicStreamEncoder:
                 self._finish = choice["finish_reason"]
         return b"".join(parts)
 
+    def _signature(self, signature: str) -> bytes:
+        self._signed = True
+        out = b""
+        if self._open != "thinking":
+            out = self._open_block({"type": "thinking", "thinking": "", "signature": ""})
+        return out + self._block_delta({"type": "signature_delta", "signature": signature})
+
     def _tool_delta(self, call: ToolCall) -> bytes:
         out = b""
         tool = call.get("index", 0)
@@ -518,9 +532,12 @@ class AnthropicStreamEncoder:
         function = call.get("function") or {}
         call_id = call.get("id")
         if block is None or (call_id and call_id != self._tool_ids.get(tool)):
+            signature = call.get("thought_signature")
+            if signature and not self._signed:
+                out = self._signature(signature)
             if not call_id:
                 call_id = f"toolu_{self._ctx.request_id}_{len(self._tools)}"
-            out = self._open_block(
+            out += self._open_block(
                 {
                     "type": "tool_use",
                     "id": call_id,
