@@ -8,6 +8,7 @@ protocol module only has to lay it out in its own wire format.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class Plan:
     reasoning_tokens: int
 
 
+@functools.lru_cache(maxsize=256)
 def demo_text(messages: int, min_words: int = 0) -> str:
     noun = "message" if messages == 1 else "messages"
     text = f"Hello from the demo upstream. You sent {messages} {noun}."
@@ -78,6 +80,7 @@ def image_text(images: tuple[str, ...]) -> str:
     return f"I received {len(images)} image {noun}: {', '.join(images)}."
 
 
+@functools.lru_cache(maxsize=1024)
 def split_text(text: str, chunks: int | None) -> tuple[str, ...]:
     """One piece per word, or ``chunks`` pieces as even as the words (or characters) allow."""
     words = _WORD.findall(text)
@@ -113,9 +116,9 @@ def make_plan(
     else:
         text = demo_text(incoming.messages, chunks or 0)
     finish = reply.finish
-    words = len(_WORD.findall(text))
+    words = len(split_text(text, None))
     if finish is None and incoming.max_tokens is not None and words > incoming.max_tokens:
-        kept = _WORD.findall(text)[: max(0, incoming.max_tokens)]
+        kept = split_text(text, None)[: max(0, incoming.max_tokens)]
         text = "".join(kept).rstrip()
         finish = "length"
         words = len(kept)
