@@ -264,6 +264,10 @@ class OpenAIAdapter:
         return payload  # type: ignore[no-any-return]
 
     def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON:
+        """A reply converted from another protocol gets a chat-completions id and time."""
+        resp["id"] = f"chatcmpl-{ctx.request_id}"
+        resp["object"] = "chat.completion"
+        resp["created"] = ctx.created
         resp["model"] = ctx.model
         return resp
 
