@@ -465,3 +465,27 @@ def test_passthrough_response_maps_the_model_back_and_reports_usage() -> None:
         "prompt_tokens_details": {"cached_tokens": 1536},
         "cache_creation_tokens": 512,
     }
+
+
+def test_server_tools_are_left_out_and_take_tool_choice_with_them() -> None:
+    payload = {
+        "model": "m",
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": "news?"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 3}],
+        "tool_choice": {"type": "any"},
+    }
+    req = ADAPTER.decode_request(payload, CHAT)
+    assert "tools" not in req and "tool_choice" not in req
+
+
+def test_unsigned_reasoning_is_not_sent_to_an_anthropic_channel() -> None:
+    req: Any = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning_content": "thought"},
+            {"role": "user", "content": "q2"},
+        ]
+    }
+    body = orjson.loads(ADAPTER.encode_request(req, target()).body)
+    assert body["messages"][1] == {"role": "assistant", "content": "a"}

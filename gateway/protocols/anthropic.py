@@ -23,6 +23,16 @@ Mappings worth knowing:
   ``prompt_tokens_details.cached_tokens``, cache writes ``cache_creation_tokens``.
 - ``metadata.user_id`` <-> ``user``; images: base64 source <-> ``data:`` URL, url source <-> URL;
   a base64 PDF ``document`` <-> a chat ``file`` part with ``file_data``.
+- A tool call's ``thought_signature`` (Gemini) is shown to Messages clients as a thinking block
+  with empty text and that signature, so it comes back as ``reasoning_signature``.
+- Errors for clients: 400 invalid_request_error, 401 authentication_error, 402 billing_error,
+  403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+  500/502 api_error, 503/529 overloaded_error, 504 timeout_error (the type Anthropic's own API
+  and SDK use for a gateway timeout). From an anthropic channel, the error type refines the
+  status: overloaded_error -> 503, timeout_error -> 504, rate_limit_error -> 429, and
+  authentication/permission/billing errors are the channel's fault (502, cooled down).
+- Replies carry ``msg_{request_id}`` and the client's model name; an empty text block is left
+  out of replies and out of requests (the Messages API rejects empty text blocks and turns).
 
 Not carried across (dropped on purpose); "out" is Messages -> others, "in" others -> Messages:
 
