@@ -48,8 +48,14 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
-    """Unknown paths: 404 in the protocol the path belongs to."""
+class NotFoundApp:
+    """Unknown paths: 404 in the protocol the path belongs to (any method)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await not_found(scope, send)
+
+
+async def not_found(scope: Scope, send: Send) -> None:
     path = scope.get("path", "")
     if is_generate_content_path(path):
         protocol = "gemini"
@@ -94,7 +100,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     ]
     routes.append(Route("/healthz", healthz, methods=["GET"]))
     routes.append(Mount("/admin", routes=admin_routes()))
-    routes.append(Route("/{path:path}", endpoint=not_found))
+    routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = state
     return app
