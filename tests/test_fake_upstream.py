@@ -27,9 +27,13 @@ GM = {"x-goog-api-key": "sk-test"}
 
 
 @pytest.fixture
-async def up() -> AsyncIterator[FakeUpstream]:
+async def up(caplog: pytest.LogCaptureFixture) -> AsyncIterator[FakeUpstream]:
     async with FakeUpstream() as fake:
         yield fake
+    # a handler that raised is logged by aiohttp, not seen by the client: fail on it here
+    records = caplog.get_records("setup") + caplog.get_records("call") + caplog.records
+    failures = [r for r in records if r.name.startswith("aiohttp") and r.levelno >= 40]
+    assert not failures, failures[0].getMessage()
 
 
 async def call(

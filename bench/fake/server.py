@@ -38,7 +38,6 @@ from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
 from bench.fake.reply import DirectiveError, Reply, find_directive
 
 JSON_TYPE = "application/json"
-DROPPED = "fake.dropped"
 AUDIO_PIECE = 8192
 DEMO_TRANSCRIPT = "This is the demo transcription."
 GEMINI_ACTIONS = frozenset(
@@ -129,6 +128,7 @@ class FakeUpstream:
         self._seen_disconnects = 0
         self._disconnect_event = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._dropped: set[int] = set()  # id() of requests whose connection the fake closed
         self._closing = False
         self._counter = 0
         self._runner: web.AppRunner | None = None
@@ -197,10 +197,11 @@ class FakeUpstream:
         try:
             return await self._serve(request)
         except asyncio.CancelledError:
-            if not self._closing and not request.get(DROPPED):
+            if not self._closing and id(request) not in self._dropped:
                 self._disconnected()
             raise
         finally:
+            self._dropped.discard(id(request))
             if task is not None:
                 self._tasks.discard(task)
 
@@ -504,7 +505,7 @@ class FakeUpstream:
                 return resp
             await resp.write_eof()
         except ConnectionResetError:
-            if not request.get(DROPPED):
+            if id(request) not in self._dropped:
                 self._disconnected()
         finally:
             self.open_streams -= 1
@@ -519,7 +520,7 @@ class FakeUpstream:
         written: int,
     ) -> None:
         if reply.drop_after is not None or error is None:
-            request[DROPPED] = True
+            self._dropped.add(id(request))
             transport = request.transport
             if transport is not None:
                 transport.close()
