@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.parser
-import email.policy
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -27,37 +25,23 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from bench.fake import anthropic, gemini, media, openai
-from bench.fake.incoming import (
-    Incoming,
-    RequestShapeError,
-    from_anthropic,
-    from_gemini,
-    from_openai,
-)
+from bench.fake.incoming import Incoming, RequestShapeError
 from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
 from bench.fake.reply import DirectiveError, Reply, find_directive
+from bench.fake.routes import (
+    CHAT_KINDS,
+    Route,
+    bad_json_message,
+    bearer,
+    directive_text,
+    incoming_for,
+    multipart,
+    route,
+)
 
 JSON_TYPE = "application/json"
 AUDIO_PIECE = 8192
 DEMO_TRANSCRIPT = "This is the demo transcription."
-GEMINI_ACTIONS = frozenset(
-    {
-        "generateContent",
-        "streamGenerateContent",
-        "countTokens",
-        "embedContent",
-        "batchEmbedContents",
-    }
-)
-CHAT_KINDS = frozenset({"chat", "messages", "generateContent", "streamGenerateContent"})
-OPENAI_POSTS = {
-    "/v1/chat/completions": "chat",
-    "/v1/embeddings": "embeddings",
-    "/v1/images/generations": "images",
-    "/v1/audio/transcriptions": "transcriptions",
-    "/v1/audio/speech": "speech",
-    "/v1/rerank": "rerank",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,39 +53,6 @@ class RecordedRequest:
     body: bytes
     json: Any  # the decoded body, or None when it is not JSON
     form: Mapping[str, str]  # multipart text fields
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    protocol: str  # openai | anthropic | gemini
-    kind: str | None  # None: unknown path
-    model: str | None = None  # from a Gemini path
-
-
-def route(method: str, path: str, headers: Mapping[str, str]) -> Route:
-    if method == "POST":
-        kind = OPENAI_POSTS.get(path)
-        if kind is not None:
-            return Route("openai", kind)
-        if path == "/v1/messages":
-            return Route("anthropic", "messages")
-        if path == "/v1/messages/count_tokens":
-            return Route("anthropic", "count_tokens")
-        for prefix in ("/v1beta/models/", "/v1/models/"):
-            if path.startswith(prefix):
-                model, _, action = path[len(prefix) :].rpartition(":")
-                if model and action in GEMINI_ACTIONS:
-                    return Route("gemini", action, model)
-    elif method == "GET":
-        if path == "/v1/models":
-            return Route("anthropic" if "anthropic-version" in headers else "openai", "models")
-        if path == "/v1beta/models":
-            return Route("gemini", "models")
-    if path.startswith("/v1beta/") or ":" in path:
-        return Route("gemini", None)
-    if path.startswith("/v1/messages"):
-        return Route("anthropic", None)
-    return Route("openai", None)
 
 
 class FakeUpstream:
@@ -217,7 +168,7 @@ class FakeUpstream:
         form: dict[str, str] = {}
         files: dict[str, bytes] = {}
         if where.kind == "transcriptions":
-            form, files = _multipart(request.headers.get("Content-Type", ""), raw)
+            form, files = multipart(request.headers.get("Content-Type", ""), raw)
         elif raw:
             try:
                 payload = orjson.loads(raw)
@@ -240,10 +191,10 @@ class FakeUpstream:
             return rejected
         if request.method == "POST" and where.kind != "transcriptions":
             if not isinstance(payload, dict):
-                return self._error(where.protocol, 400, None, _bad_json(where.protocol))
+                return self._error(where.protocol, 400, None, bad_json_message(where.protocol))
         body: dict[str, Any] = payload if isinstance(payload, dict) else {}
         try:
-            incoming = _incoming(where, body)
+            incoming = incoming_for(where, body)
             reply, incoming = self._next_reply(where, body, form, incoming)
         except RequestShapeError as exc:
             return self._error(where.protocol, 400, None, str(exc), param=exc.param)
@@ -274,7 +225,7 @@ class FakeUpstream:
             text = incoming.last_user_text
             default_tool = incoming.first_tool
         else:
-            text = _directive_text(where, body, form)
+            text = directive_text(where, body, form)
             default_tool = None
         queued = self._replies.popleft() if self._replies else None
         try:
@@ -292,7 +243,7 @@ class FakeUpstream:
     def _check_auth(self, protocol: str, request: web.Request) -> web.Response | None:
         want = self.require_key
         if protocol == "openai":
-            key = _bearer(request)
+            key = bearer(request)
             if not key:
                 return self._error("openai", 401, None, openai.MISSING_KEY, code="")
             if want is not None and key != want:
@@ -301,7 +252,7 @@ class FakeUpstream:
                 return self._error("openai", 401, None, message, code="invalid_api_key")
         elif protocol == "anthropic":
             # x-api-key, or Bearer (what recent versions of the official SDK send)
-            key = request.headers.get("x-api-key", "") or _bearer(request)
+            key = request.headers.get("x-api-key", "") or bearer(request)
             if not key:
                 return self._error("anthropic", 401, None, "x-api-key header is required")
             if want is not None and key != want:
@@ -527,74 +478,3 @@ class FakeUpstream:
             return
         await resp.write(error(reply.error_type, reply.error_message, written))
         await resp.write_eof()
-
-
-def _bearer(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    return header[7:].strip() if header[:7].lower() == "bearer " else ""
-
-
-def _bad_json(protocol: str) -> str:
-    if protocol == "anthropic":
-        return "Request body must be a JSON object"
-    if protocol == "gemini":
-        return "Invalid JSON payload received."
-    return "We could not parse the JSON body of your request."
-
-
-def _incoming(where: Route, body: dict[str, Any]) -> Incoming | None:
-    kind = where.kind
-    if kind == "chat":
-        return from_openai(body)
-    if kind == "messages":
-        return from_anthropic(body)
-    if kind == "count_tokens":
-        return from_anthropic(body, counting=True)
-    if kind in ("generateContent", "streamGenerateContent", "countTokens"):
-        return from_gemini(body)
-    return None
-
-
-def _directive_text(where: Route, body: dict[str, Any], form: dict[str, str]) -> str:
-    kind = where.kind
-    value: Any = None
-    if kind == "embeddings":
-        texts = media.embedding_texts(body)
-        value = texts[-1] if texts else None
-    elif kind == "images":
-        value = body.get("prompt")
-    elif kind == "speech":
-        value = body.get("input")
-    elif kind == "rerank":
-        value = body.get("query")
-    elif kind == "transcriptions":
-        value = form.get("prompt")
-    elif kind == "embedContent":
-        value = media.gemini_content_text(body.get("content"))
-    elif kind == "batchEmbedContents":
-        requests = body.get("requests")
-        if isinstance(requests, list) and requests and isinstance(requests[-1], dict):
-            value = media.gemini_content_text(requests[-1].get("content"))
-    return value if isinstance(value, str) else ""
-
-
-def _multipart(content_type: str, raw: bytes) -> tuple[dict[str, str], dict[str, bytes]]:
-    """Text fields and file contents of a multipart/form-data body."""
-    head = f"Content-Type: {content_type}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
-    form: dict[str, str] = {}
-    files: dict[str, bytes] = {}
-    if not message.is_multipart():
-        return form, files
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str):
-            continue
-        data = part.get_payload(decode=True)
-        if not isinstance(data, bytes):
-            data = b""
-        if part.get_filename() is not None:
-            files[name] = data
-        else:
-            form[name] = data.decode("utf-8", "replace")
-    return form, files
