@@ -56,7 +56,14 @@ class RecordedRequest:
 
 
 class FakeUpstream:
-    """A scripted upstream on 127.0.0.1; ``async with FakeUpstream() as fake: fake.url``."""
+    """A scripted upstream; ``async with FakeUpstream() as fake:`` serves on an ephemeral port.
+
+    ``fake.url`` is the root (OpenAI channels append ``/v1``); ``fake.queue(Reply(...))`` scripts
+    the next requests; ``fake.requests`` records what arrived (``record=False`` for long runs);
+    ``fake.require_key`` may be changed at any time (None: any non-empty key);
+    ``fake.disconnects``, ``await fake.wait_disconnect()`` and ``fake.open_streams`` observe
+    clients that leave.
+    """
 
     def __init__(
         self,
