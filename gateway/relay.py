@@ -87,6 +87,7 @@ class Call:
     cost: int = 0
     status: int = 200
     responded: bool = False  # the response's status line has been sent
+    recorded: bool = False  # the usage record has been handed to the writer
 
 
 class ClientGone(Exception):
@@ -164,7 +165,7 @@ class Relay:
                 await send_error(send, client, InternalError("internal error"))
         finally:
             if call.key is not None and spec.endpoint not in ("models", "model"):
-                self._record(call)
+                self._record(call)  # once per request: a no-op if already recorded
 
     def _model_name(self, spec: RouteSpec, scope: Scope, payload: JSON) -> str:
         if spec.protocol == "gemini":
@@ -177,7 +178,9 @@ class Relay:
 
     def _record(self, call: Call) -> None:
         key = call.key
-        assert key is not None
+        if key is None or call.recorded:
+            return
+        call.recorded = True
         self.writer.submit(
             UsageRecord(
                 time=call.time,
@@ -376,6 +379,7 @@ class Relay:
             out = client.encode_response(chat, ctx)
         self._bill(call, usage)
         body = orjson.dumps(out)
+        self._record(call)
         call.responded = True
         await send(
             {
@@ -418,27 +422,29 @@ class Relay:
         )
         gone = asyncio.Event()
         watcher = asyncio.create_task(watch_disconnect(receive, gone, asyncio.current_task()))
+        out = b""  # bytes converted but not yet sent: flushed before an error event too
         try:
             try:
                 async for raw in resp.content.iter_any():
-                    out = b""
                     if passthrough:
                         for event in parser.feed(raw):
                             out += ps.feed(event)
                     else:
                         for event in parser.feed(raw):
                             for chunk in decoder.feed(event):
-                                if "usage" in chunk and chunk["usage"]:
+                                if chunk.get("usage"):
                                     usage = chunk["usage"]
                                 out += encoder.encode(chunk)
                     if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                        body, out = out, b""
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
                 tail_events = parser.close()
                 if passthrough:
-                    out = b"".join(ps.feed(e) for e in tail_events) + ps.finish()
+                    for event in tail_events:
+                        out += ps.feed(event)
+                    out += ps.finish()
                     usage = ps.usage
                 else:
-                    out = b""
                     for event in tail_events:
                         for chunk in decoder.feed(event):
                             usage = chunk.get("usage") or usage
@@ -448,9 +454,11 @@ class Relay:
                         out += encoder.encode(chunk)
                     out += encoder.finish(usage)
                 self._bill(call, usage)
-                # the record is queued before the last byte leaves, so a client that reads
-                # its balance right after the stream ends sees this request's cost
-                await send({"type": "http.response.body", "body": out, "more_body": False})
+                # recorded before the last byte leaves, so a client that reads its balance
+                # right after the stream ends sees this request's cost
+                self._record(call)
+                body, out = out, b""
+                await send({"type": "http.response.body", "body": body, "more_body": False})
             except (aiohttp.ClientError, TimeoutError) as exc:
                 raise read_error(exc) from None
         except GatewayError as err:
@@ -458,7 +466,8 @@ class Relay:
             self._bill(call, usage)  # what was generated before the failure is billed
             call.status = err.status
             tail = ps.error(err) if passthrough else encoder.error(err)
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            self._record(call)
+            await send({"type": "http.response.body", "body": out + tail, "more_body": False})
             log.warning("relay.stream_error channel=%s status=%d", target.channel, err.status)
         except asyncio.CancelledError:
             if not gone.is_set():

@@ -1,0 +1,150 @@
+"""The relay loop over real sockets: backpressure, retries before the first byte, failover and
+cooldown, errors inside a stream."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import openai
+import pytest
+
+from bench.fake_upstream import Reply
+from tests.plugins.servers import KEYS, make_config
+
+HEADERS = {"Authorization": f"Bearer {KEYS['alice']}"}
+
+
+def dead_port() -> int:
+    """A port nothing listens on (bound, then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def two_channels(fake_url: str, store_url: str, first_url: str, first_key: str) -> dict:
+    cfg = make_config(fake_url, store_url)
+    first = {
+        "name": "first",
+        "type": "openai",
+        "base_url": first_url,
+        "api_key": first_key,
+        "groups": ["default"],
+        "models": ["chat-small"],
+        "priority": 0,
+    }
+    second = {**first, "name": "second", "base_url": fake_url + "/v1", "api_key": "upstream-key",
+              "priority": 1}  # fmt: skip
+    cfg["channels"] = [first, second] + [c for c in cfg["channels"] if c["name"] != "oa"]
+    return cfg
+
+
+async def last_record(gw) -> dict:
+    await gw.state.writer.flush()
+    return (await gw.state.store.usage("alice", 1))[0]
+
+
+async def test_slow_client_slows_the_upstream_read(gateway, fake) -> None:
+    """A client that stops reading stops the gateway reading: the upstream is still writing a
+    40 MB stream long after it would have finished had the gateway buffered it."""
+    text = "word " * 8_000_000
+    fake.queue(Reply(text=text, chunks=4000))
+    body = {"model": "chat-small", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+            received = len(await r.content.readany())
+            await asyncio.sleep(1.5)  # the client stalls
+            assert fake.open_streams == 1  # the upstream is held back, not drained into memory
+            async for piece in r.content.iter_any():
+                received += len(piece)
+    assert received > len(text)  # then everything arrives, nothing lost
+    rec = await last_record(gateway)
+    assert rec.status == 200 and rec.completion_tokens > 0
+
+
+async def test_unreachable_channel_fails_over_before_the_first_byte(fake, store_url) -> None:
+    from gateway.config import parse_settings
+    from tests.plugins.servers import serve_app
+
+    cfg = two_channels(fake.url, store_url, f"http://127.0.0.1:{dead_port()}/v1", "k")
+    async with serve_app(parse_settings(cfg)) as gw:
+        async with openai.AsyncOpenAI(base_url=gw.v1, api_key=KEYS["alice"], max_retries=0) as c:
+            r = await c.chat.completions.create(
+                model="chat-small", messages=[{"role": "user", "content": "[[fake text=ok]]"}]
+            )
+            assert r.choices[0].message.content == "ok"
+            rec = await last_record(gw)
+            assert rec.channel == "second" and rec.status == 200
+
+
+async def test_rejected_channel_credentials_fail_over_and_cool_down(fake, store_url) -> None:
+    from gateway.config import parse_settings
+    from tests.plugins.servers import serve_app
+
+    fake.require_key = "upstream-key"
+    cfg = two_channels(fake.url, store_url, fake.url + "/v1", "revoked-key")
+    async with serve_app(parse_settings(cfg)) as gw:
+        async with openai.AsyncOpenAI(base_url=gw.v1, api_key=KEYS["alice"], max_retries=0) as c:
+            for _ in range(3):
+                r = await c.chat.completions.create(
+                    model="chat-small", messages=[{"role": "user", "content": "[[fake text=ok]]"}]
+                )
+                assert r.choices[0].message.content == "ok"
+    keys_used = [req.headers.get("Authorization") for req in fake.requests]
+    # the revoked channel was tried once, then left alone while it cools down
+    assert keys_used.count("Bearer revoked-key") == 1
+    assert keys_used.count("Bearer upstream-key") == 3
+
+
+async def test_every_channel_cooling_down_is_503(fake, store_url) -> None:
+    from gateway.config import parse_settings
+    from tests.plugins.servers import serve_app
+
+    fake.require_key = "nobody-has-this"
+    async with serve_app(parse_settings(make_config(fake.url, store_url))) as gw:
+        async with openai.AsyncOpenAI(base_url=gw.v1, api_key=KEYS["alice"], max_retries=0) as c:
+            with pytest.raises(openai.APIStatusError) as first:
+                await c.chat.completions.create(
+                    model="chat-small", messages=[{"role": "user", "content": "hi"}]
+                )
+            with pytest.raises(openai.APIStatusError) as second:
+                await c.chat.completions.create(
+                    model="chat-small", messages=[{"role": "user", "content": "hi"}]
+                )
+    assert first.value.status_code == 502
+    assert second.value.status_code == 503
+
+
+async def test_error_inside_a_stream_reaches_the_client_and_the_record(gateway) -> None:
+    async with openai.AsyncOpenAI(base_url=gateway.v1, api_key=KEYS["alice"], max_retries=0) as c:
+        stream = await c.chat.completions.create(
+            model="chat-small",
+            messages=[{"role": "user", "content": "[[fake chunks=6 error_after=2]]"}],
+            stream=True,
+        )
+        got = []
+        with pytest.raises(openai.APIError):
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    got.append(chunk.choices[0].delta.content)
+    assert len(got) == 2  # what came before the error arrived
+    rec = await last_record(gateway)
+    assert rec.status >= 500
+
+
+async def test_upstream_cut_mid_stream_is_an_in_stream_error(gateway) -> None:
+    body = {
+        "model": "chat-small",
+        "stream": True,
+        "messages": [{"role": "user", "content": "[[fake chunks=6 drop_after=2]]"}],
+    }
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+            assert r.status == 200
+            raw = await r.read()
+    assert b'"error"' in raw and b"[DONE]" not in raw
+    rec = await last_record(gateway)
+    assert rec.status == 502
