@@ -10,7 +10,9 @@ field for (adapters read and write them; the openai adapter strips them on the w
 - assistant message / stream delta ``reasoning_signature: str``: opaque signature of the
   thinking (Anthropic ``signature``, Gemini ``thoughtSignature``), needed upstream on the
   next tool turn.
-- assistant message ``redacted_reasoning: list[str]``: Anthropic ``redacted_thinking`` data.
+- assistant message / stream delta ``redacted_reasoning: list[str]``: Anthropic
+  ``redacted_thinking`` data.
+- tool message ``is_error: bool``: the tool failed (Anthropic ``tool_result.is_error``).
 - tool call ``thought_signature: str``: Gemini's signature on a ``functionCall`` part.
 - request ``top_k: int``: sampling, carried between anthropic and gemini.
 - usage ``cache_creation_tokens: int``: Anthropic ``cache_creation_input_tokens``.
@@ -69,6 +71,7 @@ class ChatMessage(TypedDict, total=False):
     reasoning_content: str
     reasoning_signature: str
     redacted_reasoning: list[str]
+    is_error: bool
     refusal: str
 
 
@@ -116,6 +119,7 @@ class Delta(TypedDict, total=False):
     tool_calls: list[ToolCall]
     reasoning_content: str
     reasoning_signature: str
+    redacted_reasoning: list[str]
     refusal: str | None
 
 

@@ -12,6 +12,7 @@ Not carried toward an openai channel (dropped on purpose):
 | ``top_k``                               | chat completions has no such parameter         |
 | ``reasoning_signature``, ``redacted_reasoning`` | other providers' opaque data       |
 | tool call ``thought_signature``         | Gemini's opaque data                           |
+| tool message ``is_error``               | chat completions has no failed-tool flag       |
 | ``reasoning_content`` on input messages | OpenAI does not take reasoning back as input   |
 | ``usage.cache_creation_tokens``         | no field for it in chat completions usage      |
 """
@@ -34,7 +35,7 @@ from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 EVENT_STREAM = "text/event-stream"
 DROP_UPSTREAM = ("top_k",)
-MESSAGE_EXTENSIONS = ("reasoning_signature", "redacted_reasoning", "reasoning_content")
+MESSAGE_EXTENSIONS = ("reasoning_signature", "redacted_reasoning", "reasoning_content", "is_error")
 ERROR_CODES = {
     400: "invalid_request_error",
     401: "invalid_api_key",
