@@ -1,0 +1,168 @@
+"""The official anthropic SDK (AsyncAnthropic) against every channel type over real sockets,
+stream and not: text with a system prompt, usage and its bill, tool-use round trips, an image
+block, and the SDK's typed errors. The table and the upstream readers live in
+test_sdk_matrix.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+import pytest
+
+from bench.fake_upstream import FakeUpstream, Reply
+from tests.plugins.servers import KEYS, ServedGateway
+from tests.test_sdk_matrix import (
+    PNG_B64,
+    WEATHER_TOOL_SCHEMA,
+    Target,
+    anthropic_client,
+    chat_request,
+    check_billed,
+    check_tool_results,
+    stream_param,
+    target_param,
+)
+
+TOOLS: list[Any] = [
+    {"name": "get_weather", "description": "Weather now", "input_schema": WEATHER_TOOL_SCHEMA}
+]
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    calls: list[tuple[str | None, str, dict[str, Any]]] = field(default_factory=list)
+    content: list[Any] = field(default_factory=list)  # the reply's blocks, to send back
+    stop_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str = ""
+    text_deltas: int = 0
+
+
+async def ask(
+    gw: ServedGateway, model: str, messages: list[Any], stream: bool, **kw: Any
+) -> Answer:
+    out = Answer()
+    async with anthropic_client(gw) as c:
+        if stream:
+            async with c.messages.stream(
+                model=model, max_tokens=256, messages=messages, **kw
+            ) as events:
+                async for event in events:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        out.text_deltas += 1
+                msg = await events.get_final_message()
+        else:
+            msg = await c.messages.create(model=model, max_tokens=256, messages=messages, **kw)
+    out.model = msg.model
+    out.stop_reason = msg.stop_reason
+    out.input_tokens, out.output_tokens = msg.usage.input_tokens, msg.usage.output_tokens
+    out.content = [block.model_dump(exclude_none=True) for block in msg.content]
+    out.text = "".join(b.text for b in msg.content if b.type == "text")
+    out.calls = [(b.id, b.name, dict(b.input)) for b in msg.content if b.type == "tool_use"]
+    return out
+
+
+@target_param
+@stream_param
+async def test_text_with_system_prompt_usage_and_bill(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    messages = [{"role": "user", "content": "[[fake text='hello from upstream' chunks=3]] hi"}]
+    answer = await ask(gateway, target.model, messages, stream, system="You are terse.")
+    assert answer.text == "hello from upstream"
+    assert answer.stop_reason == "end_turn"
+    assert answer.model == target.model
+    if stream:
+        assert answer.text_deltas == 3
+    sent = chat_request(fake, target, stream)
+    assert sent.system == "You are terse."
+    assert sent.last_user_text.endswith("hi")
+    await check_billed(gateway, target, "anthropic", answer.input_tokens, answer.output_tokens)
+
+
+@target_param
+@stream_param
+@pytest.mark.parametrize("n", [1, 2], ids=["one_call", "parallel"])
+async def test_tool_use_round_trip(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool, n: int
+) -> None:
+    messages: list[Any] = [{"role": "user", "content": f"[[fake tools={n}]] weather?"}]
+    first = await ask(gateway, target.model, messages, stream, tools=TOOLS)
+    assert first.stop_reason == "tool_use"
+    assert [name for _, name, _ in first.calls] == ["get_weather"] * n
+    assert [args for _, _, args in first.calls] == [{"city": c} for c in ("Paris", "London")[:n]]
+    ids = [cid for cid, _, _ in first.calls]
+    assert all(ids) and len(set(ids)) == n
+    messages.append({"role": "assistant", "content": first.content})
+    results = [
+        {"type": "tool_result", "tool_use_id": cid, "content": f"sunny in {args['city']}"}
+        for cid, _, args in first.calls
+    ]
+    messages.append({"role": "user", "content": results})
+    fake.queue(Reply(text="Sunny everywhere."))
+    second = await ask(gateway, target.model, messages, stream, tools=TOOLS)
+    assert second.text == "Sunny everywhere."
+    sent = chat_request(fake, target, stream)
+    check_tool_results(target, sent, first.calls)
+    if target.type != "gemini":  # the ids the client saw are the upstream's own
+        assert [cid for cid, _, _ in sent.calls] == ids
+
+
+@target_param
+@stream_param
+async def test_base64_image_block_reaches_the_upstream(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    content = [
+        {"type": "text", "text": "[[fake image]] what is this?"},
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64},
+        },
+    ]
+    answer = await ask(gateway, target.model, [{"role": "user", "content": content}], stream)
+    assert answer.text == "I received 1 image part: image/png."
+    assert chat_request(fake, target, stream).images == [("image/png", PNG_B64)]
+
+
+@stream_param
+@pytest.mark.parametrize(
+    ("key", "model", "error", "status"),
+    [
+        ("sk-unknown-000000000000", "claude-small", anthropic.AuthenticationError, 401),
+        (KEYS["alice"], "vip-model", anthropic.NotFoundError, 404),
+    ],
+    ids=["bad_key", "model_outside_group"],
+)
+async def test_client_errors_are_typed(
+    gateway: ServedGateway, key: str, model: str, error: type[Exception], status: int, stream: bool
+) -> None:
+    async with anthropic_client(gateway, key) as c:
+        with pytest.raises(error) as exc:
+            await c.messages.create(
+                model=model,
+                max_tokens=16,
+                messages=[{"role": "user", "content": "hi"}],
+                stream=stream,
+            )
+    assert isinstance(exc.value, anthropic.APIStatusError) and exc.value.status_code == status
+
+
+@target_param
+@stream_param
+async def test_upstream_rate_limit_is_rate_limit_error(
+    gateway: ServedGateway, target: Target, stream: bool
+) -> None:
+    async with anthropic_client(gateway) as c:
+        with pytest.raises(anthropic.RateLimitError) as exc:
+            await c.messages.create(
+                model=target.model,
+                max_tokens=16,
+                messages=[{"role": "user", "content": "[[fake status=429]]"}],
+                stream=stream,
+            )
+    assert exc.value.status_code == 429
