@@ -81,6 +81,7 @@ class Sent:
     images: list[tuple[str, str]] = field(default_factory=list)  # (media type, base64)
     calls: list[tuple[str | None, str, dict[str, Any]]] = field(default_factory=list)
     results: list[tuple[str | None, str | None, str]] = field(default_factory=list)
+    tools: dict[str, set[str]] = field(default_factory=dict)  # name -> its parameters
 
 
 def chat_request(fake: FakeUpstream, target: Target, stream: bool, nth: int = -1) -> Sent:
@@ -121,6 +122,9 @@ def _text_of(content: Any) -> str:
 
 def _read_openai(body: dict[str, Any]) -> Sent:
     out = Sent()
+    for tool in body.get("tools") or ():
+        fn = tool["function"]
+        out.tools[fn["name"]] = set(fn["parameters"]["properties"])
     names: dict[str, str] = {}
     for msg in body["messages"]:
         role, content = msg["role"], msg.get("content")
@@ -145,6 +149,8 @@ def _read_openai(body: dict[str, Any]) -> Sent:
 
 def _read_anthropic(body: dict[str, Any]) -> Sent:
     out = Sent(system=_text_of(body.get("system")))
+    for tool in body.get("tools") or ():
+        out.tools[tool["name"]] = set(tool["input_schema"]["properties"])
     names: dict[str, str] = {}
     for msg in body["messages"]:
         content = msg["content"]
@@ -172,13 +178,20 @@ def _read_anthropic(body: dict[str, Any]) -> Sent:
 def _read_gemini(body: dict[str, Any]) -> Sent:
     system = body.get("systemInstruction") or {}
     out = Sent(system="".join(p.get("text", "") for p in system.get("parts", ())))
+    for tool in body.get("tools") or ():
+        for decl in tool.get("functionDeclarations") or ():
+            # passthrough forwards google-genai's proto spellings, which Gemini accepts
+            schema = _either(decl, "parametersJsonSchema", "parameters_json_schema")
+            schema = schema or decl["parameters"]
+            out.tools[decl["name"]] = set(schema["properties"])
     for content in body["contents"]:
         texts: list[str] = []
         for part in content.get("parts", ()):
             if "text" in part and not part.get("thought"):
                 texts.append(part["text"])
             if "inlineData" in part:
-                out.images.append((part["inlineData"]["mimeType"], part["inlineData"]["data"]))
+                blob = part["inlineData"]
+                out.images.append((_either(blob, "mimeType", "mime_type"), blob["data"]))
             if "functionCall" in part:
                 fc = part["functionCall"]
                 out.calls.append((fc.get("id"), fc["name"], fc.get("args", {})))
@@ -188,6 +201,10 @@ def _read_gemini(body: dict[str, Any]) -> Sent:
         if content.get("role", "user") == "user" and texts:
             out.last_user_text = "".join(texts)
     return out
+
+
+def _either(obj: dict[str, Any], json_name: str, proto_name: str) -> Any:
+    return obj.get(json_name, obj.get(proto_name))
 
 
 def _loads(text: str) -> dict[str, Any]:
@@ -203,6 +220,7 @@ def check_tool_results(
 ) -> None:
     """The upstream got one result per call, each paired with its call by the upstream's own
     means (the id it issued, or Gemini's name), carrying the client's result text."""
+    assert sent.tools == {"get_weather": {"city"}}  # the declaration arrived with its schema
     assert len(sent.results) == len(client_calls)
     assert [name for _, name, _ in sent.calls] == [name for _, name, _ in client_calls]
     for (_, name, args), (_, rname, text) in zip(client_calls, sent.results, strict=True):

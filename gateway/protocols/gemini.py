@@ -139,6 +139,7 @@ def _schema_to_json(schema: JSON) -> JSON:
     """Gemini's OpenAPI schema (upper-case types, nullable) -> JSON Schema."""
     if not isinstance(schema, dict):
         return schema
+    schema = _fields(schema, "schema")
     out: JSON = {}
     for key, value in schema.items():
         if key == "type" and isinstance(value, str):
@@ -165,12 +166,37 @@ def _require_dict(value: JSON, what: str) -> dict[str, JSON]:
     return value
 
 
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(word[:1].upper() + word[1:] for word in rest)
+
+
+def _fields(value: JSON, what: str) -> dict[str, JSON]:
+    """A Gemini request object with its keys in JSON (lowerCamelCase) spelling.
+
+    Gemini's API, like every proto3 JSON endpoint, accepts a field's proto name
+    (``mime_type``) as well as its JSON name (``mimeType``), and google-genai sends nested
+    objects that way (``inlineData: {mime_type}``, ``parameters_json_schema``,
+    ``thinkingConfig: {thinking_budget}``). Only this object's own keys are renamed: values
+    that are free JSON (function args and responses, JSON schemas, property names) are not.
+    """
+    obj = _require_dict(value, what)
+    if not any("_" in key for key in obj):
+        return obj
+    out: dict[str, JSON] = {}
+    for key, item in obj.items():
+        name = _camel(key) if "_" in key else key
+        if name not in out or name == key:  # the JSON spelling wins over the proto one
+            out[name] = item
+    return out
+
+
 def _merged_contents(contents: JSON) -> list[tuple[str, list[JSON]]]:
     if not isinstance(contents, list):
         raise InvalidRequestError("contents must be a list")
     merged: list[tuple[str, list[JSON]]] = []
     for content in contents:
-        content = _require_dict(content, "contents[]")
+        content = _fields(content, "contents[]")
         role = content.get("role") or "user"
         if role not in ("user", "model", "function"):
             raise InvalidRequestError(f"contents[].role: unknown role {role!r}")
@@ -186,7 +212,7 @@ def _merged_contents(contents: JSON) -> list[tuple[str, list[JSON]]]:
 
 
 def _data_part(blob: JSON) -> JSON:
-    blob = _require_dict(blob, "inlineData")
+    blob = _fields(blob, "inlineData")
     mime = str(blob.get("mimeType") or "")
     data = blob.get("data")
     if not isinstance(data, str):
@@ -209,7 +235,7 @@ def _decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     system = payload.get("systemInstruction")
     if system is not None:
-        system = _require_dict(system, "systemInstruction")
+        system = _fields(system, "systemInstruction")
         lines = [p["text"] for p in system.get("parts") or () if isinstance(p.get("text"), str)]
         if lines:
             content: JSON = (
@@ -225,10 +251,10 @@ def _decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
             calls: list[ToolCall] = []
             signature = None
             for part in parts:
-                part = _require_dict(part, "parts[]")
+                part = _fields(part, "parts[]")
                 call = part.get("functionCall")
                 if call is not None:
-                    call = _require_dict(call, "functionCall")
+                    call = _fields(call, "functionCall")
                     name = str(call.get("name") or "")
                     call_id = call.get("id") or f"call_{counter}"
                     counter += 1
@@ -263,10 +289,10 @@ def _decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
             continue
         user_parts: list[JSON] = []
         for part in parts:
-            part = _require_dict(part, "parts[]")
+            part = _fields(part, "parts[]")
             response = part.get("functionResponse")
             if response is not None:
-                response = _require_dict(response, "functionResponse")
+                response = _fields(response, "functionResponse")
                 name = str(response.get("name") or "")
                 waiting = unanswered.get(name) or []
                 call_id = response.get("id")
@@ -291,7 +317,7 @@ def _decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
             elif "inlineData" in part:
                 user_parts.append(_data_part(part["inlineData"]))
             elif "fileData" in part:
-                uri = _require_dict(part["fileData"], "fileData").get("fileUri")
+                uri = _fields(part["fileData"], "fileData").get("fileUri")
                 user_parts.append({"type": "image_url", "image_url": {"url": uri}})
         if user_parts:
             messages.append({"role": "user", "content": _user_content(user_parts)})
@@ -301,8 +327,8 @@ def _decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
 def _decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
     tools: list[JSON] = []
     for tool in payload.get("tools") or ():
-        for decl in _require_dict(tool, "tools[]").get("functionDeclarations") or ():
-            decl = _require_dict(decl, "functionDeclarations[]")
+        for decl in _fields(tool, "tools[]").get("functionDeclarations") or ():
+            decl = _fields(decl, "functionDeclarations[]")
             function: JSON = {"name": decl.get("name")}
             if decl.get("description"):
                 function["description"] = decl["description"]
@@ -315,9 +341,10 @@ def _decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
             tools.append({"type": "function", "function": function})
     if tools:
         req["tools"] = tools
-    config = (payload.get("toolConfig") or {}).get("functionCallingConfig")
+    config = _fields(payload.get("toolConfig") or {}, "toolConfig").get("functionCallingConfig")
     if not isinstance(config, dict) or not tools:
         return  # a tool choice without tools is refused by chat-completions upstreams
+    config = _fields(config, "functionCallingConfig")
     mode = config.get("mode")
     names = config.get("allowedFunctionNames") or []
     if mode == "NONE":
@@ -341,7 +368,7 @@ def _effort_from_budget(budget: int) -> str:
 
 
 def _decode_generation(config: JSON, req: ChatRequest) -> None:
-    config = _require_dict(config, "generationConfig")
+    config = _fields(config, "generationConfig")
     simple = (
         ("temperature", "temperature"),
         ("topP", "top_p"),
@@ -373,6 +400,7 @@ def _decode_generation(config: JSON, req: ChatRequest) -> None:
             }
     thinking = config.get("thinkingConfig")
     if isinstance(thinking, dict):
+        thinking = _fields(thinking, "thinkingConfig")
         if isinstance(thinking.get("thinkingLevel"), str):
             req["reasoning_effort"] = thinking["thinkingLevel"].lower()
         elif isinstance(thinking.get("thinkingBudget"), int):
@@ -644,9 +672,9 @@ class GeminiAdapter:
     # --- client side
 
     def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
-        payload = _require_dict(payload, "request body")
+        payload = _fields(payload, "request body")
         if route.capability == "count_tokens" and "generateContentRequest" in payload:
-            payload = _require_dict(payload["generateContentRequest"], "generateContentRequest")
+            payload = _fields(payload["generateContentRequest"], "generateContentRequest")
         req: ChatRequest = {"model": route.model or "", "messages": _decode_contents(payload)}
         if route.stream:
             req["stream"] = True

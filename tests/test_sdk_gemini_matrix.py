@@ -1,0 +1,221 @@
+"""The official google-genai SDK (its async API) against every channel type over real sockets,
+stream and not, on its default API version (v1) and on v1beta: text with a system
+instruction, usage and its bill, function-call round trips, an inline image, and the SDK's
+typed errors. The table and the upstream readers live in test_sdk_matrix.py."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from google.genai import errors as gerrors
+from google.genai import types as gtypes
+
+from bench.fake import media
+from bench.fake_upstream import FakeUpstream, Reply
+from tests.plugins.servers import KEYS, ServedGateway
+from tests.test_sdk_matrix import (
+    GENAI_AIOHTTP_WARNING,
+    PNG_B64,
+    WEATHER_TOOL_SCHEMA,
+    Target,
+    chat_request,
+    check_billed,
+    check_tool_results,
+    genai_client,
+    stream_param,
+    target_param,
+)
+
+pytestmark = GENAI_AIOHTTP_WARNING
+version_param = pytest.mark.parametrize("api_version", [None, "v1beta"], ids=["v1", "v1beta"])
+TOOL = gtypes.Tool(
+    function_declarations=[
+        gtypes.FunctionDeclaration(
+            name="get_weather",
+            description="Weather now",
+            parameters_json_schema=WEATHER_TOOL_SCHEMA,
+        )
+    ]
+)
+
+
+@dataclass
+class Answer:
+    text: str = ""
+    calls: list[gtypes.FunctionCall] = field(default_factory=list)
+    finish: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_parts: list[gtypes.Part] = field(default_factory=list)  # to send back
+    chunks: int = 0
+
+
+async def ask(
+    gw: ServedGateway,
+    api_version: str | None,
+    model: str,
+    contents: list[Any],
+    stream: bool,
+    **config: Any,
+) -> Answer:
+    client = genai_client(gw, api_version)
+    cfg = gtypes.GenerateContentConfig(**config)
+    if stream:
+        responses = [
+            r
+            async for r in await client.aio.models.generate_content_stream(
+                model=model, contents=contents, config=cfg
+            )
+        ]
+    else:
+        responses = [
+            await client.aio.models.generate_content(model=model, contents=contents, config=cfg)
+        ]
+    out = Answer(chunks=len(responses))
+    texts: list[str] = []
+    for r in responses:
+        cand = (r.candidates or [None])[0]
+        for part in cand.content.parts or () if cand and cand.content else ():
+            out.model_parts.append(part)
+            if part.text and not part.thought:
+                texts.append(part.text)
+            if part.function_call:
+                out.calls.append(part.function_call)
+        if cand is not None and cand.finish_reason:
+            out.finish = cand.finish_reason.value
+    out.text = "".join(texts)
+    meta = responses[-1].usage_metadata
+    assert meta is not None
+    out.prompt_tokens = meta.prompt_token_count or 0
+    out.completion_tokens = (meta.candidates_token_count or 0) + (meta.thoughts_token_count or 0)
+    return out
+
+
+@version_param
+@target_param
+@stream_param
+async def test_text_with_system_instruction_usage_and_bill(
+    gateway: ServedGateway,
+    fake: FakeUpstream,
+    target: Target,
+    stream: bool,
+    api_version: str | None,
+) -> None:
+    contents = ["[[fake text='hello from upstream' chunks=3]] hi"]
+    answer = await ask(
+        gateway, api_version, target.model, contents, stream, system_instruction="You are terse."
+    )
+    assert answer.text == "hello from upstream"
+    assert answer.finish == "STOP"
+    if stream:
+        assert answer.chunks >= 3
+    sent = chat_request(fake, target, stream)
+    assert sent.system == "You are terse."
+    assert sent.last_user_text.endswith("hi")
+    await check_billed(gateway, target, "gemini", answer.prompt_tokens, answer.completion_tokens)
+
+
+@version_param
+@target_param
+@stream_param
+@pytest.mark.parametrize("n", [1, 2], ids=["one_call", "parallel"])
+async def test_function_call_round_trip(
+    gateway: ServedGateway,
+    fake: FakeUpstream,
+    target: Target,
+    stream: bool,
+    n: int,
+    api_version: str | None,
+) -> None:
+    contents: list[Any] = [
+        gtypes.Content(role="user", parts=[gtypes.Part(text=f"[[fake tools={n}]] weather?")])
+    ]
+    first = await ask(gateway, api_version, target.model, contents, stream, tools=[TOOL])
+    assert [c.name for c in first.calls] == ["get_weather"] * n
+    assert [c.args for c in first.calls] == [{"city": c} for c in ("Paris", "London")[:n]]
+    ids = [c.id for c in first.calls]
+    assert len(set(ids)) == n or ids == [None] * n  # ids, when given, tell the calls apart
+    contents.append(gtypes.Content(role="model", parts=first.model_parts))
+    results = [
+        gtypes.Part(
+            function_response=gtypes.FunctionResponse(
+                id=c.id, name=c.name, response={"result": f"sunny in {(c.args or {})['city']}"}
+            )
+        )
+        for c in first.calls
+    ]
+    contents.append(gtypes.Content(role="user", parts=results))
+    fake.queue(Reply(text="Sunny everywhere."))
+    second = await ask(gateway, api_version, target.model, contents, stream, tools=[TOOL])
+    assert second.text == "Sunny everywhere."
+    sent = chat_request(fake, target, stream)
+    client_calls = [(c.id, c.name or "", dict(c.args or {})) for c in first.calls]
+    check_tool_results(target, sent, client_calls)
+
+
+@target_param
+@stream_param
+async def test_inline_image_reaches_the_upstream(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    parts = [
+        gtypes.Part(text="[[fake image]] what is this?"),
+        gtypes.Part.from_bytes(data=media.PNG, mime_type="image/png"),
+    ]
+    contents = [gtypes.Content(role="user", parts=parts)]
+    answer = await ask(gateway, None, target.model, contents, stream)
+    assert answer.text == "I received 1 image part: image/png."
+    images = chat_request(fake, target, stream).images
+    assert [(mime, base64.b64decode(data)) for mime, data in images] == [("image/png", media.PNG)]
+    assert images[0][1] == PNG_B64
+
+
+async def _call(
+    gw: ServedGateway, key: str, model: str, text: str, stream: bool, version: Any
+) -> None:
+    client = genai_client(gw, version, key=key)
+    if stream:
+        async for _ in await client.aio.models.generate_content_stream(model=model, contents=text):
+            pass
+    else:
+        await client.aio.models.generate_content(model=model, contents=text)
+
+
+@version_param
+@stream_param
+@pytest.mark.parametrize(
+    ("key", "model", "code", "status"),
+    [
+        ("sk-unknown-000000000000", "gemini-small", 401, "UNAUTHENTICATED"),
+        (KEYS["alice"], "vip-model", 404, "NOT_FOUND"),
+    ],
+    ids=["bad_key", "model_outside_group"],
+)
+async def test_client_errors_are_typed(
+    gateway: ServedGateway,
+    key: str,
+    model: str,
+    code: int,
+    status: str,
+    stream: bool,
+    api_version: str | None,
+) -> None:
+    with pytest.raises(gerrors.ClientError) as exc:
+        await _call(gateway, key, model, "hi", stream, api_version)
+    assert (exc.value.code, exc.value.status) == (code, status)
+
+
+@version_param
+@target_param
+@stream_param
+async def test_upstream_rate_limit_is_resource_exhausted(
+    gateway: ServedGateway, target: Target, stream: bool, api_version: str | None
+) -> None:
+    with pytest.raises(gerrors.ClientError) as exc:
+        await _call(
+            gateway, KEYS["alice"], target.model, "[[fake status=429]]", stream, api_version
+        )
+    assert (exc.value.code, exc.value.status) == (429, "RESOURCE_EXHAUSTED")
