@@ -1,0 +1,265 @@
+"""bench/RESULTS.md: one table per scenario, ratios to nginx, LiteLLM and the bare relay, and
+the gateway's targets judged pass/fail per cell."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from typing import Any
+
+NGINX = "nginx-relay"
+LITELLM = "litellm"
+GATEWAY = "gateway-hypercorn-1w"
+# targets the gateway must meet
+MIN_SHARE_OF_BARE = 0.85
+MAX_ADDED_P50_MS, MAX_ADDED_P99_MS = 1.0, 3.0
+MAX_TTFB_GAP_MS = 2.0
+TTFB_STREAMS = 1000
+BIG_STREAMS, MAX_KIB_PER_STREAM = 10000, 30.0
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def fmt_wrk(cell: dict[str, Any]) -> str:
+    return (
+        f"{cell['rps']:,.0f} req/s  p50 {cell['p50']:.2f} ms  p99 {cell['p99']:.2f} ms  "
+        f"errors {cell['errors']}  cpu {cell['cpu_us']:,.0f} µs/req"
+    )
+
+
+def fmt_streams(cell: dict[str, Any]) -> str:
+    return (
+        f"ttfb p50 {_num(cell['ttfb_p50'])} ms p99 {_num(cell['ttfb_p99'])} ms  "
+        f"completion {cell['completion']:.3f}  errors {cell['errors']}  "
+        f"rss/stream {_num(cell['rss_per_stream_kib'])} KiB  ({cell['seconds']:.1f}s)"
+    )
+
+
+def bare_for(name: str) -> str:
+    if name.startswith("gateway-"):
+        return "bare-" + name.split("-")[1]
+    return "bare-hypercorn"
+
+
+def _ratio(cells: dict[str, Any], name: str, ref: str, key: Any) -> str:
+    if name == ref or ref not in cells or key not in cells[ref] or key not in cells.get(name, {}):
+        return "–"
+    base = cells[ref][key]["rps"]
+    return f"{cells[name][key]['rps'] / base:.3f}" if base else "–"
+
+
+def _wrk_table(cells: dict[str, Any], conns: list[int]) -> list[str]:
+    rows = [
+        "| target | conns | req/s | p50 ms | p99 ms | errors | CPU µs/req "
+        "| × nginx relay | × LiteLLM | × bare relay |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in conns:
+        for name, by_conn in cells.items():
+            if c not in by_conn:
+                continue
+            cell = by_conn[c]
+            rows.append(
+                f"| {name} | {c} | {cell['rps']:,.0f} | {cell['p50']:.2f} | {cell['p99']:.2f} "
+                f"| {cell['errors']} | {cell['cpu_us']:,.0f} | {_ratio(cells, name, NGINX, c)} "
+                f"| {_ratio(cells, name, LITELLM, c)} | {_ratio(cells, name, bare_for(name), c)} |"
+            )
+    return rows
+
+
+def _streams_table(cells: dict[str, Any], counts: list[int]) -> list[str]:
+    rows = [
+        "| target | streams (held / asked) | TTFB p50 ms | TTFB p99 ms | p50 − direct "
+        "| completion | errors | RSS per stream KiB | peak RSS MiB | seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    direct = cells.get("direct", {})
+    for n in counts:
+        for name, by_n in cells.items():
+            if n not in by_n:
+                continue
+            cell = by_n[n]
+            gap = "–"
+            if name != "direct" and n in direct:
+                gap = _num(cell["ttfb_p50"] - direct[n]["ttfb_p50"], 2)
+            rows.append(
+                f"| {name} | {cell['n']:,} / {n:,} | {_num(cell['ttfb_p50'], 2)} "
+                f"| {_num(cell['ttfb_p99'], 2)} | {gap} | {cell['completion']:.4f} "
+                f"| {cell['errors']} | {_num(cell['rss_per_stream_kib'])} "
+                f"| {_num(cell['peak_rss_kib'] / 1024)} | {cell['seconds']:.1f} |"
+            )
+    return rows
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**PASS**" if ok else "**FAIL**")
+
+
+def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int]) -> list[str]:
+    rows = ["| target | cell | measured | verdict |", "|---|---|---|---|"]
+    for scen, label, cs in (("a", "non-stream", conns), ("b", "stream", stream_conns)):
+        cells = results.get(scen, {})
+        gw, bare = cells.get(GATEWAY, {}), cells.get(bare_for(GATEWAY), {})
+        for c in cs:
+            if c in gw and c in bare and bare[c]["rps"]:
+                share = gw[c]["rps"] / bare[c]["rps"]
+                rows.append(
+                    f"| throughput ≥ {MIN_SHARE_OF_BARE:.0%} of bare relay (same server) "
+                    f"| ({scen}) {label}, {c} conns | {share:.1%} "
+                    f"| {_verdict(share >= MIN_SHARE_OF_BARE and gw[c]['errors'] == 0)} |"
+                )
+            else:
+                rows.append(f"| throughput vs bare relay | ({scen}) {label}, {c} conns | – | n/a |")
+        direct = cells.get("direct", {})
+        if 1 in gw and 1 in direct:
+            d50 = gw[1]["p50"] - direct[1]["p50"]
+            d99 = gw[1]["p99"] - direct[1]["p99"]
+            rows.append(
+                f"| added p50 over direct ≤ {MAX_ADDED_P50_MS:g} ms | ({scen}) {label}, 1 conn "
+                f"| {d50:+.2f} ms | {_verdict(d50 <= MAX_ADDED_P50_MS)} |"
+            )
+            rows.append(
+                f"| added p99 over direct ≤ {MAX_ADDED_P99_MS:g} ms | ({scen}) {label}, 1 conn "
+                f"| {d99:+.2f} ms | {_verdict(d99 <= MAX_ADDED_P99_MS)} |"
+            )
+        else:
+            rows.append(f"| added latency over direct | ({scen}) {label}, 1 conn | – | n/a |")
+    c = results.get("c", {})
+    gw, direct = c.get(GATEWAY, {}), c.get("direct", {})
+    if TTFB_STREAMS in gw and TTFB_STREAMS in direct:
+        for q in ("ttfb_p50", "ttfb_p99"):
+            gap = gw[TTFB_STREAMS][q] - direct[TTFB_STREAMS][q]
+            rows.append(
+                f"| paced TTFB {q[-3:]} within {MAX_TTFB_GAP_MS:g} ms of direct "
+                f"| (c) {TTFB_STREAMS:,} streams | {gap:+.2f} ms "
+                f"| {_verdict(not math.isnan(gap) and gap <= MAX_TTFB_GAP_MS)} |"
+            )
+    else:
+        rows.append(f"| paced TTFB vs direct | (c) {TTFB_STREAMS:,} streams | – | n/a |")
+    if BIG_STREAMS in gw:
+        cell = gw[BIG_STREAMS]
+        held = f"{cell['n']:,} held" + (" (fd limit)" if cell["n"] < BIG_STREAMS else "")
+        rows.append(
+            f"| no errors | (c) {BIG_STREAMS:,} streams | {cell['errors']} errors, {held} "
+            f"| {_verdict(cell['errors'] == 0 and cell['n'] >= BIG_STREAMS)} |"
+        )
+        kib = cell["rss_per_stream_kib"]
+        rows.append(
+            f"| < {MAX_KIB_PER_STREAM:g} KiB RSS per stream | (c) {BIG_STREAMS:,} streams "
+            f"| {_num(kib)} KiB | {_verdict(kib < MAX_KIB_PER_STREAM)} |"
+        )
+    else:
+        rows.append(f"| 10,000 streams | (c) {BIG_STREAMS:,} streams | – | n/a |")
+    return rows
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo").read().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def render(
+    results: dict[str, Any],
+    settings: Any,
+    streams: list[int],
+    conns: list[int],
+    stream_conns: list[int],
+    converted_n: int,
+) -> str:
+    mode = "QUICK smoke run (BENCH_QUICK=1)" if settings.quick else "full run"
+    out = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` (`python -m bench.run`) on {settings.started}; {mode}, "
+        f"{settings.seconds / 60:.1f} min.",
+        "",
+        f"- Machine: {os.cpu_count()} cores ({_cpu_model()}), Linux {platform.release()}.",
+        "- Pinning: each relay target runs under `taskset -c 0`; the nginx upstream, wrk, the "
+        "stream client and py-spy run under `taskset -c 1`. `gateway-…-2w-unpinned` is not "
+        "pinned (two workers over both cores, sharing them with the load generator).",
+        f"- Cells: wrk `-t1 -c<conns> -d{settings.duration:g}s --timeout 10s`, "
+        f"{settings.reps} repetition(s) per cell; the table shows the median req/s, p50 and "
+        "p99 over repetitions and the sum of errors. An error is a socket error, a timeout, "
+        "a status other than 200, or a reply body lacking the expected content (wrk's Lua "
+        "checks every reply).",
+        "- Upstream: nginx `return 200` with a fixed 827-byte chat.completion (JSON) and a "
+        "static 20-chunk SSE reply with a usage chunk and `[DONE]`; paced streams wait 200 ms "
+        "before the first chunk, then 25 ms between chunks.",
+        "- Relays rewrite `model` (`bench-json` → `upstream-model`). The bare relay is "
+        "`bench/bare_relay.py` (raw ASGI, orjson, one aiohttp session, unlimited pool).",
+        "- CPU µs/req: utime+stime of the target's process tree over the cell, divided by "
+        "requests served (for `direct` it is the nginx upstream itself).",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in settings.versions.items()) + ".",
+        "",
+    ]
+    if settings.commands:
+        out += ["Commands:", ""] + [f"    {c}" for c in settings.commands] + [""]
+    if settings.notes:
+        out += ["Notes:", ""] + [f"- {n}" for n in settings.notes] + [""]
+    out += ["## Targets for the gateway", ""]
+    out += _targets(results, conns, stream_conns) + [""]
+    out += ["## (a) Non-streaming chat", ""]
+    out += _wrk_table(results.get("a", {}), conns) + [""]
+    out += ["## (b) Streaming chat, 20 chunks", ""]
+    out += _wrk_table(results.get("b", {}), stream_conns) + [""]
+    out += [
+        "## (c) Paced streams held open together",
+        "",
+        "`bench/streams.py` opens N connections first (untimed), then every connection posts "
+        "one streaming request, starts spread over 100 ms, so all N are open while the "
+        "upstream waits 200 ms before its first chunk. TTFB: request sent → first `data:` "
+        "byte. Completion: status 200 and `[DONE]` seen. RSS per stream: peak RSS of the "
+        "target's process tree during the cell (sampled every 20 ms) minus its RSS right "
+        "after start-up and one warm-up request, divided by streams. A relay holds two "
+        "sockets per stream, and the hard RLIMIT_NOFILE here cannot be raised, so a cell "
+        "larger than the limit allows holds fewer streams than asked (shown). The 10,000 "
+        "cell runs once; LiteLLM runs only the smallest cell.",
+        "",
+    ]
+    out += _streams_table(results.get("c", {}), streams) + [""]
+    out += ["## (d) Converted stream vs pass-through", ""]
+    d = results.get("d", {})
+    if not d:
+        out += ["Not run.", ""]
+    else:
+        out += [
+            f"{converted_n} paced streams. Pass-through: `/v1/chat/completions` → openai "
+            "channel. Converted: Anthropic `/v1/messages` (stream) → openai channel.",
+            "",
+            "| target | stream | TTFB p50 ms | TTFB p99 ms | completion | errors |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for name, kinds in d.items():
+            for kind, cell in kinds.items():
+                if set(cell["statuses"]) == {"404"}:
+                    out.append(f"| {name} | {kind} | not available (404) | | | |")
+                    continue
+                out.append(
+                    f"| {name} | {kind} | {_num(cell['ttfb_p50'], 2)} "
+                    f"| {_num(cell['ttfb_p99'], 2)} | {cell['completion']:.4f} "
+                    f"| {cell['errors']} |"
+                )
+        out.append("")
+    out += ["## (e) CPU per relayed request and profiles", ""]
+    out += ["| target | non-stream µs/req (64 conns) | stream µs/req (64 conns) |"]
+    out += ["|---|---:|---:|"]
+    for name in results.get("a", {}):
+        a = results["a"][name].get(64, {}).get("cpu_us")
+        b = results.get("b", {}).get(name, {}).get(64, {}).get("cpu_us")
+        out.append(f"| {name} | {_num(a, 0)} | {_num(b, 0)} |")
+    out.append("")
+    for name, note in results.get("e", {}).items():
+        out.append(f"- py-spy profile of {name}: {note}")
+    out.append("")
+    return "\n".join(out)

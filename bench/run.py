@@ -1,0 +1,359 @@
+"""`make bench`: the side-by-side benchmark of the gateway against nginx, a bare relay and LiteLLM.
+
+One run installs nginx and wrk when missing, starts a fixed-reply nginx upstream (core 1), then
+each target in turn (core 0), drives it with wrk and bench.streams (core 1), and writes
+bench/RESULTS.md. Settings (environment):
+
+    BENCH_QUICK=1         smoke run: short cells, one repetition
+    BENCH_DURATION=S      seconds per wrk cell (default 4; quick 2)
+    BENCH_REPS=N          repetitions per cell, medians reported (default 3; quick 1)
+    BENCH_TARGETS=a,b     only targets whose name contains one of these
+    BENCH_SCENARIOS=abcde which scenarios to run
+    BENCH_STREAMS=256,1000,10000   paced-stream counts of scenario (c)
+    BENCH_PACED=python    paced streams from bench.fake_upstream even when nginx echo exists
+    BENCH_NO_INSTALL=1    install nothing
+    BENCH_OUT=path        where to write the report (default bench/RESULTS.md)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import payloads, procs, profile, report, targets, wrk
+from bench.targets import Target, Upstream
+
+HERE = Path(__file__).resolve().parent
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+DURATION = float(os.environ.get("BENCH_DURATION", "2" if QUICK else "4"))
+REPS = int(os.environ.get("BENCH_REPS", "1" if QUICK else "3"))
+SCENARIOS = os.environ.get("BENCH_SCENARIOS", "abcde")
+CONNS = [1, 16, 64, 256]
+STREAM_CONNS = [1, 64]
+STREAMS = [int(n) for n in os.environ.get("BENCH_STREAMS", "256,1000,10000").split(",")]
+CONVERTED_STREAMS = 64
+FIRST_MS, DELAY_MS = 200, 25
+# LiteLLM handles ~100 req/s on one core: 10,000 paced streams would take minutes
+LITELLM_MAX_STREAMS = 256
+
+
+@dataclass
+class Settings:
+    quick: bool = QUICK
+    duration: float = DURATION
+    reps: int = REPS
+    started: str = ""
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+
+
+def _sudo() -> list[str]:
+    return [] if os.geteuid() == 0 else ["sudo"]
+
+
+def ensure_tools(settings: Settings) -> None:
+    """nginx and wrk from Debian; py-spy, uvicorn and granian from PyPI into this venv."""
+    if os.environ.get("BENCH_NO_INSTALL"):
+        return
+    missing = [pkg for pkg, exe in (("nginx", "nginx"), ("wrk", "wrk")) if not shutil.which(exe)]
+    if missing or not Path("/usr/lib/nginx/modules/ngx_http_echo_module.so").exists():
+        print(f"installing Debian packages: {missing or ['libnginx-mod-http-echo']}")
+        subprocess.run([*_sudo(), "apt-get", "update", "-qq"], check=False)
+        if missing:
+            subprocess.run([*_sudo(), "apt-get", "install", "-y", "-qq", *missing], check=True)
+        # optional: lets nginx itself pace the streams (else bench.fake_upstream does)
+        subprocess.run(
+            [*_sudo(), "apt-get", "install", "-y", "-qq", "libnginx-mod-http-echo"], check=False
+        )
+    wanted = {"py_spy": "py-spy", "uvicorn": "uvicorn[standard]", "granian": "granian"}
+    wanted = {mod: pkg for mod, pkg in wanted.items() if not _has_module(mod)}
+    if not shutil.which("py-spy") and not (Path(sys.executable).parent / "py-spy").exists():
+        wanted["py_spy"] = "py-spy"
+    if wanted:
+        print(f"installing into {sys.prefix}: {sorted(wanted.values())}")
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", *wanted.values()], check=False
+        )
+        if done.returncode:
+            settings.notes.append(f"pip install {sorted(wanted.values())} failed")
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "kernel": platform.release()}
+    for cmd, key in ((["nginx", "-v"], "nginx"), (["wrk", "-v"], "wrk")):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+            first = (done.stderr + done.stdout).strip().splitlines()[0]
+            out[key] = first.replace("nginx version: nginx/", "").split(" [")[0]
+        except (OSError, IndexError):
+            out[key] = "missing"
+    from importlib import metadata
+
+    for dist in ("hypercorn", "uvicorn", "granian", "aiohttp", "orjson", "model-gateway"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    lite = targets.peers.LITELLM / "bin" / "python"
+    if lite.exists():
+        done = subprocess.run(
+            [str(lite), "-c", "from importlib import metadata; print(metadata.version('litellm'))"],
+            capture_output=True,
+            text=True,
+        )
+        out["litellm"] = done.stdout.strip() or "unknown"
+    return out
+
+
+# ---------------------------------------------------------------- the cells
+
+
+def wrk_cell(
+    tmp: Path, target: Target, kind: str, stream: bool, conns: int, reps: int, seconds: float
+) -> dict[str, Any]:
+    lua = wrk.script(
+        tmp,
+        f"{target.name}-{kind}",
+        target.paths[kind],
+        payloads.chat_request(kind, stream),
+        payloads.BENCH_KEY,
+        payloads.EXPECT["sse" if stream else "json"],
+    )
+    runs = []
+    for _ in range(reps):
+        pids = target.pids()
+        cpu0 = procs.cpu_seconds(pids)
+        res = wrk.run(target.port, lua, conns, seconds)
+        cpu = procs.cpu_seconds(target.pids()) - cpu0
+        served = max(1, res.requests)
+        runs.append((res, cpu * 1e6 / served))
+        time.sleep(0.3)
+    return {
+        "rps": statistics.median(r.rps for r, _ in runs),
+        "p50": statistics.median(r.p50_ms for r, _ in runs),
+        "p99": statistics.median(r.p99_ms for r, _ in runs),
+        "errors": sum(r.errors for r, _ in runs),
+        "requests": sum(r.requests for r, _ in runs),
+        "cpu_us": statistics.median(c for _, c in runs),
+        "reps": reps,
+    }
+
+
+def fd_cap(target: Target) -> int:
+    """How many streams this target can hold: a relay needs 2 fds per stream (client and
+    upstream side) under the hard RLIMIT_NOFILE that no process here can raise."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    per = 1 if target.group == "direct" else 2
+    return (hard - 200) // per
+
+
+def streams_cell(
+    tmp: Path,
+    target: Target,
+    n: int,
+    reps: int,
+    path: str | None = None,
+    body: bytes | None = None,
+    marker: str = "[DONE]",
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    body_file = tmp / f"streams-{target.name}-{abs(hash(body))}.json"
+    body_file.write_bytes(body if body is not None else payloads.chat_request("paced", True))
+    hdrs = {"Authorization": f"Bearer {payloads.BENCH_KEY}", **(headers or {})}
+    cmd = procs.pinned(
+        [sys.executable, "-m", "bench.streams", "--port", str(target.port), "--path",
+         path or target.paths["paced"], "--body-file", str(body_file), "-n", str(n),
+         "--timeout", str(30 + n * 0.006), "--marker", marker]
+        + [arg for k, v in hdrs.items() for arg in ("--header", f"{k}: {v}")],
+        1,
+    )  # fmt: skip
+    runs = []
+    for _ in range(reps):
+        pids = target.pids()
+        peak = 0
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None:
+            peak = max(peak, procs.rss_kib(pids))
+            time.sleep(0.02)
+        out, err = proc.communicate()
+        line = next((x for x in out.splitlines() if x.startswith("STREAMSJSON ")), None)
+        if line is None:
+            raise RuntimeError(f"bench.streams failed: {err[-800:]}")
+        res = json.loads(line[len("STREAMSJSON ") :])
+        res["rss_per_stream_kib"] = (peak - target.baseline_rss_kib) / n if pids else float("nan")
+        res["peak_rss_kib"] = peak
+        runs.append(res)
+        time.sleep(0.5)
+    return {
+        "n": n,
+        "ttfb_p50": statistics.median(r["ttfb_p50_ms"] for r in runs),
+        "ttfb_p99": statistics.median(r["ttfb_p99_ms"] for r in runs),
+        "completion": statistics.median(r["completion_rate"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "rss_per_stream_kib": statistics.median(r["rss_per_stream_kib"] for r in runs),
+        "peak_rss_kib": max(r["peak_rss_kib"] for r in runs),
+        "statuses": runs[-1]["statuses"],
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "reps": reps,
+    }
+
+
+# ---------------------------------------------------------------- one target
+
+
+def bench_target(tmp: Path, target: Target, results: dict[str, Any], settings: Settings) -> None:
+    name = target.name
+    secs, reps = settings.duration, settings.reps
+    # warm-up: one short run so lazy imports, pools and caches are in place
+    warm = wrk.script(tmp, "warm", target.paths["json"], payloads.chat_request("json", False),
+                      payloads.BENCH_KEY, payloads.EXPECT["json"])  # fmt: skip
+    wrk.run(target.port, warm, 16, 1)
+    if "a" in SCENARIOS:
+        for conns in CONNS:
+            cell = wrk_cell(tmp, target, "json", False, conns, reps, secs)
+            results["a"].setdefault(name, {})[conns] = cell
+            print(f"  (a) {name} c={conns}: {report.fmt_wrk(cell)}")
+    if "b" in SCENARIOS:
+        for conns in STREAM_CONNS:
+            cell = wrk_cell(tmp, target, "sse", True, conns, reps, secs)
+            results["b"].setdefault(name, {})[conns] = cell
+            print(f"  (b) {name} c={conns}: {report.fmt_wrk(cell)}")
+    if "c" in SCENARIOS:
+        for n in STREAMS:
+            if target.group == "litellm" and n > LITELLM_MAX_STREAMS:
+                continue
+            cap = fd_cap(target)
+            run_n = min(n, cap)
+            # the largest cell takes long through a Python relay: one repetition
+            cell = streams_cell(tmp, target, run_n, 1 if n >= 10000 else reps)
+            cell["requested"] = n
+            results["c"].setdefault(name, {})[n] = cell
+            print(f"  (c) {name} n={run_n}: {report.fmt_streams(cell)}")
+    if "d" in SCENARIOS and target.group in ("gateway", "direct"):
+        pas = streams_cell(tmp, target, CONVERTED_STREAMS, reps)
+        results["d"].setdefault(name, {})["pass-through"] = pas
+        print(f"  (d) {name} pass-through: {report.fmt_streams(pas)}")
+        if target.group == "gateway":
+            conv = streams_cell(
+                tmp,
+                target,
+                CONVERTED_STREAMS,
+                reps,
+                path="/v1/messages",
+                body=payloads.messages_request("paced"),
+                marker="message_stop",
+                headers={"anthropic-version": "2023-06-01"},
+            )
+            results["d"][name]["converted"] = conv
+            print(f"  (d) {name} converted: {report.fmt_streams(conv)}")
+    if "e" in SCENARIOS and target.group in ("gateway", "bare") and target.server == "hypercorn":
+        if target.group == "gateway" and not target.pinned:
+            return
+        out = profile.profile_target(tmp, target, HERE, max(5.0, secs))
+        results["e"][name] = out
+        print(f"  (e) {name} profile: {out}")
+
+
+def main() -> int:
+    procs.install_cleanup()
+    settings = Settings(started=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    t_start = time.monotonic()
+    ensure_tools(settings)
+    settings.versions = versions()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    selected = [s for s in os.environ.get("BENCH_TARGETS", "").split(",") if s]
+
+    def wanted(name: str) -> bool:
+        return not selected or any(s in name for s in selected)
+
+    results: dict[str, Any] = {k: {} for k in "abcde"}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
+    try:
+        up = targets.start_upstream(tmp, FIRST_MS, DELAY_MS)
+        settings.notes.append(f"paced streams served by the {up.paced_by}")
+        print(f"upstream: nginx on :{up.port}, paced streams by {up.paced_by} on :{up.paced_port}")
+        for name, start in plan(tmp, up, settings):
+            if not wanted(name):
+                continue
+            print(f"== {name}")
+            target = start()
+            if target is None:
+                settings.notes.append(f"{name}: not run (not installed or did not start)")
+                continue
+            try:
+                bench_target(tmp, target, results, settings)
+            except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+                settings.notes.append(f"{name}: aborted: {exc}")
+                print(f"  ! {name} aborted: {exc}")
+            finally:
+                if target.group != "direct" and target.proc is not None:
+                    procs.stop(target.proc)
+    finally:
+        procs.stop_all()
+        settings.seconds = time.monotonic() - t_start
+    raw = HERE / "results"
+    raw.mkdir(exist_ok=True)
+    (raw / "last.json").write_text(json.dumps(results, indent=1, default=str))
+    text = report.render(results, settings, STREAMS, CONNS, STREAM_CONNS, CONVERTED_STREAMS)
+    out = Path(os.environ.get("BENCH_OUT", str(HERE / "RESULTS.md")))
+    out.write_text(text)
+    print()
+    print(text)
+    print(f"wrote {out} in {settings.seconds / 60:.1f} min")
+    return 0
+
+
+def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
+    """The targets in order, each with a function that starts it (None when unavailable)."""
+    steps: list[tuple[str, Any]] = [
+        ("direct", lambda: targets.direct(up)),
+        ("nginx-relay", lambda: targets.nginx_relay(tmp, up)),
+    ]
+    for server in targets.SERVERS:
+        if targets.server_available(server):
+            steps.append((f"bare-{server}", lambda s=server: targets.bare_relay(tmp, up, s)))
+        else:
+            settings.notes.append(f"bare-{server}: {server} not installed")
+    if targets.peers.LITELLM_BIN.exists():
+        steps.append(("litellm", lambda: targets.litellm(tmp, up)))
+    else:
+        settings.notes.append("litellm: not installed (run `make bench-peers`)")
+    help_text = targets.gateway_help()
+    if not help_text:
+        settings.notes.append("gateway: `gateway serve --help` failed; gateway not run")
+        return steps
+    server = "hypercorn" if "--server" in help_text else None
+    steps.append(("gateway-hypercorn-1w", lambda: targets.gateway(tmp, up, 1, True, server)))
+    steps.append(
+        ("gateway-hypercorn-2w-unpinned", lambda: targets.gateway(tmp, up, 2, False, server))
+    )
+    settings.commands.append(
+        "gateway serve --config <tmp>/gateway.bench.yaml --host 127.0.0.1 --port P --workers N"
+        + (" --server hypercorn" if server else "")
+    )
+    return steps
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""Paced-stream client: hold N streams open at once and time each one's first byte.
+
+All N connections are opened first (untimed), then every connection posts one streaming request,
+the starts spread evenly over --spread-ms, so that all N streams are open together while the
+upstream waits before its first chunk. Per stream: time from sending the request to the first
+``data:`` byte (TTFB), and whether the stream completed (status 200 and the done marker seen).
+Prints one JSON line. Raises its own file-descriptor limit to the hard limit.
+
+    python -m bench.streams --port P --path /v1/chat/completions --body-file F -n 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+CONNECT_CONCURRENCY = 256
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+class Stream(asyncio.Protocol):
+    """One connection carrying one streaming request; records its own timings."""
+
+    def __init__(self, marker: bytes, done: asyncio.Future[None] | None = None) -> None:
+        self.marker = marker
+        self.transport: asyncio.Transport | None = None
+        self.sent = 0.0
+        self.first = 0.0
+        self.status = 0
+        self.head = b""
+        self.tail = b""
+        self.completed = False
+        self.closed = False
+        self.done: asyncio.Future[None] | None = done
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # close with RST: thousands of streams leave no TIME_WAIT behind
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    def send(self, request: bytes) -> None:
+        if self.transport is None or self.closed:
+            return
+        self.sent = time.perf_counter()
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.status:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            try:
+                self.status = int(self.head.split(b" ", 2)[1])
+            except (IndexError, ValueError):
+                self.status = -1
+            data = self.head[end + 4 :]
+            self.head = b""
+            if self.status != 200:  # an error reply: not a stream, done
+                self._finish()
+                return
+        if not self.first:
+            if b"data:" not in self.tail + data:
+                self.tail = (self.tail + data)[-8:]
+                return
+            self.first = time.perf_counter()
+        window = self.tail + data
+        if self.marker in window:
+            self.completed = self.status == 200
+            self._finish()
+            return
+        self.tail = window[-len(self.marker) :]
+
+    def _finish(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def run(
+    port: int,
+    path: str,
+    body: bytes,
+    n: int,
+    spread_ms: float,
+    timeout: float,
+    marker: bytes,
+    headers: dict[str, str],
+) -> dict[str, object]:
+    loop = asyncio.get_running_loop()
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    head.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+    streams: list[Stream] = []
+    connect_errors = 0
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def connect() -> None:
+        nonlocal connect_errors
+        async with gate:
+            fut: asyncio.Future[None] = loop.create_future()
+            try:
+                _, proto = await loop.create_connection(
+                    lambda: Stream(marker, fut), "127.0.0.1", port
+                )
+            except OSError:
+                connect_errors += 1
+                return
+        streams.append(proto)
+
+    t_connect = time.perf_counter()
+    await asyncio.gather(*(connect() for _ in range(n)))
+    connect_seconds = time.perf_counter() - t_connect
+    opened = len(streams)
+
+    t0 = loop.time() + 0.05
+    step = spread_ms / 1000 / max(1, opened)
+    for i, stream in enumerate(streams):
+        loop.call_at(t0 + i * step, stream.send, request)
+    start = time.perf_counter()
+    waits = [s.done for s in streams if s.done is not None]
+    if waits:
+        await asyncio.wait(waits, timeout=timeout)
+    elapsed = time.perf_counter() - start
+    for stream in streams:
+        if not stream.closed and stream.transport is not None:
+            stream.transport.abort()
+
+    ttfb = [(s.first - s.sent) * 1000 for s in streams if s.first and s.sent]
+    completed = sum(1 for s in streams if s.completed)
+    statuses: dict[str, int] = {}
+    for s in streams:
+        statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
+    return {
+        "requested": n,
+        "opened": opened,
+        "connect_errors": connect_errors,
+        "connect_seconds": round(connect_seconds, 3),
+        "completed": completed,
+        "errors": n - completed,
+        "completion_rate": completed / n if n else 0.0,
+        "ttfb_p50_ms": percentile(ttfb, 50),
+        "ttfb_p99_ms": percentile(ttfb, 99),
+        "seconds": round(elapsed, 3),
+        "statuses": statuses,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--path", default="/v1/chat/completions")
+    parser.add_argument("--body-file", type=Path, required=True)
+    parser.add_argument("-n", type=int, default=256)
+    parser.add_argument("--spread-ms", type=float, default=100.0)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--marker", default="[DONE]")
+    parser.add_argument("--header", action="append", default=[], help="Name: value")
+    args = parser.parse_args(argv)
+    raise_fd_limit()
+    headers = dict(h.split(": ", 1) for h in args.header)
+    try:
+        import uvloop  # the client should not be the bottleneck: use uvloop when installed
+
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    result = runner(
+        run(
+            args.port,
+            args.path,
+            args.body_file.read_bytes(),
+            args.n,
+            args.spread_ms,
+            args.timeout,
+            args.marker.encode(),
+            headers,
+        )
+    )
+    sys.stdout.write("STREAMSJSON " + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

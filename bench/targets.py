@@ -1,0 +1,291 @@
+"""The things under test and how to start each: direct, nginx relay, bare relay, LiteLLM, gateway.
+
+Every target is a running process (or none, for direct) with a port and, per upstream kind
+(json, sse, paced), the path a client posts to. Relay targets are pinned to core 0.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from bench import nginx, payloads, peers, procs
+
+RELAY_CORE = 0
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = ("hypercorn", "uvicorn", "granian")
+
+
+@dataclass
+class Target:
+    name: str
+    group: str  # direct | nginx | bare | litellm | gateway
+    server: str  # the ASGI server, or "nginx"
+    port: int
+    proc: subprocess.Popen[bytes] | None
+    paths: dict[str, str]
+    pinned: bool = True
+    notes: list[str] = field(default_factory=list)
+    baseline_rss_kib: int = 0
+
+    def pids(self) -> list[int]:
+        return procs.tree(self.proc.pid) if self.proc is not None else []
+
+
+@dataclass(frozen=True)
+class Upstream:
+    port: int  # the nginx upstream: /json/v1 and /sse/v1
+    proc: subprocess.Popen[bytes]
+    paced_port: int
+    paced_path: str  # base path of the paced upstream, e.g. /paced/v1 or /v1
+    paced_proc: subprocess.Popen[bytes]
+    paced_by: str  # "nginx echo module" | "bench.fake_upstream"
+
+    def base_url(self, kind: str) -> str:
+        if kind == "paced":
+            return f"http://127.0.0.1:{self.paced_port}{self.paced_path}"
+        return f"http://127.0.0.1:{self.port}/{kind}/v1"
+
+
+def post(
+    port: int, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        hdrs = {
+            "content-type": "application/json",
+            "authorization": f"Bearer {payloads.BENCH_KEY}",
+            **(headers or {}),
+        }
+        conn.request("POST", path, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _ready(target: Target, timeout: float) -> bool:
+    """Wait for the port, then for one correct non-streaming reply."""
+    if target.proc is not None and not procs.wait_port(target.port, target.proc, timeout):
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, raw = post(
+                target.port, target.paths["json"], payloads.chat_request("json", False)
+            )
+            if status == 200 and payloads.EXPECT["json"][0].encode() in raw:
+                return True
+            target.notes.append(f"warm-up reply {status}: {raw[:200]!r}")
+        except OSError as exc:
+            target.notes.append(f"warm-up: {exc}")
+        if target.proc is not None and target.proc.poll() is not None:
+            return False
+        time.sleep(0.5)
+    return False
+
+
+def _settle(target: Target, timeout: float) -> Target | None:
+    if not _ready(target, timeout):
+        print(f"  ! {target.name} did not come up: {' | '.join(target.notes[-2:])}")
+        if target.proc is not None:
+            procs.stop(target.proc)
+        return None
+    target.notes.clear()
+    time.sleep(0.3)
+    target.baseline_rss_kib = procs.rss_kib(target.pids())
+    return target
+
+
+def start_upstream(tmp: Path, first_ms: int, delay_ms: int) -> Upstream:
+    echo = nginx.ECHO_MODULE.exists() and os.environ.get("BENCH_PACED", "") != "python"
+    port = procs.free_port()
+    conf = tmp / "upstream.conf"
+    conf.write_text(nginx.upstream_conf(tmp, port, echo, first_ms, delay_ms))
+    cmd = procs.pinned(["nginx", "-c", str(conf), "-p", str(tmp), "-e", "stderr"], 1)
+    proc = procs.start(cmd, tmp / "upstream.log")
+    if not procs.wait_port(port, proc, 10):
+        raise RuntimeError(f"nginx upstream did not start: {(tmp / 'upstream.log').read_text()}")
+    if echo:
+        return Upstream(port, proc, port, "/paced/v1", proc, "nginx echo module")
+    paced_port = procs.free_port()
+    cmd = procs.pinned(
+        [sys.executable, "-m", "bench.fake_upstream", "--host", "127.0.0.1", "--port",
+         str(paced_port), "--chunks", "20", "--first-ms", str(first_ms),
+         "--delay-ms", str(delay_ms)],
+        1,
+    )  # fmt: skip
+    paced = procs.start(cmd, tmp / "fake_upstream.log", cwd=str(ROOT))
+    if not procs.wait_port(paced_port, paced, 20):
+        raise RuntimeError("bench.fake_upstream did not start")
+    return Upstream(port, proc, paced_port, "/v1", paced, "bench.fake_upstream")
+
+
+def direct(up: Upstream) -> Target:
+    paths = {k: f"/{k}/v1/chat/completions" for k in ("json", "sse")}
+    paths["paced"] = up.paced_path + "/chat/completions"
+    t = Target("direct", "direct", "nginx", up.port, None, paths)
+    t.proc = up.proc  # measured: the upstream itself
+    t.baseline_rss_kib = procs.rss_kib(t.pids())
+    return t
+
+
+def nginx_relay(tmp: Path, up: Upstream) -> Target | None:
+    port = procs.free_port()
+    conf = tmp / "relay.conf"
+    conf.write_text(nginx.relay_conf(tmp, port, up.port, (up.paced_port, up.paced_path)))
+    cmd = procs.pinned(["nginx", "-c", str(conf), "-p", str(tmp), "-e", "stderr"], RELAY_CORE)
+    proc = procs.start(cmd, tmp / "relay.log")
+    paths = {k: f"/{k}/v1/chat/completions" for k in ("json", "sse")}
+    paths["paced"] = "/pacedrelay/chat/completions"
+    return _settle(Target("nginx-relay", "nginx", "nginx", port, proc, paths), 10)
+
+
+def server_available(server: str) -> bool:
+    return importlib.util.find_spec(server) is not None
+
+
+def asgi_command(server: str, app: str, port: int, workers: int = 1) -> list[str]:
+    py = sys.executable
+    if server == "hypercorn":
+        return [py, "-m", "hypercorn", "-b", f"127.0.0.1:{port}", "--backlog", "8192",
+                "-w", str(workers), app]  # fmt: skip
+    if server == "uvicorn":
+        return [py, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port),
+                "--backlog", "8192", "--workers", str(workers), "--no-access-log",
+                "--log-level", "warning", "--loop", "uvloop", "--http", "httptools"]  # fmt: skip
+    return [py, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1", "--port",
+            str(port), "--workers", str(workers), "--backlog", "8192", "--loop", "uvloop",
+            "--log-level", "warning", app]  # fmt: skip
+
+
+def bare_relay(tmp: Path, up: Upstream, server: str) -> Target | None:
+    port = procs.free_port()
+    env = {
+        "BARE_UPSTREAMS": orjson.dumps(
+            {payloads.MODEL[k]: up.base_url(k) for k in ("json", "sse", "paced")}
+        ).decode()
+    }
+    cmd = procs.pinned(asgi_command(server, "bench.bare_relay:app", port), RELAY_CORE)
+    proc = procs.start(cmd, tmp / f"bare-{server}.log", env=env, cwd=str(ROOT))
+    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
+    return _settle(Target(f"bare-{server}", "bare", server, port, proc, paths), 30)
+
+
+def litellm(tmp: Path, up: Upstream) -> Target | None:
+    if not peers.LITELLM_BIN.exists():
+        return None
+    conf = tmp / "litellm.yaml"
+    lines = ["model_list:"]
+    for kind in ("json", "sse", "paced"):
+        lines += [
+            f"  - model_name: {payloads.MODEL[kind]}",
+            "    litellm_params:",
+            f"      model: openai/{payloads.UPSTREAM_MODEL}",
+            f"      api_base: {up.base_url(kind)}",
+            f"      api_key: {payloads.UPSTREAM_KEY}",
+        ]
+    lines += [
+        "general_settings:",
+        f"  master_key: {payloads.BENCH_KEY}",
+        "litellm_settings:",
+        "  drop_params: true",
+        "  telemetry: false",
+    ]
+    conf.write_text("\n".join(lines) + "\n")
+    port = procs.free_port()
+    cmd = procs.pinned(
+        [str(peers.LITELLM_BIN), "--config", str(conf), "--host", "127.0.0.1", "--port",
+         str(port), "--num_workers", "1"],
+        RELAY_CORE,
+    )  # fmt: skip
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    proc = procs.start(cmd, tmp / "litellm.log", env=env, cwd=str(tmp))
+    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
+    return _settle(Target("litellm", "litellm", "uvicorn", port, proc, paths), 120)
+
+
+def gateway_binary() -> str | None:
+    exe = Path(sys.executable).parent / "gateway"
+    if exe.exists():
+        return str(exe)
+    return shutil.which("gateway")
+
+
+def gateway_help() -> str:
+    exe = gateway_binary()
+    if exe is None:
+        return ""
+    done = subprocess.run([exe, "serve", "--help"], capture_output=True, text=True, timeout=60)
+    return done.stdout if done.returncode == 0 else ""
+
+
+def gateway_config(tmp: Path, up: Upstream) -> Path:
+    lines = [
+        f"store: sqlite:///{tmp}/gateway.db",
+        "admin_token: bench-admin-token",
+        "groups: [default]",
+        "models:",
+    ]
+    for kind in ("json", "sse", "paced"):
+        lines += [
+            f"  - name: {payloads.MODEL[kind]}",
+            "    capabilities: [chat]",
+            "    price: {input: 0.5, output: 1.5}",
+        ]
+    lines.append("channels:")
+    for kind in ("json", "sse", "paced"):
+        model = payloads.MODEL[kind]
+        lines += [
+            f"  - name: up-{kind}",
+            "    type: openai",
+            f"    base_url: {up.base_url(kind)}",
+            f"    api_key: {payloads.UPSTREAM_KEY}",
+            "    groups: [default]",
+            f"    models: [{model}]",
+            f"    model_map: {{{model}: {payloads.UPSTREAM_MODEL}}}",
+        ]
+    lines += [
+        "accounts:",
+        "  - id: bench",
+        "    balance: 1000000000000",
+        "keys:",
+        "  - id: k-bench",
+        f"    key: {payloads.BENCH_KEY}",
+        "    account: bench",
+        "    group: default",
+        "    status: enabled",
+    ]
+    path = tmp / "gateway.bench.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def gateway(
+    tmp: Path, up: Upstream, workers: int, pinned: bool, server: str | None
+) -> Target | None:
+    exe = gateway_binary()
+    if exe is None:
+        return None
+    conf = gateway_config(tmp, up)
+    port = procs.free_port()
+    cmd = [exe, "serve", "--config", str(conf), "--host", "127.0.0.1", "--port", str(port),
+           "--workers", str(workers)]  # fmt: skip
+    if server is not None:
+        cmd += ["--server", server]
+    name = f"gateway-{server or 'hypercorn'}-{workers}w" + ("" if pinned else "-unpinned")
+    proc = procs.start(
+        procs.pinned(cmd, RELAY_CORE if pinned else None), tmp / f"{name}.log", cwd=str(tmp)
+    )
+    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
+    target = Target(name, "gateway", server or "hypercorn", port, proc, paths, pinned=pinned)
+    return _settle(target, 60)
