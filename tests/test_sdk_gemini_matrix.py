@@ -219,3 +219,28 @@ async def test_upstream_rate_limit_is_resource_exhausted(
             gateway, KEYS["alice"], target.model, "[[fake status=429]]", stream, api_version
         )
     assert (exc.value.code, exc.value.status) == (429, "RESOURCE_EXHAUSTED")
+
+
+@target_param
+async def test_thinking_budget_and_thoughts_cross_over(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target
+) -> None:
+    thinking = gtypes.ThinkingConfig(thinking_budget=1024, include_thoughts=True)
+    answer = await ask(
+        gateway,
+        None,
+        target.model,
+        ["[[fake text=ok reasoning='step one, step two']] think first"],
+        False,
+        max_output_tokens=4096,
+        thinking_config=thinking,
+    )
+    assert answer.text == "ok"
+    assert [p.text for p in answer.model_parts if p.thought] == ["step one, step two"]
+    body = fake.requests[-1].json
+    if target.type == "openai":
+        assert body["reasoning_effort"] == "low"
+    elif target.type == "anthropic":
+        assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    else:  # passed through as google-genai spelled it
+        assert body["generationConfig"]["thinkingConfig"]["thinking_budget"] == 1024
