@@ -145,8 +145,10 @@ def wrk_cell(
         res = wrk.run(target.port, lua, conns, seconds)
         cpu = procs.cpu_seconds(target.pids()) - cpu0
         served = max(1, res.requests)
+        if res.requests == 0:  # nothing completed within the cell: every connection failed
+            res = wrk.WrkResult(0, res.seconds, max(res.errors, conns), float("nan"), float("nan"))
         runs.append((res, cpu * 1e6 / served))
-        time.sleep(0.3)
+        settle(target)
     return {
         "rps": statistics.median(r.rps for r, _ in runs),
         "p50": statistics.median(r.p50_ms for r, _ in runs),
@@ -156,6 +158,19 @@ def wrk_cell(
         "cpu_us": statistics.median(c for _, c in runs),
         "reps": reps,
     }
+
+
+def settle(target: Target, limit: float = 30.0) -> None:
+    """Wait until the target is idle again (a slow target still works off the last cell's
+    backlog after wrk stops), at most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    time.sleep(0.3)
+    while time.monotonic() < deadline:
+        pids = target.pids()
+        before = procs.cpu_seconds(pids)
+        time.sleep(0.5)
+        if procs.cpu_seconds(pids) - before < 0.1:
+            return
 
 
 def fd_cap(target: Target) -> int:
