@@ -65,7 +65,8 @@ def _wrk_table(cells: dict[str, Any], conns: list[int]) -> list[str]:
                 continue
             cell = by_conn[c]
             rows.append(
-                f"| {name} | {c} | {cell['rps']:,.0f} | {cell['p50']:.2f} | {cell['p99']:.2f} "
+                f"| {name} | {c} | {cell['rps']:,.0f} | {_num(cell['p50'], 2)} "
+                f"| {_num(cell['p99'], 2)} "
                 f"| {cell['errors']} | {cell['cpu_us']:,.0f} | {_ratio(cells, name, NGINX, c)} "
                 f"| {_ratio(cells, name, LITELLM, c)} | {_ratio(cells, name, bare_for(name), c)} |"
             )
