@@ -78,7 +78,7 @@ def ensure_tools(settings: Settings) -> None:
         subprocess.run(
             [*_sudo(), "apt-get", "install", "-y", "-qq", "libnginx-mod-http-echo"], check=False
         )
-    wanted = {"py_spy": "py-spy", "uvicorn": "uvicorn[standard]", "granian": "granian"}
+    wanted = {"uvicorn": "uvicorn[standard]", "granian": "granian"}
     wanted = {mod: pkg for mod, pkg in wanted.items() if not _has_module(mod)}
     if not shutil.which("py-spy") and not (Path(sys.executable).parent / "py-spy").exists():
         wanted["py_spy"] = "py-spy"
