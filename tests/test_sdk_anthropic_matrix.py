@@ -14,6 +14,7 @@ import pytest
 from bench.fake_upstream import FakeUpstream, Reply
 from tests.plugins.servers import KEYS, ServedGateway
 from tests.test_sdk_matrix import (
+    BY_TYPE,
     PNG_B64,
     WEATHER_TOOL_SCHEMA,
     Target,
@@ -21,8 +22,11 @@ from tests.test_sdk_matrix import (
     chat_request,
     check_billed,
     check_tool_results,
+    fake_signature,
+    signature_sent_back,
     stream_param,
     target_param,
+    usage_record,
 )
 
 TOOLS: list[Any] = [
@@ -43,20 +47,27 @@ class Answer:
 
 
 async def ask(
-    gw: ServedGateway, model: str, messages: list[Any], stream: bool, **kw: Any
+    gw: ServedGateway,
+    model: str,
+    messages: list[Any],
+    stream: bool,
+    max_tokens: int = 256,
+    **kw: Any,
 ) -> Answer:
     out = Answer()
     async with anthropic_client(gw) as c:
         if stream:
             async with c.messages.stream(
-                model=model, max_tokens=256, messages=messages, **kw
+                model=model, max_tokens=max_tokens, messages=messages, **kw
             ) as events:
                 async for event in events:
                     if event.type == "content_block_delta" and event.delta.type == "text_delta":
                         out.text_deltas += 1
                 msg = await events.get_final_message()
         else:
-            msg = await c.messages.create(model=model, max_tokens=256, messages=messages, **kw)
+            msg = await c.messages.create(
+                model=model, max_tokens=max_tokens, messages=messages, **kw
+            )
     out.model = msg.model
     out.stop_reason = msg.stop_reason
     out.input_tokens, out.output_tokens = msg.usage.input_tokens, msg.usage.output_tokens
@@ -166,3 +177,55 @@ async def test_upstream_rate_limit_is_rate_limit_error(
                 stream=stream,
             )
     assert exc.value.status_code == 429
+
+
+@pytest.mark.parametrize(
+    "target", [BY_TYPE["anthropic"], BY_TYPE["gemini"]], ids=["anthropic", "gemini"]
+)
+@stream_param
+async def test_thinking_signature_survives_a_tool_round_trip(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    """What Claude Code does on every turn: thinking on, a tool call, the whole assistant turn
+    sent back with the result; the upstream must get its signature back where it checks it."""
+    messages: list[Any] = [{"role": "user", "content": "[[fake reasoning='let me see' tools=1]]"}]
+    kw: dict[str, Any] = {
+        "tools": TOOLS,
+        "max_tokens": 4096,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+    }
+    first = await ask(gateway, target.model, messages, stream, **kw)
+    assert [b["type"] for b in first.content] == ["thinking", "tool_use"]
+    assert first.content[0]["thinking"] == "let me see" and first.content[0]["signature"]
+    messages.append({"role": "assistant", "content": first.content})
+    result = {"type": "tool_result", "tool_use_id": first.calls[0][0], "content": "sunny in Paris"}
+    messages.append({"role": "user", "content": [result]})
+    fake.queue(Reply(text="Sunny."))
+    await ask(gateway, target.model, messages, stream, **kw)
+    assert signature_sent_back(fake, target, stream) == fake_signature("let me see")
+
+
+@target_param
+async def test_error_mid_stream_raises_after_the_text_so_far(
+    gateway: ServedGateway, target: Target
+) -> None:
+    texts: list[str] = []
+    async with anthropic_client(gateway) as c:
+        stream = await c.messages.create(
+            model=target.model,
+            max_tokens=64,
+            messages=[
+                {
+                    "role": "user",
+                    "content": "[[fake text='one two three four' chunks=4 error_after=2]]",
+                }
+            ],
+            stream=True,
+        )
+        with pytest.raises(anthropic.APIStatusError) as exc:
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    texts.append(event.delta.text)
+    assert "".join(texts) == "one two "
+    assert exc.value.body["error"]["type"] in ("overloaded_error", "api_error")  # type: ignore[index]
+    assert (await usage_record(gateway))["status"] >= 500

@@ -27,6 +27,7 @@ from tests.test_sdk_matrix import (
     genai_client,
     stream_param,
     target_param,
+    usage_record,
 )
 
 pytestmark = GENAI_AIOHTTP_WARNING
@@ -61,19 +62,19 @@ async def ask(
     stream: bool,
     **config: Any,
 ) -> Answer:
-    client = genai_client(gw, api_version)
     cfg = gtypes.GenerateContentConfig(**config)
-    if stream:
-        responses = [
-            r
-            async for r in await client.aio.models.generate_content_stream(
-                model=model, contents=contents, config=cfg
-            )
-        ]
-    else:
-        responses = [
-            await client.aio.models.generate_content(model=model, contents=contents, config=cfg)
-        ]
+    async with genai_client(gw, api_version) as client:
+        if stream:
+            responses = [
+                r
+                async for r in await client.models.generate_content_stream(
+                    model=model, contents=contents, config=cfg
+                )
+            ]
+        else:
+            responses = [
+                await client.models.generate_content(model=model, contents=contents, config=cfg)
+            ]
     out = Answer(chunks=len(responses))
     texts: list[str] = []
     for r in responses:
@@ -176,12 +177,12 @@ async def test_inline_image_reaches_the_upstream(
 async def _call(
     gw: ServedGateway, key: str, model: str, text: str, stream: bool, version: Any
 ) -> None:
-    client = genai_client(gw, version, key=key)
-    if stream:
-        async for _ in await client.aio.models.generate_content_stream(model=model, contents=text):
-            pass
-    else:
-        await client.aio.models.generate_content(model=model, contents=text)
+    async with genai_client(gw, version, key=key) as client:
+        if stream:
+            async for _ in await client.models.generate_content_stream(model=model, contents=text):
+                pass
+        else:
+            await client.models.generate_content(model=model, contents=text)
 
 
 @version_param
@@ -244,3 +245,19 @@ async def test_thinking_budget_and_thoughts_cross_over(
         assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
     else:  # passed through as google-genai spelled it
         assert body["generationConfig"]["thinkingConfig"]["thinking_budget"] == 1024
+
+
+@target_param
+async def test_error_mid_stream_raises_after_the_text_so_far(
+    gateway: ServedGateway, target: Target
+) -> None:
+    texts: list[str] = []
+    async with genai_client(gateway) as client:
+        stream = await client.models.generate_content_stream(
+            model=target.model, contents="[[fake text='one two three four' chunks=4 error_after=2]]"
+        )
+        with pytest.raises(gerrors.ServerError):
+            async for response in stream:
+                texts.append(response.text or "")
+    assert "".join(texts) == "one two "
+    assert (await usage_record(gateway))["status"] >= 500

@@ -9,6 +9,7 @@ endpoints (model lists, token counting) are tested at the end of this module.
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import anthropic
 import pytest
 from google import genai
 from google.genai import types as gtypes
+from google.genai.client import AsyncClient
 
 from bench.fake import media
 from bench.fake_upstream import FakeUpstream
@@ -235,6 +237,26 @@ def check_tool_results(
             assert f"sunny in {args['city']}" in text
 
 
+def fake_signature(reasoning: str) -> str:
+    """The signature the fake upstream gives a reply whose thinking is ``reasoning``."""
+    digest = hashlib.sha256(reasoning.encode()).digest()[:24]
+    return base64.b64encode(b"fake-signature:" + digest).decode()
+
+
+def signature_sent_back(fake: FakeUpstream, target: Target, stream: bool) -> str | None:
+    """The signature the upstream got back with the tool call in its last chat request: on
+    the thinking block (anthropic), on the first functionCall part (gemini, which rejects an
+    unsigned first call in a thinking turn)."""
+    body = [r for r in fake.requests if r.path == target.chat_path(stream)][-1].json
+    if target.type == "anthropic":
+        blocks = [b for m in body["messages"] if m["role"] == "assistant" for b in m["content"]]
+        signed = [b.get("signature") for b in blocks if b["type"] == "thinking"]
+        return signed[0] if signed else None
+    parts = [p for c in body["contents"] if c["role"] == "model" for p in c["parts"]]
+    calls = [p for p in parts if "functionCall" in p]
+    return calls[0].get("thoughtSignature")
+
+
 async def usage_record(gw: ServedGateway) -> dict[str, Any]:
     """The newest usage record of alice's account, once the writer has stored it."""
     await gw.state.writer.flush()
@@ -269,9 +291,10 @@ def anthropic_client(gw: ServedGateway, key: str = KEYS["alice"]) -> anthropic.A
 
 def genai_client(
     gw: ServedGateway, api_version: str | None = None, key: str = KEYS["alice"]
-) -> genai.Client:
+) -> AsyncClient:
+    """google-genai's async API, to use as ``async with`` so its aiohttp session closes."""
     options = gtypes.HttpOptions(base_url=gw.url, api_version=api_version)
-    return genai.Client(api_key=key, http_options=options)
+    return genai.Client(api_key=key, http_options=options).aio
 
 
 GENAI_VERSIONS = pytest.mark.parametrize("api_version", [None, "v1beta"], ids=["default", "v1beta"])
@@ -305,8 +328,8 @@ RELAY_V1_MODELS_LIST = (
 async def test_genai_models_list_is_the_groups_models(
     gateway: ServedGateway, api_version: str | None
 ) -> None:
-    client = genai_client(gateway, api_version)
-    names = {m.name async for m in await client.aio.models.list()}
+    async with genai_client(gateway, api_version) as client:
+        names = {m.name async for m in await client.models.list()}
     assert names == {f"models/{n}" for n in DEFAULT_MODELS}
 
 
@@ -329,10 +352,10 @@ async def test_anthropic_count_tokens_on_every_channel(
 async def test_genai_count_tokens_on_every_channel(
     gateway: ServedGateway, fake: FakeUpstream, target: Target, api_version: str | None
 ) -> None:
-    client = genai_client(gateway, api_version)
-    counted = await client.aio.models.count_tokens(
-        model=target.model, contents="how many tokens is this sentence?"
-    )
+    async with genai_client(gateway, api_version) as client:
+        counted = await client.models.count_tokens(
+            model=target.model, contents="how many tokens is this sentence?"
+        )
     assert counted.total_tokens is not None and counted.total_tokens > 0
     await _check_count_reached(gateway, fake, target, "gemini", counted.total_tokens)
 

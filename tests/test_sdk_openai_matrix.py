@@ -14,14 +14,18 @@ import pytest
 from bench.fake_upstream import FakeUpstream, Reply
 from tests.plugins.servers import KEYS, ServedGateway
 from tests.test_sdk_matrix import (
+    BY_TYPE,
     PNG_B64,
     WEATHER_TOOL_SCHEMA,
     Target,
     chat_request,
     check_billed,
     check_tool_results,
+    fake_signature,
+    signature_sent_back,
     stream_param,
     target_param,
+    usage_record,
 )
 
 TOOLS: list[Any] = [
@@ -209,3 +213,51 @@ async def test_upstream_rate_limit_is_rate_limit_error(
                 stream=stream,
             )
     assert exc.value.status_code == 429
+
+
+@pytest.mark.parametrize(
+    "target", [BY_TYPE["anthropic"], BY_TYPE["gemini"]], ids=["anthropic", "gemini"]
+)
+async def test_reasoning_signature_survives_a_tool_round_trip(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target
+) -> None:
+    """The reply's message object appended to the history as it is (the SDK's usual loop)
+    carries the upstream's signature back, in the extension fields the gateway added."""
+    messages: list[Any] = [{"role": "user", "content": "[[fake reasoning='let me see' tools=1]]"}]
+    async with client(gateway) as c:
+        r = await c.chat.completions.create(
+            model=target.model, messages=messages, tools=TOOLS, reasoning_effort="low"
+        )
+        msg = r.choices[0].message
+        assert msg.tool_calls
+        messages.append(msg)
+        call_id = msg.tool_calls[0].id
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": "sunny in Paris"})
+        fake.queue(Reply(text="Sunny."))
+        await c.chat.completions.create(
+            model=target.model, messages=messages, tools=TOOLS, reasoning_effort="low"
+        )
+    assert signature_sent_back(fake, target, False) == fake_signature("let me see")
+
+
+@target_param
+async def test_error_mid_stream_raises_after_the_text_so_far(
+    gateway: ServedGateway, target: Target
+) -> None:
+    texts: list[str] = []
+    async with client(gateway) as c:
+        stream = await c.chat.completions.create(
+            model=target.model,
+            messages=[
+                {
+                    "role": "user",
+                    "content": "[[fake text='one two three four' chunks=4 error_after=2]]",
+                }
+            ],
+            stream=True,
+        )
+        with pytest.raises(openai.APIError):
+            async for chunk in stream:
+                texts.extend(ch.delta.content or "" for ch in chunk.choices)
+    assert "".join(texts) == "one two "
+    assert (await usage_record(gateway))["status"] >= 500

@@ -462,10 +462,18 @@ def _user_parts(content: JSON) -> list[JSON]:
 
 def _assistant_parts(msg: ChatMessage, *, upstream: bool) -> list[JSON]:
     """An assistant message -> model parts. ``reasoning_signature`` goes where Gemini puts a
-    reply's signature: on the text part; without text, on the thought part; else on the first
-    functionCall that has none of its own; else on an empty thought part."""
+    reply's signature: on the first functionCall when that call has none of its own (Gemini
+    signs a function-calling turn there and rejects a history whose first call is unsigned;
+    clients of other protocols bring the call's signature back this way); else on the text
+    part; without text, on the thought part; else on an empty thought part."""
     parts: list[JSON] = []
     signature = msg.get("reasoning_signature")
+    calls = msg.get("tool_calls") or ()
+    if calls and calls[0].get("thought_signature"):
+        pass  # the first call is signed: the reply's signature belongs to the text
+    elif calls:
+        calls = [{**calls[0], "thought_signature": signature}, *calls[1:]] if signature else calls
+        signature = None
     thought: JSON = None
     if msg.get("reasoning_content"):
         thought = {"text": msg["reasoning_content"], "thought": True}
@@ -476,11 +484,9 @@ def _assistant_parts(msg: ChatMessage, *, upstream: bool) -> list[JSON]:
     if signature and (text or thought is not None):
         parts[-1]["thoughtSignature"] = signature
         signature = None
-    for call in msg.get("tool_calls") or ():
+    for call in calls:
         function = call.get("function") or {}
         own = call.get("thought_signature")
-        if not own and signature:
-            own, signature = signature, None
         parts.append(
             function_call_part(
                 call.get("id"),
