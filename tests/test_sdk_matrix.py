@@ -312,8 +312,9 @@ async def test_anthropic_models_list_is_the_groups_models(gateway: ServedGateway
 
 
 RELAY_V1_MODELS_LIST = (
-    "relay.py Relay._models answers GET /v1/models in the openai shape unless anthropic-version "
-    "is sent; google-genai's default api_version v1 lists there with x-goog-api-key"
+    "relay.py Relay._models answers GET /v1/models (and /v1/models/{model}) in the openai shape "
+    "unless anthropic-version is sent; google-genai's default api_version v1 asks there with "
+    "x-goog-api-key"
 )
 
 
@@ -331,6 +332,22 @@ async def test_genai_models_list_is_the_groups_models(
     async with genai_client(gateway, api_version) as client:
         names = {m.name async for m in await client.models.list()}
     assert names == {f"models/{n}" for n in DEFAULT_MODELS}
+
+
+@pytest.mark.parametrize(
+    "api_version",
+    [
+        pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=RELAY_V1_MODELS_LIST)),
+        "v1beta",
+    ],
+    ids=["default", "v1beta"],
+)
+async def test_genai_models_get_names_the_model(
+    gateway: ServedGateway, api_version: str | None
+) -> None:
+    async with genai_client(gateway, api_version) as client:
+        model = await client.models.get(model="claude-small")
+    assert model.name == "models/claude-small"
 
 
 @target_param
