@@ -97,7 +97,8 @@ class WrkResult:
 
     @property
     def rps(self) -> float:
-        return (self.requests - self.errors) / self.seconds if self.seconds else 0.0
+        good = max(0, self.requests - self.errors)
+        return good / self.seconds if self.seconds else 0.0
 
 
 def run(port: int, lua: Path, connections: int, seconds: float, core: int | None = 1) -> WrkResult:
