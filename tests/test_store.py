@@ -578,6 +578,37 @@ async def test_writer_retries_a_failed_settle_without_losing_or_doubling(
         await writer.stop()
 
 
+class HangingStore:
+    """A store that never answers a settle; ``swallow`` mimics clients that swallow a
+    cancellation landing mid-command (redis-py's pipelines do)."""
+
+    def __init__(self, swallow: bool) -> None:
+        self.swallow = swallow
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+
+
+@pytest.mark.parametrize("swallow", [False, True])
+async def test_writer_stop_gives_up_on_a_store_that_never_answers(
+    swallow: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = UsageWriter(HangingStore(swallow))  # type: ignore[arg-type]
+    await writer.start()
+    writer.submit(usage_rec(1))
+    writer.submit(usage_rec(2))
+    await asyncio.sleep(0.05)  # the task is inside settle now
+    writer.submit(usage_rec(3))
+    with caplog.at_level(logging.ERROR, logger="gateway.store.writer"):
+        await asyncio.wait_for(writer.stop(timeout=0.2), 30)  # returns instead of hanging
+    if not swallow:
+        assert "writer.stop_undelivered records=3" in caplog.text
+
+
 async def test_redis_batch_resent_after_a_partial_failure_never_doubles(redis_url: str) -> None:
     # SQLite settles a batch in one transaction; Redis one record at a time, so a batch can
     # half-succeed before a connection drops, and the writer then re-sends all of it.

@@ -63,8 +63,7 @@ class Cache:
         try:
             await task
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if _cancelling():
                 raise
 
     async def refresh(self) -> None:
@@ -80,10 +79,12 @@ class Cache:
             try:
                 await self._reload(force=False)
             except Exception as exc:
+                _raise_if_cancelled()
                 if not self._failing:
                     log.warning("cache.refresh_failed error=%s", type(exc).__name__)
                 self._failing = True
             else:
+                _raise_if_cancelled()
                 if self._failing:
                     log.info("cache.refresh_recovered")
                 self._failing = False
@@ -142,3 +143,15 @@ class Cache:
     def version(self) -> int | None:
         """The store version of the keys in memory (None before the first load)."""
         return self._version
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _raise_if_cancelled() -> None:
+    """Some clients (redis-py's pipelines) swallow a cancellation that lands mid-command; a
+    task that was cancelled must still stop, so check after every store call."""
+    if _cancelling():
+        raise asyncio.CancelledError

@@ -81,15 +81,16 @@ class UsageWriter:
         try:
             await asyncio.wait_for(self.flush(), timeout)
         except TimeoutError:
-            log.error("writer.stop_undelivered records=%d", self.pending)
+            pass  # the store stayed down: reported below
         self._task = None
         task.cancel()
         try:
             await task
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
+            if _cancelling():
                 raise
+        if self.pending:
+            log.error("writer.stop_undelivered records=%d", self.pending)
         async with self._progress:
             self._progress.notify_all()
 
@@ -107,6 +108,7 @@ class UsageWriter:
             first = await self._queue.get()
             batch = [first, *self._take(self._batch - 1)]
             await self._write(batch)
+            _raise_if_cancelled()
 
     async def _write(self, batch: Sequence[UsageRecord]) -> None:
         """Settle one batch, retrying until the store takes it."""
@@ -119,6 +121,7 @@ class UsageWriter:
                 await self._store.settle(batch)
                 break
             except Exception as exc:
+                _raise_if_cancelled()
                 attempt += 1
                 log.warning(
                     "writer.settle_failed records=%d first_request_id=%s attempt=%d "
@@ -142,3 +145,15 @@ class UsageWriter:
         async with self._progress:
             self._written += len(batch)
             self._progress.notify_all()
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _raise_if_cancelled() -> None:
+    """Some clients (redis-py's pipelines) swallow a cancellation that lands mid-command; a
+    task that was cancelled must still stop, so check after every store call."""
+    if _cancelling():
+        raise asyncio.CancelledError
