@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway.config import Settings, load_settings
 from gateway.errors import NotFoundError
 from gateway.protocols import ADAPTERS
-from gateway.relay import Relay, send_error
+from gateway.relay import Relay, RelayEndpoint, send_error
 from gateway.routes import RELAY_ROUTES, is_generate_content_path, is_messages_path
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
@@ -67,7 +67,43 @@ async def not_found(scope: Scope, send: Send) -> None:
     await send_error(send, ADAPTERS[protocol], err)
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+class GatewayApp:
+    """The ASGI entry: relay paths go straight to the relay (a dict lookup, no middleware on
+    the hot path); everything else (admin, health, lifespan, unknown paths) to Starlette."""
+
+    __slots__ = ("inner", "state", "_exact", "_generate")
+
+    def __init__(self, inner: Starlette, relay: Relay) -> None:
+        self.inner = inner
+        self.state = inner.state
+        self._exact: dict[str, RelayEndpoint] = {}
+        self._generate: dict[str, RelayEndpoint] = {}
+        for spec in RELAY_ROUTES:
+            if "{model}" not in spec.path:
+                self._exact[spec.path] = relay.endpoint(spec)
+            elif ":" in spec.path:
+                prefix, action = spec.path.split("{model}")
+                self._generate[prefix + action] = relay.endpoint(spec)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            endpoint = self._exact.get(path)
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+            colon = path.rfind(":")
+            if colon > 0:
+                slash = path.rfind("/", 0, colon)
+                endpoint = self._generate.get(path[: slash + 1] + path[colon:])
+                if endpoint is not None and slash + 1 < colon:
+                    scope["path_params"] = {"model": path[slash + 1 : colon]}
+                    await endpoint(scope, receive, send)
+                    return
+        await self.inner(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> GatewayApp:
     if settings is None:
         settings = load_settings()
     store = open_store(settings.store)
@@ -103,4 +139,4 @@ def create_app(settings: Settings | None = None) -> Starlette:
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = state
-    return app
+    return GatewayApp(app, relay)

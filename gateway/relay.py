@@ -41,7 +41,13 @@ from gateway.errors import (
     UpstreamError,
     UpstreamUnavailableError,
 )
-from gateway.model_list import anthropic_list, gemini_list, gemini_model, openai_list
+from gateway.model_list import (
+    anthropic_list,
+    anthropic_model,
+    gemini_list,
+    gemini_model,
+    openai_list,
+)
 from gateway.model_list import openai_model as openai_model_entry
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Adapter, Ctx, RouteMatch, UpstreamCall, UpstreamTarget
@@ -207,17 +213,33 @@ class Relay:
 
     # ------------------------------------------------------------------ model lists
     async def _models(self, spec: RouteSpec, scope: Scope, key: KeyRecord, send: Send) -> None:
+        """The key's models in the shape of the asking SDK: /v1/models serves three of them
+        (anthropic-version: Anthropic's; only x-goog-api-key: google-genai's default v1)."""
         models = self.catalogue.group_models(key.group)
+        shape = spec.protocol
+        if shape == "openai":
+            if header(scope, b"anthropic-version") is not None:
+                shape = "anthropic"
+            elif (
+                header(scope, b"x-goog-api-key") is not None
+                and header(scope, b"authorization") is None
+            ):
+                shape = "gemini"
         if spec.endpoint == "model":
-            name = scope.get("path_params", {}).get("model", "")
+            name = str(scope.get("path_params", {}).get("model", ""))
             name = name[7:] if name.startswith("models/") else name
             found = next((m for m in models if m.name == name), None)
             if found is None:
                 raise NotFoundError(f"The model '{name}' does not exist.")
-            body = gemini_model(found) if spec.protocol == "gemini" else openai_model_entry(found)
-        elif spec.protocol == "gemini":
+            if shape == "gemini":
+                body = gemini_model(found)
+            elif shape == "anthropic":
+                body = anthropic_model(found)
+            else:
+                body = openai_model_entry(found)
+        elif shape == "gemini":
             body = gemini_list(models)
-        elif header(scope, b"anthropic-version") is not None:
+        elif shape == "anthropic":
             body = anthropic_list(models)
         else:
             body = openai_list(models)

@@ -311,21 +311,7 @@ async def test_anthropic_models_list_is_the_groups_models(gateway: ServedGateway
     assert "vip-model" in vip
 
 
-RELAY_V1_MODELS_LIST = (
-    "relay.py Relay._models answers GET /v1/models (and /v1/models/{model}) in the openai shape "
-    "unless anthropic-version is sent; google-genai's default api_version v1 asks there with "
-    "x-goog-api-key"
-)
-
-
-@pytest.mark.parametrize(
-    "api_version",
-    [
-        pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=RELAY_V1_MODELS_LIST)),
-        "v1beta",
-    ],
-    ids=["default", "v1beta"],
-)
+@GENAI_VERSIONS
 async def test_genai_models_list_is_the_groups_models(
     gateway: ServedGateway, api_version: str | None
 ) -> None:
@@ -334,14 +320,7 @@ async def test_genai_models_list_is_the_groups_models(
     assert names == {f"models/{n}" for n in DEFAULT_MODELS}
 
 
-@pytest.mark.parametrize(
-    "api_version",
-    [
-        pytest.param(None, marks=pytest.mark.xfail(strict=True, reason=RELAY_V1_MODELS_LIST)),
-        "v1beta",
-    ],
-    ids=["default", "v1beta"],
-)
+@GENAI_VERSIONS
 async def test_genai_models_get_names_the_model(
     gateway: ServedGateway, api_version: str | None
 ) -> None:

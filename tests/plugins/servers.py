@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
-from starlette.applications import Starlette
 
-from gateway.app import GatewayState, create_app
+from gateway.app import GatewayApp, GatewayState, create_app
 from gateway.config import Settings, parse_settings
 
 if TYPE_CHECKING:
@@ -110,7 +109,7 @@ def make_config(upstream_url: str, store_url: str, **overrides: Any) -> dict[str
 @dataclass
 class ServedGateway:
     url: str
-    app: Starlette
+    app: GatewayApp
     settings: Settings
 
     @property
