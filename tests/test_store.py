@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.crc import key_slot
 
 from gateway.config import Settings, parse_settings
 from gateway.store import (
@@ -25,6 +27,7 @@ from gateway.store import (
     key_hint,
     open_store,
 )
+from gateway.store import redis as rstore
 from gateway.store.cache import Cache
 from gateway.store.sqlite import SQLiteStore
 from gateway.store.writer import UsageWriter
@@ -33,6 +36,7 @@ from tests.plugins.stores import sqlite_url
 T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
 SECRET = "sk-test-secret-4f1c9a7e2b"
 UPSTREAM_SECRET = "upstream-secret-9d8e7f"
+REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def usage_rec(
@@ -299,6 +303,59 @@ async def test_sqlite_two_instances_on_one_file_lose_nothing(tmp_path: Path) -> 
     finally:
         await a.close()
         await b.close()
+
+
+WORKER_SCRIPT = """
+import asyncio, sys
+from datetime import UTC, datetime
+from gateway.store import UsageRecord
+from gateway.store.sqlite import SQLiteStore
+
+async def main(url, tag, n):
+    store = SQLiteStore(url)
+    await store.open()
+    now = datetime.now(UTC)
+    records = [
+        UsageRecord(now, f"{tag}-{i}", "alice", "k-1", "chat-small", "oa-1", "openai", "chat",
+                    1, 1, 3, 200, 1, "198.51.100.0/24")
+        for i in range(n)
+    ]
+    await asyncio.gather(*(store.settle([r]) for r in records))
+    await store.close()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+async def test_sqlite_worker_processes_settling_at_once_lose_nothing(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "workers.db")
+    main = SQLiteStore(url)
+    await main.open()
+    try:
+        await main.create_account("alice", 100 * MICRO)
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-c", WORKER_SCRIPT, url, f"w{n}", "100", cwd=REPO_ROOT
+            )
+            for n in range(3)
+        ]
+        await asyncio.gather(*(main.settle([usage_rec(i, cost=3)]) for i in range(100)))
+        assert [await p.wait() for p in procs] == [0, 0, 0]
+        got = await main.get_account("alice")
+        assert got is not None and got.balance == 100 * MICRO - 400 * 3
+        assert len(await main.usage(limit=1_000)) == 400
+    finally:
+        await main.close()
+
+
+def test_redis_keys_one_script_touches_share_a_cluster_slot() -> None:
+    for account in ("alice", "team.a@example", "x:y/z"):
+        bal = key_slot(rstore.balance_key(account).encode())
+        assert bal == key_slot(rstore.usage_key(account).encode())
+    assert key_slot(rstore.KEY_RECORDS_KEY.encode()) == key_slot(rstore.KEY_HASHES_KEY.encode())
+    assert key_slot(rstore.balance_key("alice").encode()) != key_slot(
+        rstore.balance_key("bob").encode()
+    )  # accounts spread over the cluster
 
 
 # -- seed ----------------------------------------------------------------------------------
