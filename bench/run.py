@@ -363,6 +363,12 @@ def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
     steps.append(
         ("gateway-hypercorn-2w-unpinned", lambda: targets.gateway(tmp, up, 2, False, server))
     )
+    if server is not None:  # the same gateway under the optional faster servers
+        for other in targets.SERVERS:
+            if other != "hypercorn" and targets.server_available(other):
+                steps.append(
+                    (f"gateway-{other}-1w", lambda o=other: targets.gateway(tmp, up, 1, True, o))
+                )
     settings.commands.append(
         "gateway serve --config <tmp>/gateway.bench.yaml --host 127.0.0.1 --port P --workers N"
         + (" --server hypercorn" if server else "")

@@ -67,6 +67,8 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
 CLIENT_GONE = 499
+FAILURES_BEFORE_COOLDOWN = 3
+FAILURE_COOLDOWN_SECONDS = 5.0
 _REQUEST_IDS = itertools.count(1)
 _PROCESS_TAG = os.urandom(4).hex()
 
@@ -113,7 +115,8 @@ class Relay:
         self.upstream = upstream
         self.address = ClientAddress(settings.trusted_proxies)
         self.rates = {m.name: Rate.from_price(m.price) for m in settings.models}
-        self.cooling: dict[str, float] = {}
+        self.cooling: dict[str, float] = {}  # channel -> monotonic time it may serve again
+        self.failures: dict[str, int] = {}  # channel -> failures in a row
         self.rng = random.Random()
         self.max_body = settings.limits.max_request_bytes
         self.retries = settings.upstream.retries
@@ -349,9 +352,11 @@ class Relay:
         try:
             resp = await self.upstream.open(up_call)
         except GatewayError:
-            self._cool(channel, min(self.cooldown, 5.0))
+            self._failed(channel)
             raise
         if resp.status < 400:
+            if self.failures:
+                self.failures.pop(channel.name, None)
             return resp
         try:
             raw = await resp.read()
@@ -363,6 +368,8 @@ class Relay:
         log.warning("relay.upstream_status channel=%s status=%d", channel.name, resp.status)
         if err.channel_fault:
             self._cool(channel, self.cooldown)
+        elif err.status >= 500:
+            self._failed(channel)
         retry_after = resp.headers.get("retry-after")
         if err.status == 429 and err.retry_after is None and retry_after:
             try:
@@ -374,6 +381,17 @@ class Relay:
     def _cool(self, channel: Channel, seconds: float) -> None:
         if seconds > 0:
             self.cooling[channel.name] = time.monotonic() + seconds
+            log.warning("relay.channel_cooling channel=%s seconds=%g", channel.name, seconds)
+
+    def _failed(self, channel: Channel) -> None:
+        """An unreachable or failing channel cools down only after several failures in a row:
+        one timeout under load must not turn a single-channel model into 503s."""
+        n = self.failures.get(channel.name, 0) + 1
+        if n >= FAILURES_BEFORE_COOLDOWN:
+            self.failures.pop(channel.name, None)
+            self._cool(channel, min(self.cooldown, FAILURE_COOLDOWN_SECONDS))
+        else:
+            self.failures[channel.name] = n
 
     async def _reply(
         self,

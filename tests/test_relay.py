@@ -148,3 +148,19 @@ async def test_upstream_cut_mid_stream_is_an_in_stream_error(gateway) -> None:
     assert b'"error"' in raw and b"[DONE]" not in raw
     rec = await last_record(gateway)
     assert rec.status == 502
+
+
+async def test_failing_channel_cools_down_only_after_failures_in_a_row(gateway) -> None:
+    """One 5xx is passed on and the channel keeps serving; three in a row rest it (503)."""
+    async with aiohttp.ClientSession() as s:
+
+        async def ask(text: str) -> int:
+            body = {"model": "chat-small", "messages": [{"role": "user", "content": text}]}
+            async with s.post(gateway.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+                await r.read()
+                return r.status
+
+        assert [await ask("[[fake status=500]]"), await ask("hi")] == [502, 200]
+        statuses = [await ask("[[fake status=500]]") for _ in range(3)]
+        assert statuses == [502, 502, 502]
+        assert await ask("hi") == 503  # resting now
