@@ -20,63 +20,72 @@ class SSEEvent:
 class SSEParser:
     """Feed it bytes as they arrive; it returns the events completed so far."""
 
-    __slots__ = ("_buf", "_event", "_data", "_pending_cr")
+    __slots__ = ("_buf", "_pending_cr")
 
     def __init__(self) -> None:
         self._buf = b""
-        self._event: str | None = None
-        self._data: list[bytes] = []
         self._pending_cr = False
 
     def feed(self, raw: bytes) -> list[SSEEvent]:
         if self._pending_cr and raw.startswith(b"\n"):
             raw = raw[1:]  # the LF of a CRLF split across two chunks
         self._pending_cr = False
+        search = max(len(self._buf) - 1, 0)  # no event end in what was already searched
         buf = self._buf + raw if self._buf else raw
-        events: list[SSEEvent] = []
         if b"\r" in buf:
             if buf.endswith(b"\r"):
                 self._pending_cr = True
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        events: list[SSEEvent] = []
         start = 0
+        # whole events, one blank line apart; the usual event is a single ``data:`` line
         while True:
-            end = buf.find(b"\n", start)
+            end = buf.find(b"\n\n", max(start, search))
             if end < 0:
                 break
-            line = buf[start:end]
-            start = end + 1
-            if not line:
-                if self._data:
-                    events.append(SSEEvent(self._event, b"\n".join(self._data)))
-                self._event = None
-                self._data = []
-                continue
-            if line[0] == 58:  # ":" comment
-                continue
-            colon = line.find(b":")
-            if colon < 0:
-                name, value = line, b""
-            else:
-                name = line[:colon]
-                value = line[colon + 1 :]
-                if value[:1] == b" ":
-                    value = value[1:]
-            if name == b"data":
-                self._data.append(value)
-            elif name == b"event":
-                self._event = value.decode("utf-8", "replace")
+            if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+                events.append(SSEEvent(None, buf[start + 6 : end]))
+            elif end > start:
+                event = _parse_block(buf[start:end])
+                if event is not None:
+                    events.append(event)
+            start = end + 2
         self._buf = buf[start:]
         return events
 
     def close(self) -> list[SSEEvent]:
         """At EOF: an event not ended by a blank line is still delivered (lenient)."""
-        events = self.feed(b"\n\n") if (self._buf or self._data) else []
+        events = self.feed(b"\n\n") if self._buf.strip(b"\n") else []
         self._buf = b""
         return events
 
     @property
     def pending(self) -> bool:
-        return bool(self._buf or self._data)
+        return bool(self._buf.strip(b"\n"))
+
+
+def _parse_block(block: bytes) -> SSEEvent | None:
+    """One event's lines (no blank line among them): fields, comments, several data lines."""
+    event: str | None = None
+    data: list[bytes] = []
+    for line in block.split(b"\n"):
+        if not line or line[0] == 58:  # empty (a stray leading LF) or ":" comment
+            continue
+        colon = line.find(b":")
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name = line[:colon]
+            value = line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]
+        if name == b"data":
+            data.append(value)
+        elif name == b"event":
+            event = value.decode("utf-8", "replace")
+    if not data:
+        return None
+    return SSEEvent(event, b"\n".join(data))
 
 
 def frame(data: bytes, event: str | None = None) -> bytes:

@@ -186,17 +186,15 @@ def _stream_error(payload: JSON) -> GatewayError:
 
 
 class OpenAIPassthrough:
-    """openai client, openai channel: events forwarded as they are, usage read on the way."""
+    """openai client, openai channel: events forwarded as they are, usage read on the way.
 
-    __slots__ = (
-        "content_type",
-        "usage",
-        "_include_usage",
-        "_model",
-        "_rename",
-        "_done",
-        "_finished",
-    )
+    Only a chunk that may carry usage (a ``"usage"`` key not ending the chunk as null, which
+    cannot occur inside a JSON string, where quotes are escaped) or an error is decoded; the
+    rest is forwarded as it came. Whether the stream ended properly is told by ``[DONE]``, or
+    at EOF by the last chunk carrying a finish reason or usage.
+    """
+
+    __slots__ = ("content_type", "usage", "_include_usage", "_model", "_rename", "_done", "_last")
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
         self.content_type = EVENT_STREAM
@@ -204,7 +202,7 @@ class OpenAIPassthrough:
         self._include_usage = ctx.include_usage
         self._model = ctx.model
         self._done = False
-        self._finished = False
+        self._last = b""
         self._rename: tuple[tuple[bytes, bytes], ...] = ()
         if target.model != ctx.model:
             up = orjson.dumps(target.model)
@@ -219,38 +217,54 @@ class OpenAIPassthrough:
         if data == b"[DONE]":
             self._done = True
             return DONE
-        if b'"usage"' in data or b'"error"' in data or b'"finish_reason"' in data:
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise UpstreamError("upstream sent a malformed stream chunk") from None
-            if isinstance(chunk, dict):
-                if "error" in chunk:
-                    raise _stream_error(chunk)
-                choices = chunk.get("choices") or ()
-                if any(c.get("finish_reason") for c in choices):
-                    self._finished = True
-                usage = chunk.get("usage")
-                if usage:
-                    self.usage = usage
-                    if not self._include_usage:
-                        if not choices:
-                            return b""
-                        chunk.pop("usage", None)
-                        if self._rename:
-                            chunk["model"] = self._model
-                        return frame(orjson.dumps(chunk))
-        for old, new in self._rename:
-            data = data.replace(old, new, 1)
+        self._last = data
+        if data.startswith(b'{"error"') or (
+            not data.endswith(b'"usage":null}') and b'"usage"' in data
+        ):
+            chunk = _chunk(data)
+            if "error" in chunk:
+                raise _stream_error(chunk)
+            usage = chunk.get("usage")
+            if usage:
+                self.usage = usage
+                if not self._include_usage:
+                    if not chunk.get("choices"):
+                        return b""
+                    chunk.pop("usage", None)
+                    if self._rename:
+                        chunk["model"] = self._model
+                    return frame(orjson.dumps(chunk))
+        if self._rename:
+            for old, new in self._rename:
+                renamed = data.replace(old, new, 1)
+                if renamed is not data and renamed != data:
+                    if len(self._rename) > 1:
+                        self._rename = ((old, new),)  # this upstream's spelling, from now on
+                    data = renamed
+                    break
         return b"data: " + data + b"\n\n"
 
     def finish(self) -> bytes:
-        if not (self._done or self._finished):
-            raise UpstreamError("upstream stream ended before it was complete")
-        return b"" if self._done else DONE
+        if self._done:
+            return b""
+        if self._last:
+            last = _chunk(self._last)
+            if last.get("usage") or any(c.get("finish_reason") for c in last.get("choices") or ()):
+                return DONE  # an upstream that ends without [DONE], but ended properly
+        raise UpstreamError("upstream stream ended before it was complete")
 
     def error(self, err: GatewayError) -> bytes:
         return frame(orjson.dumps(error_body(err)))
+
+
+def _chunk(data: bytes) -> JSON:
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamError("upstream sent a malformed stream chunk") from None
+    if not isinstance(chunk, dict):
+        raise UpstreamError("upstream sent a malformed stream chunk")
+    return chunk
 
 
 class OpenAIAdapter:
