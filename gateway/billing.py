@@ -63,13 +63,38 @@ def ip_range(ip: str | None) -> str:
     return str(ipaddress.ip_network(f"{addr}/{prefix}", strict=False))
 
 
-class ClientAddress:
-    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy."""
+RANGE_CACHE_SIZE = 4096
 
-    __slots__ = ("_trusted",)
+
+class ClientAddress:
+    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy.
+
+    ``range_of`` is on the hot path: the standard library's address parsing costs tens of
+    microseconds, so ranges are remembered per (peer, X-Forwarded-For) in memory only.
+    """
+
+    __slots__ = ("_trusted", "_ranges")
 
     def __init__(self, trusted_proxies: Sequence[str]) -> None:
         self._trusted = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_proxies)
+        self._ranges: dict[tuple[object, bytes | None], str] = {}
+
+    def range_of(self, scope: Scope) -> str:
+        """The client's /24 or /48 (see ``ip_range``)."""
+        client = scope.get("client")
+        forwarded: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"x-forwarded-for":
+                forwarded = value
+                break
+        cache_key = (client[0] if client else None, forwarded)
+        found = self._ranges.get(cache_key)
+        if found is None:
+            found = ip_range(self.of(scope))
+            if len(self._ranges) >= RANGE_CACHE_SIZE:
+                self._ranges.clear()
+            self._ranges[cache_key] = found
+        return found
 
     def _is_trusted(self, ip: str) -> bool:
         try:

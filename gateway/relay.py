@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 
 from gateway.auth import check_key, extract_key, key_hash
-from gateway.billing import ClientAddress, Rate, ip_range, usage_tokens
+from gateway.billing import ClientAddress, Rate, usage_tokens
 from gateway.config import Channel, Settings
 from gateway.errors import (
     AuthenticationError,
@@ -134,7 +134,7 @@ class Relay:
             request_id=new_request_id(),
             protocol=spec.protocol,
             endpoint=spec.endpoint,
-            ip_range=ip_range(self.address.of(scope)),
+            ip_range=self.address.range_of(scope),
         )
         try:
             if scope["method"] != spec.method:

@@ -1,0 +1,108 @@
+"""Pure parts of the hot path: prices, client ranges, channel order (table-driven)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from gateway.billing import ClientAddress, Rate, ip_range
+from gateway.config import Price, parse_settings
+from gateway.errors import NotFoundError, UpstreamUnavailableError
+from gateway.routing import Catalogue, candidates
+
+
+@pytest.mark.parametrize(
+    ("price", "prompt", "completion", "micro"),
+    [
+        (Price(input=1, output=2), 100, 50, 200),
+        (Price(input=0.5, output=1.5), 1, 9, 14),  # 0.5 + 13.5
+        (Price(input=0.1, output=0.2), 3, 0, 0),  # 0.3 rounds down
+        (Price(input=0.25, output=0), 2, 0, 1),  # 0.5 rounds half up
+        (Price(input=3, output=15, request=0.001), 1000, 1000, 19_000),
+        (Price(input=0.0375, output=0), 1_000_000, 0, 37_500),  # no float drift
+    ],
+)
+def test_cost_is_integer_micro_units(price, prompt, completion, micro) -> None:
+    assert Rate.from_price(price).cost(prompt, completion) == micro
+
+
+@pytest.mark.parametrize(
+    ("ip", "expected"),
+    [
+        ("203.0.113.77", "203.0.113.0/24"),
+        ("2001:db8:abcd:12::1", "2001:db8:abcd::/48"),
+        ("::ffff:198.51.100.9", "198.51.100.0/24"),
+        ("not-an-ip", ""),
+        (None, ""),
+    ],
+)
+def test_ip_range(ip, expected) -> None:
+    assert ip_range(ip) == expected
+
+
+@pytest.mark.parametrize(
+    ("peer", "xff", "expected"),
+    [
+        ("127.0.0.1", b"203.0.113.77", "203.0.113.0/24"),  # trusted proxy: believed
+        ("127.0.0.1", b"198.51.100.1, 203.0.113.77", "203.0.113.0/24"),  # right-most hop
+        ("192.0.2.10", b"203.0.113.77", "192.0.2.0/24"),  # untrusted peer: ignored
+        ("127.0.0.1", None, "127.0.0.0/24"),
+    ],
+)
+def test_client_range_trusts_only_configured_proxies(peer, xff, expected) -> None:
+    addr = ClientAddress(["127.0.0.1/32"])
+    headers = [(b"x-forwarded-for", xff)] if xff else []
+    scope = {"client": (peer, 1234), "headers": headers}
+    assert addr.range_of(scope) == expected
+    assert addr.range_of(scope) == expected  # remembered, same answer
+
+
+def catalogue() -> Catalogue:
+    ch = {"type": "openai", "base_url": "http://u/v1", "groups": ["default"], "models": ["m"]}
+    return Catalogue(
+        parse_settings(
+            {
+                "groups": ["default", "vip"],
+                "models": [{"name": "m"}, {"name": "e", "capabilities": ["embeddings"]}],
+                "channels": [
+                    {**ch, "name": "a", "priority": 0, "weight": 3},
+                    {**ch, "name": "b", "priority": 0, "weight": 1},
+                    {**ch, "name": "c", "priority": 1},
+                    {**ch, "name": "d", "priority": 0, "weight": 0},
+                    {**ch, "name": "v", "groups": ["vip"], "models": ["e"]},
+                ],
+            }
+        )
+    )
+
+
+def test_priority_first_then_weighted_share() -> None:
+    cat, rng = catalogue(), random.Random(7)
+    firsts = Counter()
+    for _ in range(4000):
+        order = [c.name for c in candidates(cat, "default", "m", "chat", rng)]
+        assert order[-1] == "c"  # the lower priority comes after every priority-0 channel
+        assert order[-2] == "d"  # weight 0 is a standby within its priority
+        firsts[order[0]] += 1
+    assert 0.70 < firsts["a"] / 4000 < 0.80  # weight 3 of 4
+
+
+@pytest.mark.parametrize(
+    ("group", "model", "endpoint"),
+    [("default", "nope", "chat"), ("default", "e", "embeddings"), ("vip", "e", "chat")],
+)
+def test_not_found(group, model, endpoint) -> None:
+    with pytest.raises(NotFoundError):
+        candidates(catalogue(), group, model, endpoint, random.Random())
+
+
+def test_cooling_channels_are_skipped_and_all_cooling_is_503() -> None:
+    cat = catalogue()
+    order = candidates(cat, "default", "m", "chat", random.Random(), {"a": 10.0}, now=5.0)
+    assert "a" not in [c.name for c in order]
+    cooling = dict.fromkeys("abcd", 10.0)
+    with pytest.raises(UpstreamUnavailableError):
+        candidates(cat, "default", "m", "chat", random.Random(), cooling, now=5.0)
+    assert candidates(cat, "default", "m", "chat", random.Random(), cooling, now=11.0)
