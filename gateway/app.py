@@ -18,10 +18,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gateway.asgi import send_error
 from gateway.config import Settings, load_settings
 from gateway.errors import NotFoundError
 from gateway.protocols import ADAPTERS
-from gateway.relay import Relay, RelayEndpoint, send_error
+from gateway.relay import Relay, RelayEndpoint
 from gateway.routes import RELAY_ROUTES, is_generate_content_path, is_messages_path
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache

@@ -27,6 +27,17 @@ from datetime import UTC, datetime
 import aiohttp
 import orjson
 
+from gateway.asgi import (
+    JSON_HEADERS,
+    ClientGone,
+    forwarded_headers,
+    header,
+    parse_json,
+    read_body,
+    send_error,
+    send_json,
+    watch_disconnect,
+)
 from gateway.auth import check_key, extract_key, key_hash
 from gateway.billing import ClientAddress, Rate, usage_tokens
 from gateway.config import Channel, Settings
@@ -37,7 +48,6 @@ from gateway.errors import (
     InternalError,
     InvalidRequestError,
     NotFoundError,
-    PayloadTooLargeError,
     UpstreamError,
     UpstreamUnavailableError,
 )
@@ -63,9 +73,7 @@ from gateway.upstream import Upstream, read_error
 
 log = logging.getLogger("gateway.relay")
 
-JSON_HEADERS = [(b"content-type", b"application/json")]
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
 CLIENT_GONE = 499
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
@@ -96,10 +104,6 @@ class Call:
     status: int = 200
     responded: bool = False  # the response's status line has been sent
     recorded: bool = False  # the usage record has been handed to the writer
-
-
-class ClientGone(Exception):
-    """The client disconnected; the stream loop was cancelled on purpose."""
 
 
 class Relay:
@@ -577,87 +581,6 @@ class RelayEndpoint:
         await self.relay.handle(self.spec, scope, receive, send)
 
 
-# ---------------------------------------------------------------------- ASGI plumbing
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for k, v in scope["headers"]:
-        if k == name:
-            return v  # type: ignore[no-any-return]
-    return None
-
-
-def forwarded_headers(scope: Scope) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in scope["headers"]:
-        if k in CLIENT_HEADERS_FORWARDED:
-            out[k.decode()] = v.decode("latin-1")
-    return out
-
-
 def _include_usage(payload: JSON) -> bool:
     opts = payload.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = header(scope, b"content-length")
-    if declared is not None:
-        try:
-            if int(declared) > limit:
-                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
-        except ValueError:
-            raise InvalidRequestError("bad Content-Length") from None
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        body = message.get("body", b"")
-        if body:
-            size += len(body)
-            if size > limit:
-                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
-            chunks.append(body)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def parse_json(raw: bytes) -> JSON:
-    if not raw:
-        raise InvalidRequestError("The request body is empty; a JSON object was expected.")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequestError(f"The request body is not valid JSON: {exc.msg}.") from None
-
-
-async def watch_disconnect(
-    receive: Receive, gone: asyncio.Event, task: asyncio.Task[object] | None
-) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            if task is not None:
-                task.cancel()
-            return
-
-
-async def send_json(
-    send: Send, status: int, payload: JSON, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:  # noqa: E501
-    body = orjson.dumps(payload)
-    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    if extra:
-        headers.extend(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def send_error(send: Send, client: Adapter, err: GatewayError) -> None:
-    status, body = client.encode_error(err)
-    extra = None
-    if err.retry_after is not None:
-        extra = [(b"retry-after", str(int(err.retry_after + 0.999)).encode())]
-    await send_json(send, status, body, extra)
