@@ -1,8 +1,8 @@
 """Gemini streaming: the upstream decoder, the client encoder, the passthrough re-framer.
 
-Also the small wire pieces both directions share with ``gemini.py`` (usage, finish reasons,
-the error body, one ``functionCall`` part), so that this module depends on nothing of the
-adapter and ``gemini.py`` imports from here.
+Also the small wire pieces both directions share with ``gemini.py`` and ``gemini_request.py``
+(usage, finish reasons, the error body, one ``functionCall`` part), so that this module depends
+on nothing of the adapter and both import from here.
 
 Framing toward a generate-content client: ``?alt=sse`` gets ``data: {...}`` events;
 without it the client gets the JSON array exactly as the Gemini REST API streams it:
