@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+CONNECT_TIMEOUT = 10.0  # a server whose accept queue is full must not stall the run
 CONNECT_CONCURRENCY = 256
 
 
@@ -130,10 +131,11 @@ async def run(
         async with gate:
             fut: asyncio.Future[None] = loop.create_future()
             try:
-                _, proto = await loop.create_connection(
-                    lambda: Stream(marker, fut), "127.0.0.1", port
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(lambda: Stream(marker, fut), "127.0.0.1", port),
+                    CONNECT_TIMEOUT,
                 )
-            except OSError:
+            except (OSError, TimeoutError):
                 connect_errors += 1
                 return
         streams.append(proto)

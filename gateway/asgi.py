@@ -71,16 +71,51 @@ def parse_json(raw: bytes) -> JSON:
         raise InvalidRequestError(f"The request body is not valid JSON: {exc.msg}.") from None
 
 
-async def watch_disconnect(
-    receive: Receive, gone: asyncio.Event, task: asyncio.Task[object] | None
-) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone.set()
-            if task is not None:
-                task.cancel()
-            return
+class DisconnectWatch:
+    """Cancels the request's task when its client disconnects (ASGI 2.1 only reports that on
+    ``receive``). Started at once for streams; for plain replies only after ``delay``, so that
+    quick calls pay for a timer, not a task, and slow ones still stop the upstream call."""
+
+    __slots__ = ("gone", "_receive", "_task", "_timer", "_watcher")
+
+    def __init__(self, receive: Receive, delay: float) -> None:
+        self.gone = False
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._watcher: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        if delay <= 0:
+            self._start()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(delay, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.gone = True
+                if self._task is not None:
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    def client_gone(self) -> bool:
+        """After a CancelledError: True (and the cancellation absorbed) when it came from
+        the client going away; False when it is a real cancellation to pass on."""
+        if not self.gone:
+            return False
+        if self._task is not None:
+            self._task.uncancel()
+        return True
 
 
 async def send_json(

@@ -30,13 +30,13 @@ import orjson
 from gateway.asgi import (
     JSON_HEADERS,
     ClientGone,
+    DisconnectWatch,
     forwarded_headers,
     header,
     parse_json,
     read_body,
     send_error,
     send_json,
-    watch_disconnect,
 )
 from gateway.auth import check_key, extract_key, key_hash
 from gateway.billing import ClientAddress, Rate, usage_tokens
@@ -75,6 +75,7 @@ log = logging.getLogger("gateway.relay")
 
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
+REPLY_WATCH_DELAY = 1.0  # seconds before a plain (non-stream) reply starts watching
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
 _REQUEST_IDS = itertools.count(1)
@@ -310,44 +311,63 @@ class Relay:
                 channels[0], model.default_max_tokens, req, client, ctx, client_headers, call, send
             )
             return
-        last: GatewayError | None = None
-        for channel in channels:
-            upstream = ADAPTERS[channel.type]
-            target = UpstreamTarget(
-                channel=channel.name,
-                base_url=channel.base_url,
-                api_key=channel.api_key,
-                model=channel.upstream_model(call.model),
-                default_max_tokens=model.default_max_tokens,
-                stream=stream,
-                client_headers=client_headers,
-            )
-            passthrough = channel.type == spec.protocol
-            if passthrough:
-                body_payload = payload if len(channels) == 1 else dict(payload)
-                up_call = upstream.passthrough_request(body_payload, route, target)
-            else:
-                assert req is not None
-                up_call = upstream.encode_request(req, target)
-            call.channel = channel.name
-            try:
-                resp = await self._open(up_call, upstream, channel)
-            except GatewayError as err:
-                last = err
-                if err.retryable:
-                    continue
-                raise
-            try:
-                if stream:
-                    await self._stream(
-                        resp, route, target, client, upstream, passthrough, ctx, call, receive, send
-                    )
+        # a client that goes away stops the upstream call: streams at once, replies after a
+        # short while (most replies come sooner, and a timer costs less than a task)
+        watch = DisconnectWatch(receive, 0.0 if stream else REPLY_WATCH_DELAY)
+        try:
+            last: GatewayError | None = None
+            for channel in channels:
+                upstream = ADAPTERS[channel.type]
+                target = UpstreamTarget(
+                    channel=channel.name,
+                    base_url=channel.base_url,
+                    api_key=channel.api_key,
+                    model=channel.upstream_model(call.model),
+                    default_max_tokens=model.default_max_tokens,
+                    stream=stream,
+                    client_headers=client_headers,
+                )
+                passthrough = channel.type == spec.protocol
+                if passthrough:
+                    body_payload = payload if len(channels) == 1 else dict(payload)
+                    up_call = upstream.passthrough_request(body_payload, route, target)
                 else:
-                    await self._reply(resp, client, upstream, passthrough, ctx, call, send)
-            finally:
-                resp.close()
-            return
-        raise last if last is not None else UpstreamUnavailableError("no channel answered")
+                    assert req is not None
+                    up_call = upstream.encode_request(req, target)
+                call.channel = channel.name
+                try:
+                    resp = await self._open(up_call, upstream, channel)
+                except GatewayError as err:
+                    last = err
+                    if err.retryable:
+                        continue
+                    raise
+                try:
+                    if stream:
+                        await self._stream(
+                            resp,
+                            route,
+                            target,
+                            client,
+                            upstream,
+                            passthrough,
+                            ctx,
+                            call,
+                            watch,
+                            send,
+                        )
+                    else:
+                        await self._reply(resp, client, upstream, passthrough, ctx, call, send)
+                finally:
+                    resp.close()
+                return
+            raise last if last is not None else UpstreamUnavailableError("no channel answered")
+        except asyncio.CancelledError:
+            if not watch.client_gone():
+                raise
+            raise ClientGone() from None
+        finally:
+            watch.stop()
 
     async def _open(
         self, up_call: UpstreamCall, upstream: Adapter, channel: Channel
@@ -444,7 +464,7 @@ class Relay:
         passthrough: bool,
         ctx: Ctx,
         call: Call,
-        receive: Receive,
+        watch: DisconnectWatch,
         send: Send,
     ) -> None:
         parser = SSEParser()
@@ -464,8 +484,6 @@ class Relay:
                 "headers": [(b"content-type", content_type.encode()), *STREAM_HEADERS],
             }
         )
-        gone = asyncio.Event()
-        watcher = asyncio.create_task(watch_disconnect(receive, gone, asyncio.current_task()))
         out = b""  # bytes converted but not yet sent: flushed before an error event too
         try:
             try:
@@ -514,15 +532,11 @@ class Relay:
             await send({"type": "http.response.body", "body": out + tail, "more_body": False})
             log.warning("relay.stream_error channel=%s status=%d", target.channel, err.status)
         except asyncio.CancelledError:
-            if not gone.is_set():
+            if not watch.client_gone():
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
             self._bill(call, ps.usage if passthrough else usage)
             raise ClientGone() from None
         finally:
-            watcher.cancel()
             resp.close()
 
     async def _count(

@@ -4,6 +4,7 @@ cooldown, errors inside a stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import aiohttp
@@ -164,3 +165,19 @@ async def test_failing_channel_cools_down_only_after_failures_in_a_row(gateway) 
         statuses = [await ask("[[fake status=500]]") for _ in range(3)]
         assert statuses == [502, 502, 502]
         assert await ask("hi") == 503  # resting now
+
+
+async def test_client_leaving_a_slow_reply_closes_the_upstream_call(gateway, fake) -> None:
+    """A plain (non-stream) call whose client goes away stops the upstream call too."""
+    body = {"model": "chat-small", "messages": [{"role": "user", "content": "[[fake hang]]"}]}
+    async with aiohttp.ClientSession() as s:
+        request = asyncio.ensure_future(
+            s.post(gateway.v1 + "/chat/completions", json=body, headers=HEADERS)
+        )
+        await asyncio.sleep(1.5)  # past the moment the gateway starts watching
+        request.cancel()  # the client gives up and closes its connection
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+    assert await fake.wait_disconnect(timeout=5.0)
+    rec = await last_record(gateway)
+    assert rec.status == 499

@@ -21,6 +21,10 @@ from gateway.store.cache import Cache
 log = logging.getLogger("gateway.store.writer")
 
 DEFAULT_BATCH = 256
+# how long the first record of a batch waits for company: one transaction per record costs
+# ~0.5 ms of CPU here, one per batch a fraction of that; the cache is debited at once anyway,
+# and flush() cuts the wait short
+LINGER = 0.05
 RETRY_FIRST = 0.05  # seconds before the first retry, doubling each time
 RETRY_MAX = 5.0
 STOP_TIMEOUT = 30.0
@@ -38,6 +42,7 @@ class UsageWriter:
         self._written = 0
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._urgent = asyncio.Event()  # a flush() is waiting: no lingering
 
     def submit(self, rec: UsageRecord) -> None:
         """Queue a record and debit its cost from the cache; sync, never blocks."""
@@ -58,6 +63,8 @@ class UsageWriter:
     async def flush(self) -> None:
         """Return once every record submitted before this call is in the store."""
         target = self._submitted
+        if self._written < target:
+            self._urgent.set()
         while self._written < target:
             if self._task is None:
                 batch = self._take(self._queue.qsize())
@@ -106,7 +113,14 @@ class UsageWriter:
     async def _run(self) -> None:
         while True:
             first = await self._queue.get()
+            if self._queue.qsize() < self._batch - 1 and not self._urgent.is_set():
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), LINGER)
+                except TimeoutError:
+                    pass
             batch = [first, *self._take(self._batch - 1)]
+            if self._queue.empty():
+                self._urgent.clear()
             await self._write(batch)
             _raise_if_cancelled()
 
