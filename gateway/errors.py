@@ -11,6 +11,7 @@
     ├── InternalError               500  a bug of ours
     ├── UpstreamError               502  upstream failure, bad reply, bad channel credentials
     ├── UpstreamUnavailableError    503  upstream overloaded, or every channel cooling down
+    │   └── GatewayOverloadedError  503  this process ran out of sockets: not the channel's fault
     └── UpstreamTimeoutError        504  upstream did not answer in time
 
 Errors are raised deep and rendered at the edge by the client protocol's adapter
@@ -97,6 +98,13 @@ class UpstreamUnavailableError(GatewayError):
     status = 503
     type = "overloaded_error"
     retryable = True
+
+
+class GatewayOverloadedError(UpstreamUnavailableError):
+    """The gateway itself could not open a connection (no file descriptors, no ports left):
+    neither retried elsewhere nor counted against the channel."""
+
+    retryable = False
 
 
 class UpstreamTimeoutError(GatewayError):

@@ -44,6 +44,7 @@ from gateway.config import Channel, Settings
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
+    GatewayOverloadedError,
     InsufficientBalanceError,
     InternalError,
     InvalidRequestError,
@@ -375,6 +376,8 @@ class Relay:
         """The upstream response once its status is known and is a success."""
         try:
             resp = await self.upstream.open(up_call)
+        except GatewayOverloadedError:
+            raise  # our own exhaustion: the channel is not to blame
         except GatewayError:
             self._failed(channel)
             raise

@@ -8,12 +8,21 @@ may last as long as it keeps sending; aiohttp's 5-minute default total is never 
 from __future__ import annotations
 
 import asyncio
+import errno
 
 import aiohttp
 
 from gateway.config import UpstreamSettings
-from gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
+from gateway.errors import (
+    GatewayError,
+    GatewayOverloadedError,
+    UpstreamError,
+    UpstreamTimeoutError,
+)
 from gateway.protocols.base import UpstreamCall
+
+# connect failures that say this process is exhausted, not that the upstream is down
+LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
 
 
 class Upstream:
@@ -54,6 +63,10 @@ class Upstream:
             )
         except TimeoutError:
             raise UpstreamTimeoutError("the upstream did not answer in time") from None
+        except aiohttp.ClientConnectorError as exc:
+            if exc.os_error.errno in LOCAL_EXHAUSTION:
+                raise GatewayOverloadedError("the gateway is out of connections") from None
+            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
 
