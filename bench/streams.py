@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 CONNECT_TIMEOUT = 10.0  # a server whose accept queue is full must not stall the run
+CONNECT_PHASE_TIMEOUT = 30.0  # the whole connect phase of one cell
 CONNECT_CONCURRENCY = 256
 
 
@@ -141,7 +142,13 @@ async def run(
         streams.append(proto)
 
     t_connect = time.perf_counter()
-    await asyncio.gather(*(connect() for _ in range(n)))
+    tasks = [asyncio.ensure_future(connect()) for _ in range(n)]
+    _, late = await asyncio.wait(tasks, timeout=CONNECT_PHASE_TIMEOUT)
+    for task in late:  # a server whose accept queue stays full: give up on the rest
+        task.cancel()
+    if late:
+        await asyncio.wait(late)
+        connect_errors += len(late)
     connect_seconds = time.perf_counter() - t_connect
     opened = len(streams)
 
