@@ -98,7 +98,7 @@ class UpstreamSettings:
 
     connect_timeout: float = 10.0
     read_timeout: float = 300.0  # the longest silence allowed between two upstream bytes
-    pool_size: int = 1000
+    pool_size: int = 0  # upstream connections at once; 0: no limit (each stream holds one)
     pool_size_per_host: int = 0  # 0: no per-host cap beyond pool_size
     retries: int = 2  # further channels tried after the first fails (before any byte is sent)
     cooldown_seconds: float = 30.0
@@ -457,7 +457,7 @@ def _upstream(v: Any) -> UpstreamSettings:
             d.get("connect_timeout", base.connect_timeout), "upstream.connect_timeout"
         ),
         read_timeout=_num(d.get("read_timeout", base.read_timeout), "upstream.read_timeout"),
-        pool_size=_int(d.get("pool_size", base.pool_size), "upstream.pool_size", minimum=1),
+        pool_size=_int(d.get("pool_size", base.pool_size), "upstream.pool_size"),
         pool_size_per_host=_int(
             d.get("pool_size_per_host", base.pool_size_per_host), "upstream.pool_size_per_host"
         ),
