@@ -62,6 +62,7 @@ from gateway.model_list import (
 from gateway.model_list import openai_model as openai_model_entry
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Adapter, Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.openai import usage_wanted
 from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
 from gateway.sse import SSEParser
@@ -298,7 +299,7 @@ class Relay:
         if needs_decode:
             # the one conversion toward the internal shape, shared by every attempt
             req = client.decode_request(payload, route)
-        include_usage = spec.protocol == "openai" and _include_usage(payload)
+        include_usage = spec.protocol == "openai" and usage_wanted(payload)
         ctx = Ctx(
             request_id=call.request_id,
             model=call.model,
@@ -596,8 +597,3 @@ class RelayEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.relay.handle(self.spec, scope, receive, send)
-
-
-def _include_usage(payload: JSON) -> bool:
-    opts = payload.get("stream_options")
-    return isinstance(opts, dict) and opts.get("include_usage") is True

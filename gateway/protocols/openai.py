@@ -79,7 +79,8 @@ def check_chat_request(payload: JSON) -> None:
         raise InvalidRequestError("'stream' must be a boolean")
 
 
-def _usage_wanted(payload: JSON) -> bool:
+def usage_wanted(payload: JSON) -> bool:
+    """Whether a chat-completions client asked for the usage chunk of its stream."""
     opts = payload.get("stream_options")
     return isinstance(opts, dict) and opts.get("include_usage") is True
 
@@ -347,7 +348,7 @@ class OpenAIAdapter:
         self, payload: JSON, route: RouteMatch, target: UpstreamTarget
     ) -> UpstreamCall:
         payload["model"] = target.model
-        if target.stream and not _usage_wanted(payload):
+        if target.stream and not usage_wanted(payload):
             opts = payload.get("stream_options")
             payload["stream_options"] = {
                 **(opts if isinstance(opts, dict) else {}),
