@@ -77,11 +77,18 @@ log = logging.getLogger("gateway.relay")
 
 STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
+LIST_ENDPOINTS = ("models", "model")  # answered from the catalogue: no usage record
 REPLY_WATCH_DELAY = 1.0  # seconds before a plain (non-stream) reply starts watching
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
 _REQUEST_IDS = itertools.count(1)
 _PROCESS_TAG = os.urandom(4).hex()
+
+
+def path_model(scope: Scope) -> str:
+    """The model named in a generate-content path (``models/`` prefix allowed)."""
+    name = str(scope.get("path_params", {}).get("model", ""))
+    return name.removeprefix("models/")
 
 
 def new_request_id() -> str:
@@ -153,7 +160,7 @@ class Relay:
             if secret is None:
                 raise AuthenticationError("Missing API key.")
             call.key = check_key(self.cache.key(key_hash(secret)), call.time)
-            if spec.endpoint in ("models", "model"):
+            if spec.endpoint in LIST_ENDPOINTS:
                 await self._models(spec, scope, call.key, send)
                 return
             raw = await read_body(scope, receive, self.max_body)
@@ -180,13 +187,12 @@ class Relay:
             if not call.responded:
                 await send_error(send, client, InternalError("internal error"))
         finally:
-            if call.key is not None and spec.endpoint not in ("models", "model"):
+            if call.key is not None and spec.endpoint not in LIST_ENDPOINTS:
                 self._record(call)  # once per request: a no-op if already recorded
 
     def _model_name(self, spec: RouteSpec, scope: Scope, payload: JSON) -> str:
         if spec.protocol == "gemini":
-            path_model = str(scope.get("path_params", {}).get("model", ""))
-            return path_model[7:] if path_model.startswith("models/") else path_model
+            return path_model(scope)
         model = payload.get("model") if isinstance(payload, dict) else None
         if not isinstance(model, str) or not model:
             raise InvalidRequestError("'model' is required and must be a string")
@@ -236,8 +242,7 @@ class Relay:
             ):
                 shape = "gemini"
         if spec.endpoint == "model":
-            name = str(scope.get("path_params", {}).get("model", ""))
-            name = name[7:] if name.startswith("models/") else name
+            name = path_model(scope)
             found = next((m for m in models if m.name == name), None)
             if found is None:
                 raise NotFoundError(f"The model '{name}' does not exist.")
