@@ -476,12 +476,12 @@ class Relay:
         watch: DisconnectWatch,
         send: Send,
     ) -> None:
-        parser = SSEParser()
         usage: Usage | None = None
         if passthrough:
             ps = client.passthrough_stream(ctx, route, target)
             content_type = ps.content_type
         else:
+            parser = SSEParser()
             decoder = upstream.stream_decoder(ctx)
             encoder = client.stream_encoder(ctx, route)
             content_type = encoder.content_type
@@ -498,8 +498,7 @@ class Relay:
             try:
                 async for raw in resp.content.iter_any():
                     if passthrough:
-                        for event in parser.feed(raw):
-                            out += ps.feed(event)
+                        out = ps.feed(raw)
                     else:
                         for event in parser.feed(raw):
                             for chunk in decoder.feed(event):
@@ -509,14 +508,11 @@ class Relay:
                     if out:
                         body, out = out, b""
                         await send({"type": "http.response.body", "body": body, "more_body": True})
-                tail_events = parser.close()
                 if passthrough:
-                    for event in tail_events:
-                        out += ps.feed(event)
                     out += ps.finish()
                     usage = ps.usage
                 else:
-                    for event in tail_events:
+                    for event in parser.close():
                         for chunk in decoder.feed(event):
                             usage = chunk.get("usage") or usage
                             out += encoder.encode(chunk)

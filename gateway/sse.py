@@ -46,7 +46,7 @@ class SSEParser:
             if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
                 events.append(SSEEvent(None, buf[start + 6 : end]))
             elif end > start:
-                event = _parse_block(buf[start:end])
+                event = parse_event(buf[start:end])
                 if event is not None:
                     events.append(event)
             start = end + 2
@@ -64,8 +64,9 @@ class SSEParser:
         return bool(self._buf.strip(b"\n"))
 
 
-def _parse_block(block: bytes) -> SSEEvent | None:
-    """One event's lines (no blank line among them): fields, comments, several data lines."""
+def parse_event(block: bytes) -> SSEEvent | None:
+    """One event's lines (LF line ends, no blank line among them, a trailing blank line
+    allowed): fields, comments, several data lines. None when it holds no data."""
     event: str | None = None
     data: list[bytes] = []
     for line in block.split(b"\n"):

@@ -144,10 +144,7 @@ def run_stream(c: Case, raw: bytes, split: int | None = None) -> bytes:
         ps = c.client.passthrough_stream(c.ctx, c.route, c.target)
         try:
             for piece in pieces:
-                for event in parser.feed(piece):
-                    out += ps.feed(event)
-            for event in parser.close():
-                out += ps.feed(event)
+                out += ps.feed(piece)
             out += ps.finish()
         except GatewayError as err:
             out += ps.error(err)

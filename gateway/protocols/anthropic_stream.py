@@ -26,7 +26,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
     error_for_status,
 )
-from gateway.protocols.base import Ctx
+from gateway.protocols.base import Ctx, EventPassthrough
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, ChatMessage, ChatResponse, Delta, ToolCall, Usage
 
@@ -570,7 +570,7 @@ class AnthropicStreamEncoder:
 
 
 # passthrough ----------------------------------------------------------------------------------
-class AnthropicPassthrough:
+class AnthropicPassthrough(EventPassthrough):
     """Anthropic events forwarded to an anthropic client. Only ``message_start`` and
     ``message_delta`` are parsed (usage, and the model name mapped back to the client's);
     everything else goes out as it came."""
@@ -578,13 +578,14 @@ class AnthropicPassthrough:
     __slots__ = ("content_type", "usage", "_model", "_raw_usage", "_done")
 
     def __init__(self, ctx: Ctx) -> None:
+        super().__init__()
         self.content_type = EVENT_STREAM
         self.usage: Usage | None = None
         self._model = ctx.model
         self._raw_usage: dict[str, JSON] = {}
         self._done = False
 
-    def feed(self, event: SSEEvent) -> bytes:
+    def feed_event(self, event: SSEEvent) -> bytes:
         name = event.event
         if name == "message_start":
             payload = _load(event.data)
@@ -612,10 +613,10 @@ class AnthropicPassthrough:
             return b"data: " + data + b"\n\n"
         return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
 
-    def finish(self) -> bytes:
+    def end(self) -> bytes:
         if not self._done:
             raise UpstreamError("upstream stream ended before message_stop")
         return b""
 
-    def error(self, err: GatewayError) -> bytes:
+    def error_event(self, err: GatewayError) -> bytes:
         return frame(orjson.dumps(error_body(err)), "error")

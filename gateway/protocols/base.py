@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from gateway.errors import GatewayError
-from gateway.sse import SSEEvent
+from gateway.sse import SSEEvent, SSEParser
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 
@@ -94,18 +94,60 @@ class StreamEncoder(Protocol):
 
 
 class PassthroughStream(Protocol):
-    """Upstream events forwarded to a client of the same protocol, usage read on the way."""
+    """The upstream's stream bytes forwarded to a client of the same protocol, usage read on
+    the way. Fed the bytes as they arrive; returns what to send now."""
 
     content_type: str
     usage: Usage | None
 
-    def feed(self, event: SSEEvent) -> bytes: ...
+    def feed(self, raw: bytes) -> bytes: ...
 
     def finish(self) -> bytes:
         """At upstream EOF. Raises UpstreamError if the stream was cut before its end."""
         ...
 
     def error(self, err: GatewayError) -> bytes: ...
+
+
+class EventPassthrough:
+    """A passthrough that looks at every event: owns the SSE parser and hands each event to
+    ``feed_event``; ``end`` is called at EOF after the last event. When an event raises, the
+    events before it in the same read still go out, ahead of the error event."""
+
+    __slots__ = ("_parser", "_before_error")
+
+    def __init__(self) -> None:
+        self._parser = SSEParser()
+        self._before_error = b""
+
+    def feed(self, raw: bytes) -> bytes:
+        events = self._parser.feed(raw)
+        return self._events(events) if events else b""
+
+    def finish(self) -> bytes:
+        return self._events(self._parser.close()) + self.end()
+
+    def _events(self, events: list[SSEEvent]) -> bytes:
+        out: list[bytes] = []
+        try:
+            for event in events:
+                out.append(self.feed_event(event))
+        except GatewayError:
+            self._before_error = b"".join(out)
+            raise
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return self._before_error + self.error_event(err)
+
+    def feed_event(self, event: SSEEvent) -> bytes:
+        raise NotImplementedError
+
+    def end(self) -> bytes:
+        raise NotImplementedError
+
+    def error_event(self, err: GatewayError) -> bytes:
+        raise NotImplementedError
 
 
 class Adapter(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError, error_for_status
-from gateway.protocols.base import Ctx
+from gateway.protocols.base import Ctx, EventPassthrough
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
@@ -463,12 +463,13 @@ class GeminiStreamEncoder:
         return data + b"]"
 
 
-class GeminiPassthroughStream:
+class GeminiPassthroughStream(EventPassthrough):
     """Upstream Gemini SSE events forwarded to a Gemini client, re-framed for the JSON array
     when the client did not ask for SSE. An event is re-serialised only when its modelVersion
     must be mapped back to the client's model name."""
 
     def __init__(self, ctx: Ctx, sse: bool) -> None:
+        super().__init__()
         self._ctx = ctx
         self._sse = sse
         self.content_type = "text/event-stream" if sse else "application/json"
@@ -485,7 +486,7 @@ class GeminiPassthroughStream:
         self._started = True
         return b"[" + data
 
-    def feed(self, event: SSEEvent) -> bytes:
+    def feed_event(self, event: SSEEvent) -> bytes:
         payload = load_event(event)
         if "usageMetadata" in payload:
             self.usage = decode_usage(payload["usageMetadata"])
@@ -498,7 +499,7 @@ class GeminiPassthroughStream:
             data = orjson.dumps(payload)
         return self._write(data)
 
-    def finish(self) -> bytes:
+    def end(self) -> bytes:
         if not self._finished:
             raise UpstreamError("upstream stream ended before a finishReason")
         if self._sse or self._closed:
@@ -506,7 +507,7 @@ class GeminiPassthroughStream:
         self._closed = True
         return b"]" if self._started else b"[]"
 
-    def error(self, err: GatewayError) -> bytes:
+    def error_event(self, err: GatewayError) -> bytes:
         data = self._write(orjson.dumps(error_body(err)))
         if self._sse or self._closed:
             return data

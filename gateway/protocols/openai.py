@@ -19,7 +19,8 @@ Not carried toward an openai channel (dropped on purpose):
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import orjson
 
@@ -30,7 +31,7 @@ from gateway.errors import (
     error_for_status,
 )
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
-from gateway.sse import DONE, SSEEvent, frame
+from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 EVENT_STREAM = "text/event-stream"
@@ -187,15 +188,30 @@ def _stream_error(payload: JSON) -> GatewayError:
 
 
 class OpenAIPassthrough:
-    """openai client, openai channel: events forwarded as they are, usage read on the way.
+    """openai client, openai channel: the upstream's bytes forwarded as they came, usage read
+    on the way.
 
-    Only a chunk that may carry usage (a ``"usage"`` key not ending the chunk as null, which
-    cannot occur inside a JSON string, where quotes are escaped) or an error is decoded; the
-    rest is forwarded as it came. Whether the stream ended properly is told by ``[DONE]``, or
-    at EOF by the last chunk carrying a finish reason or usage.
+    Bytes go out up to the last complete event of each read (``\n\n``), with the upstream's
+    model name mapped back by a byte replacement (the pattern holds an unescaped ``":"``, which
+    cannot occur inside a JSON string). A block is looked at event by event only when it holds
+    a usage object or an error, about once per stream; the rest is never parsed. A stream
+    with CR line ends is handled event by event from its first CR on. Whether the stream
+    ended properly is told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason
+    or usage.
     """
 
-    __slots__ = ("content_type", "usage", "_include_usage", "_model", "_rename", "_done", "_last")
+    __slots__ = (
+        "content_type",
+        "usage",
+        "_include_usage",
+        "_model",
+        "_rename",
+        "_done",
+        "_buf",
+        "_last",
+        "_parser",
+        "_before_error",
+    )
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
         self.content_type = EVENT_STREAM
@@ -203,7 +219,10 @@ class OpenAIPassthrough:
         self._include_usage = ctx.include_usage
         self._model = ctx.model
         self._done = False
-        self._last = b""
+        self._buf = b""  # bytes after the last complete event
+        self._last = b""  # the last block that held data (its last event is read at EOF)
+        self._parser: SSEParser | None = None  # from the first CR on
+        self._before_error = b""
         self._rename: tuple[tuple[bytes, bytes], ...] = ()
         if target.model != ctx.model:
             up = orjson.dumps(target.model)
@@ -213,12 +232,76 @@ class OpenAIPassthrough:
                 (b'"model": ' + up, b'"model": ' + mine),
             )
 
-    def feed(self, event: SSEEvent) -> bytes:
-        data = event.data
+    def feed(self, raw: bytes) -> bytes:
+        if self._parser is not None:
+            return self._rename_in(self._each(self._parser.feed(raw), self._framed))
+        buf = self._buf + raw if self._buf else raw
+        if b"\r" in buf:
+            self._buf = b""
+            self._parser = SSEParser()
+            return self.feed(buf)
+        cut = buf.rfind(b"\n\n") + 2
+        if cut < 2:
+            self._buf = buf
+            return b""
+        if cut == len(buf):
+            block, self._buf = buf, b""
+        else:
+            block, self._buf = buf[:cut], buf[cut:]
+        return self._block(block)
+
+    def _block(self, block: bytes) -> bytes:
+        """Complete events, LF line ends: forwarded as they are up to the first event that may
+        hold usage or an error; from there on event by event."""
+        if b"data:" in block:
+            self._last = block
+        if block.startswith(DONE) or b"\n" + DONE in block:
+            self._done = True
+        if b'"error"' in block or block.count(b'"usage"') != block.count(
+            b'"usage":null'
+        ) + block.count(b'"usage": null'):
+            return self._rename_in(self._by_event(block, _first_suspect(block)))
+        return self._rename_in(block)
+
+    def _by_event(self, block: bytes, start: int) -> bytes:
+        pieces: list[bytes] = []
+        while (end := block.find(b"\n\n", start)) >= 0:
+            pieces.append(block[start : end + 2])
+            start = end + 2
+        if start < len(block):
+            pieces.append(block[start:])
+        return self._each(pieces, self._piece, block[: len(block) - sum(map(len, pieces))])
+
+    def _each(self, items: list[Any], one: Callable[[Any], bytes], head: bytes = b"") -> bytes:
+        """One output per item after ``head``; on an error, what came before it waits for
+        ``error()``."""
+        out: list[bytes] = [head]
+        try:
+            for item in items:
+                out.append(one(item))
+        except GatewayError:
+            self._before_error = self._rename_in(b"".join(out))
+            raise
+        return b"".join(out)
+
+    def _piece(self, piece: bytes) -> bytes:
+        """Block mode: one event's raw bytes, forwarded or replaced."""
+        event = parse_event(piece)
+        replaced = self._event(event.data) if event is not None else None
+        return piece if replaced is None else replaced
+
+    def _framed(self, event: SSEEvent) -> bytes:
+        """Parser mode: one event, framed anew."""
+        framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
+        self._last = framed
+        replaced = self._event(event.data)
+        return framed if replaced is None else replaced
+
+    def _event(self, data: bytes) -> bytes | None:
+        """What replaces one event, or None when it goes out as it came."""
         if data == b"[DONE]":
             self._done = True
-            return DONE
-        self._last = data
+            return None
         if data.startswith(b'{"error"') or (
             not data.endswith(b'"usage":null}') and b'"usage"' in data
         ):
@@ -232,30 +315,52 @@ class OpenAIPassthrough:
                     if not chunk.get("choices"):
                         return b""
                     chunk.pop("usage", None)
-                    if self._rename:
-                        chunk["model"] = self._model
                     return frame(orjson.dumps(chunk))
-        if self._rename:
-            for old, new in self._rename:
-                renamed = data.replace(old, new, 1)
-                if renamed is not data and renamed != data:
-                    if len(self._rename) > 1:
-                        self._rename = ((old, new),)  # this upstream's spelling, from now on
-                    data = renamed
-                    break
-        return b"data: " + data + b"\n\n"
+        return None
+
+    def _rename_in(self, out: bytes) -> bytes:
+        for old, new in self._rename:
+            if old in out:
+                out = out.replace(old, new)
+        return out
 
     def finish(self) -> bytes:
+        if self._parser is not None:
+            out = self._rename_in(self._each(self._parser.close(), self._framed))
+        elif self._buf.strip(b"\n"):  # an event not ended by a blank line (lenient)
+            out = self._block(self._buf + b"\n\n")
+        else:
+            out = self._buf  # nothing, or the last line ends
+        self._buf = b""
         if self._done:
-            return b""
-        if self._last:
-            last = _chunk(self._last)
+            return out
+        events = SSEParser().feed(self._last)
+        if events:
+            last = _chunk(events[-1].data)
             if last.get("usage") or any(c.get("finish_reason") for c in last.get("choices") or ()):
-                return DONE  # an upstream that ends without [DONE], but ended properly
+                return out + DONE  # an upstream that ends without [DONE], but ended properly
         raise UpstreamError("upstream stream ended before it was complete")
 
     def error(self, err: GatewayError) -> bytes:
-        return frame(orjson.dumps(error_body(err)))
+        return self._before_error + frame(orjson.dumps(error_body(err)))
+
+
+def _first_suspect(block: bytes) -> int:
+    """Where the first event that may hold a usage object or an error starts (0 when the
+    usage spelling is not one of the usual two)."""
+    found = [
+        i
+        for i in (
+            block.find(b'"usage":{'),
+            block.find(b'"usage": {'),
+            block.find(b'"error"'),
+        )
+        if i >= 0
+    ]
+    if not found:
+        return 0
+    end = block.rfind(b"\n\n", 0, min(found))
+    return 0 if end < 0 else end + 2
 
 
 def _chunk(data: bytes) -> JSON:

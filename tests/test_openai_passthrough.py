@@ -1,0 +1,108 @@
+"""The openai pass-through stream: bytes forwarded as they came, usage read however spelt."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.protocols import ADAPTERS
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamTarget
+
+OPENAI = ADAPTERS["openai"]
+ROUTE = RouteMatch(protocol="openai", capability="chat")
+USAGE = {"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14}
+
+
+def passthrough(*, include_usage: bool = True, upstream_model: str = "chat-small") -> object:
+    ctx = Ctx(request_id="r", model="chat-small", created=1, include_usage=include_usage)
+    target = UpstreamTarget(
+        channel="c",
+        base_url="http://up.test/v1",
+        api_key="k",
+        model=upstream_model,
+        default_max_tokens=16,
+        stream=True,
+    )
+    return OPENAI.passthrough_stream(ctx, ROUTE, target)
+
+
+def chunk(text: str | None, *, finish: str | None = None, spaced: bool = False) -> bytes:
+    body: dict[str, object] = {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "model": "chat-small",
+        "choices": []
+        if text is None
+        else [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],  # noqa: E501
+        "usage": USAGE if text is None else None,
+    }
+    if not spaced:
+        return orjson.dumps(body)
+    import json
+
+    return json.dumps(body).encode()
+
+
+def stream(events: list[bytes], sep: bytes = b"\n\n", prefix: bytes = b"data: ") -> bytes:
+    return b"".join(prefix + e + sep for e in events) + prefix + b"[DONE]" + sep
+
+
+def run(ps: object, raw: bytes, split: int | None = None) -> bytes:
+    pieces = [raw] if split is None else [raw[:split], raw[split:]]
+    out = b"".join(ps.feed(p) for p in pieces)  # type: ignore[attr-defined]
+    return out + ps.finish()  # type: ignore[attr-defined]
+
+
+RAW_FORMS = {
+    "comments and data without a space": b": PROCESSING\n\ndata:"
+    + chunk("Hi")
+    + b"\n\n: keep-alive\n\n"
+    + stream([chunk("!", finish="stop"), chunk(None)]),
+    "blank lines beyond the separator": stream([chunk("Hi"), chunk(None)], sep=b"\n\n\n"),
+    "python json spacing": stream([chunk("Hi", spaced=True), chunk(None, spaced=True)]),
+}
+
+
+@pytest.mark.parametrize("raw", RAW_FORMS.values(), ids=RAW_FORMS.keys())
+def test_a_stream_needing_no_change_goes_out_byte_for_byte_however_it_is_split(raw: bytes) -> None:
+    for split in [None, *range(1, len(raw))]:
+        ps = passthrough()
+        assert run(ps, raw, split) == raw, f"split at {split}"
+        assert ps.usage == USAGE  # type: ignore[attr-defined]
+
+
+SPELLINGS = {
+    "compact": stream([chunk("Hi", finish="stop"), chunk(None)]),
+    "spaced": stream([chunk("Hi", finish="stop", spaced=True), chunk(None, spaced=True)]),
+    "crlf": stream([chunk("Hi", finish="stop"), chunk(None)], sep=b"\r\n\r\n"),
+    "cr": stream([chunk("Hi", finish="stop", spaced=True), chunk(None)], sep=b"\r\r"),
+}
+
+
+@pytest.mark.parametrize("raw", SPELLINGS.values(), ids=SPELLINGS.keys())
+def test_usage_is_read_and_dropped_when_not_asked_for_whatever_the_spelling(raw: bytes) -> None:
+    ps = passthrough(include_usage=False, upstream_model="up-model")
+    out = run(ps, raw.replace(b'"chat-small"', b'"up-model"'))
+    assert ps.usage == USAGE  # type: ignore[attr-defined]
+    assert b"prompt_tokens" not in out and b"up-model" not in out
+    assert out.count(b"chat-small") == 1 and out.endswith(b"data: [DONE]\n\n")
+
+
+def test_content_before_an_error_in_the_same_read_reaches_the_client_first() -> None:
+    error = b'{"error":{"message":"overloaded","type":"server_error","code":503}}'
+    raw = b"data: " + chunk("Hel") + b"\n\ndata: " + error + b"\n\n"
+    ps = passthrough()
+    with pytest.raises(GatewayError) as caught:
+        ps.feed(raw)  # type: ignore[attr-defined]
+    out = ps.error(caught.value)  # type: ignore[attr-defined]
+    assert out.index(b'"Hel"') < out.index(b"overloaded")
+    assert caught.value.status == 503
+
+
+def test_a_stream_cut_before_its_end_is_an_error_and_one_ended_without_done_is_not() -> None:
+    cut = b"data: " + chunk("Hel") + b"\n\n"
+    with pytest.raises(GatewayError):
+        run(passthrough(), cut)
+    ended = b"data: " + chunk("Hel", finish="stop") + b"\n\n"
+    assert run(passthrough(), ended).endswith(b"data: [DONE]\n\n")
