@@ -13,28 +13,23 @@ from urllib.parse import parse_qsl
 
 from gateway.errors import AuthenticationError
 from gateway.store import KeyRecord
-from gateway.types import Scope
-
-HEADER_NAMES = (b"authorization", b"x-api-key", b"x-goog-api-key")
 
 
-def extract_key(scope: Scope, allow_query: bool = False) -> str | None:
-    found: dict[bytes, bytes] = {}
-    for name, value in scope["headers"]:
-        if name in HEADER_NAMES:
-            found[name] = value
+def extract_key(
+    found: dict[bytes, bytes], query_string: bytes = b"", allow_query: bool = False
+) -> str | None:
+    """The secret from the request's headers (``gateway.asgi.request_headers``) or query."""
     auth = found.get(b"authorization")
     if auth is not None:
         scheme, _, token = auth.partition(b" ")
         if scheme.lower() == b"bearer" and token.strip():
             return token.strip().decode("latin-1")
-    for name in (b"x-api-key", b"x-goog-api-key"):
-        v = found.get(name)
+    for header in (b"x-api-key", b"x-goog-api-key"):
+        v = found.get(header)
         if v:
             return v.strip().decode("latin-1")
-    if allow_query and scope.get("query_string"):
-        query: bytes = scope["query_string"]
-        for name, value in parse_qsl(query.decode("latin-1")):
+    if allow_query and query_string:
+        for name, value in parse_qsl(query_string.decode("latin-1")):
             if name == "key" and value:
                 return value
     return None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.config import Price
-from gateway.types import Scope, Usage
+from gateway.types import Usage
 
 PICO_PER_MICRO = 1_000_000
 
@@ -79,18 +79,13 @@ class ClientAddress:
         self._trusted = tuple(ipaddress.ip_network(n, strict=False) for n in trusted_proxies)
         self._ranges: dict[tuple[object, bytes | None], str] = {}
 
-    def range_of(self, scope: Scope) -> str:
-        """The client's /24 or /48 (see ``ip_range``)."""
-        client = scope.get("client")
-        forwarded: bytes | None = None
-        for name, value in scope["headers"]:
-            if name == b"x-forwarded-for":
-                forwarded = value
-                break
+    def range_of(self, client: Sequence[object] | None, forwarded: bytes | None) -> str:
+        """The client's /24 or /48 (see ``ip_range``), from the ASGI ``client`` and the first
+        X-Forwarded-For header."""
         cache_key = (client[0] if client else None, forwarded)
         found = self._ranges.get(cache_key)
         if found is None:
-            found = ip_range(self.of(scope))
+            found = ip_range(self.of(client, forwarded))
             if len(self._ranges) >= RANGE_CACHE_SIZE:
                 self._ranges.clear()
             self._ranges[cache_key] = found
@@ -103,18 +98,15 @@ class ClientAddress:
             return False
         return any(addr in net for net in self._trusted)
 
-    def of(self, scope: Scope) -> str | None:
-        client = scope.get("client")
+    def of(self, client: Sequence[object] | None, forwarded: bytes | None) -> str | None:
         peer: str | None = str(client[0]) if client else None
         if peer is None or not self._trusted or not self._is_trusted(peer):
             return peer
-        for name, value in scope["headers"]:
-            if name == b"x-forwarded-for":
-                # the right-most address not itself a trusted proxy is the client
-                raw: bytes = value
-                hops = [h.strip() for h in raw.decode("latin-1").split(",") if h.strip()]
-                for hop in reversed(hops):
-                    if not self._is_trusted(hop):
-                        return hop
-                return hops[0] if hops else peer
-        return peer
+        if forwarded is None:
+            return peer
+        # the right-most address not itself a trusted proxy is the client
+        hops = [h.strip() for h in forwarded.decode("latin-1").split(",") if h.strip()]
+        for hop in reversed(hops):
+            if not self._is_trusted(hop):
+                return hop
+        return hops[0] if hops else peer

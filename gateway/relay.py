@@ -31,10 +31,11 @@ from gateway.asgi import (
     JSON_HEADERS,
     ClientGone,
     DisconnectWatch,
+    Headers,
     forwarded_headers,
-    header,
     parse_json,
     read_body,
+    request_headers,
     send_error,
     send_json,
 )
@@ -142,13 +143,14 @@ class Relay:
     # ------------------------------------------------------------------ request handling
     async def handle(self, spec: RouteSpec, scope: Scope, receive: Receive, send: Send) -> None:
         client = ADAPTERS[spec.protocol]
+        headers = request_headers(scope)
         call = Call(
             started=time.perf_counter(),
             time=datetime.now(UTC),
             request_id=new_request_id(),
             protocol=spec.protocol,
             endpoint=spec.endpoint,
-            ip_range=self.address.range_of(scope),
+            ip_range=self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
         try:
             if scope["method"] != spec.method:
@@ -156,14 +158,16 @@ class Relay:
                     f"Method {scope['method']} is not allowed on {scope['path']}.",
                     status=405,
                 )
-            secret = extract_key(scope, allow_query=spec.protocol == "gemini")
+            secret = extract_key(
+                headers, scope.get("query_string", b""), allow_query=spec.protocol == "gemini"
+            )
             if secret is None:
                 raise AuthenticationError("Missing API key.")
             call.key = check_key(self.cache.key(key_hash(secret)), call.time)
             if spec.endpoint in LIST_ENDPOINTS:
-                await self._models(spec, scope, call.key, send)
+                await self._models(spec, scope, headers, call.key, send)
                 return
-            raw = await read_body(scope, receive, self.max_body)
+            raw = await read_body(receive, self.max_body, headers.get(b"content-length"))
             payload = parse_json(raw)
             call.model = self._model_name(spec, scope, payload)
             balance = self.cache.balance(call.key.account)
@@ -171,7 +175,7 @@ class Relay:
                 raise InsufficientBalanceError(
                     "Your account balance is exhausted; top it up to continue."
                 )
-            await self._relay(spec, scope, receive, send, client, payload, call)
+            await self._relay(spec, scope, headers, receive, send, client, payload, call)
         except GatewayError as err:
             call.status = err.status
             if not call.responded:
@@ -228,18 +232,17 @@ class Relay:
         call.cost = self.rates[call.model].cost(p, c) if call.model in self.rates else 0
 
     # ------------------------------------------------------------------ model lists
-    async def _models(self, spec: RouteSpec, scope: Scope, key: KeyRecord, send: Send) -> None:
+    async def _models(
+        self, spec: RouteSpec, scope: Scope, headers: Headers, key: KeyRecord, send: Send
+    ) -> None:
         """The key's models in the shape of the asking SDK: /v1/models serves three of them
         (anthropic-version: Anthropic's; only x-goog-api-key: google-genai's default v1)."""
         models = self.catalogue.group_models(key.group)
         shape = spec.protocol
         if shape == "openai":
-            if header(scope, b"anthropic-version") is not None:
+            if b"anthropic-version" in headers:
                 shape = "anthropic"
-            elif (
-                header(scope, b"x-goog-api-key") is not None
-                and header(scope, b"authorization") is None
-            ):
+            elif b"x-goog-api-key" in headers and b"authorization" not in headers:
                 shape = "gemini"
         if spec.endpoint == "model":
             name = path_model(scope)
@@ -265,6 +268,7 @@ class Relay:
         self,
         spec: RouteSpec,
         scope: Scope,
+        headers: Headers,
         receive: Receive,
         send: Send,
         client: Adapter,
@@ -296,7 +300,7 @@ class Relay:
         )
         channels = channels[: 1 + self.retries]
         model = self.catalogue.models[call.model]
-        client_headers = forwarded_headers(scope)
+        client_headers = forwarded_headers(headers)
         req = None
         needs_decode = spec.endpoint == "count_tokens" or any(
             ch.type != spec.protocol for ch in channels
