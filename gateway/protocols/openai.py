@@ -254,13 +254,10 @@ class OpenAIPassthrough:
         """Complete events, LF line ends: forwarded as they are up to the first event that may
         hold usage or an error; from there on event by event."""
         if b"data:" in block:
-            self._last = block
-        if block.startswith(DONE) or b"\n" + DONE in block:
-            self._done = True
-        if b'"error"' in block or block.count(b'"usage"') != block.count(
-            b'"usage":null'
-        ) + block.count(b'"usage": null'):
-            return self._rename_in(self._by_event(block, _first_suspect(block)))
+            self._last = block  # [DONE] is looked for here at EOF, not in every block
+        start = _first_suspect(block)
+        if start >= 0:
+            return self._rename_in(self._by_event(block, start))
         return self._rename_in(block)
 
     def _by_event(self, block: bytes, start: int) -> bytes:
@@ -320,8 +317,7 @@ class OpenAIPassthrough:
 
     def _rename_in(self, out: bytes) -> bytes:
         for old, new in self._rename:
-            if old in out:
-                out = out.replace(old, new)
+            out = out.replace(old, new)  # the same object back when there is none
         return out
 
     def finish(self) -> bytes:
@@ -332,7 +328,7 @@ class OpenAIPassthrough:
         else:
             out = self._buf  # nothing, or the last line ends
         self._buf = b""
-        if self._done:
+        if self._done or self._last.startswith(DONE) or b"\n" + DONE in self._last:
             return out
         events = SSEParser().feed(self._last)
         if events:
@@ -346,21 +342,23 @@ class OpenAIPassthrough:
 
 
 def _first_suspect(block: bytes) -> int:
-    """Where the first event that may hold a usage object or an error starts (0 when the
-    usage spelling is not one of the usual two)."""
-    found = [
-        i
-        for i in (
-            block.find(b'"usage":{'),
-            block.find(b'"usage": {'),
-            block.find(b'"error"'),
-        )
-        if i >= 0
-    ]
-    if not found:
-        return 0
-    end = block.rfind(b"\n\n", 0, min(found))
-    return 0 if end < 0 else end + 2
+    """Where the first event that may hold a usage object or an error starts; -1 if none.
+    One pass over the block: each ``"usage"`` key is looked at where it is found."""
+    found = block.find(b'{"error"')
+    end = len(block) if found < 0 else found
+    key = block.find(b'"usage"', 0, end)
+    while key >= 0:
+        value = key + 7
+        while block[value : value + 1] in (b" ", b":"):
+            value += 1
+        if block[value : value + 1] != b"n":  # not null: an object (or something odd)
+            found = key
+            break
+        key = block.find(b'"usage"', value, end)
+    if found < 0:
+        return -1
+    start = block.rfind(b"\n\n", 0, found)
+    return 0 if start < 0 else start + 2
 
 
 def _chunk(data: bytes) -> JSON:
