@@ -127,10 +127,8 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------- the cells
 
 
-def wrk_cell(
-    tmp: Path, target: Target, kind: str, stream: bool, conns: int, reps: int, seconds: float
-) -> dict[str, Any]:
-    lua = wrk.script(
+def wrk_lua(tmp: Path, target: Target, kind: str, stream: bool) -> Path:
+    return wrk.script(
         tmp,
         f"{target.name}-{kind}",
         target.paths[kind],
@@ -138,17 +136,21 @@ def wrk_cell(
         payloads.BENCH_KEY,
         payloads.EXPECT["sse" if stream else "json"],
     )
-    runs = []
-    for _ in range(reps):
-        pids = target.pids()
-        cpu0 = procs.cpu_seconds(pids)
-        res = wrk.run(target.port, lua, conns, seconds)
-        cpu = procs.cpu_seconds(target.pids()) - cpu0
-        served = max(1, res.requests)
-        if res.requests == 0:  # nothing completed within the cell: every connection failed
-            res = wrk.WrkResult(0, res.seconds, max(res.errors, conns), float("nan"), float("nan"))
-        runs.append((res, cpu * 1e6 / served))
-        settle(target)
+
+
+def wrk_rep(target: Target, lua: Path, conns: int, seconds: float) -> tuple[wrk.WrkResult, float]:
+    """One repetition of a wrk cell: the result and CPU µs per request of the target."""
+    cpu0 = procs.cpu_seconds(target.pids())
+    res = wrk.run(target.port, lua, conns, seconds)
+    cpu = procs.cpu_seconds(target.pids()) - cpu0
+    served = max(1, res.requests)
+    if res.requests == 0:  # nothing completed within the cell: every connection failed
+        res = wrk.WrkResult(0, res.seconds, max(res.errors, conns), float("nan"), float("nan"))
+    settle(target)
+    return res, cpu * 1e6 / served
+
+
+def wrk_summary(runs: list[tuple[wrk.WrkResult, float]]) -> dict[str, Any]:
     return {
         "rps": statistics.median(r.rps for r, _ in runs),
         "p50": statistics.median(r.p50_ms for r, _ in runs),
@@ -156,8 +158,30 @@ def wrk_cell(
         "errors": sum(r.errors for r, _ in runs),
         "requests": sum(r.requests for r, _ in runs),
         "cpu_us": statistics.median(c for _, c in runs),
-        "reps": reps,
+        "reps": len(runs),
     }
+
+
+def wrk_interleaved(
+    tmp: Path, live: list[Target], results: dict[str, Any], settings: Settings
+) -> None:
+    """Scenarios (a) and (b) with the repetitions of one cell taken in turns across all
+    targets (target 1, 2, ..., then again), so a machine that slows down or speeds up during
+    the run moves every target's median alike and the ratios stay fair."""
+    cells = [("a", "json", False, c) for c in CONNS if "a" in SCENARIOS]
+    cells += [("b", "sse", True, c) for c in STREAM_CONNS if "b" in SCENARIOS]
+    for scenario, kind, stream, conns in cells:
+        runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in live}
+        luas = {t.name: wrk_lua(tmp, t, kind, stream) for t in live}
+        for _ in range(settings.reps):
+            for target in live:
+                runs[target.name].append(
+                    wrk_rep(target, luas[target.name], conns, settings.duration)
+                )
+        for target in live:
+            cell = wrk_summary(runs[target.name])
+            results[scenario].setdefault(target.name, {})[conns] = cell
+            print(f"  ({scenario}) {target.name} c={conns}: {report.fmt_wrk(cell)}", flush=True)
 
 
 def settle(target: Target, limit: float = 30.0) -> None:
@@ -235,23 +259,20 @@ def streams_cell(
 # ---------------------------------------------------------------- one target
 
 
-def bench_target(tmp: Path, target: Target, results: dict[str, Any], settings: Settings) -> None:
-    name = target.name
-    secs, reps = settings.duration, settings.reps
-    # warm-up: one short run so lazy imports, pools and caches are in place
+def warm_up(tmp: Path, target: Target) -> None:
+    """One short run so lazy imports, pools and caches are in place."""
     warm = wrk.script(tmp, "warm", target.paths["json"], payloads.chat_request("json", False),
                       payloads.BENCH_KEY, payloads.EXPECT["json"])  # fmt: skip
     wrk.run(target.port, warm, 16, 1)
-    if "a" in SCENARIOS:
-        for conns in CONNS:
-            cell = wrk_cell(tmp, target, "json", False, conns, reps, secs)
-            results["a"].setdefault(name, {})[conns] = cell
-            print(f"  (a) {name} c={conns}: {report.fmt_wrk(cell)}")
-    if "b" in SCENARIOS:
-        for conns in STREAM_CONNS:
-            cell = wrk_cell(tmp, target, "sse", True, conns, reps, secs)
-            results["b"].setdefault(name, {})[conns] = cell
-            print(f"  (b) {name} c={conns}: {report.fmt_wrk(cell)}")
+    settle(target)
+
+
+def bench_target(tmp: Path, target: Target, results: dict[str, Any], settings: Settings) -> None:
+    """Scenarios (c), (d) and (e) of one target, the others stopped."""
+    name = target.name
+    secs, reps = settings.duration, settings.reps
+    # memory per stream is counted from here: what the process holds after the wrk cells
+    target.baseline_rss_kib = procs.rss_kib(target.pids())
     if "c" in SCENARIOS:
         for n in STREAMS:
             if target.group == "litellm" and n > LITELLM_MAX_STREAMS:
@@ -308,22 +329,38 @@ def main() -> int:
         up = targets.start_upstream(tmp, FIRST_MS, DELAY_MS)
         settings.notes.append(f"paced streams served by the {up.paced_by}")
         print(f"upstream: nginx on :{up.port}, paced streams by {up.paced_by} on :{up.paced_port}")
-        for name, start in plan(tmp, up, settings):
-            if not wanted(name):
-                continue
-            print(f"== {name}")
+        steps = [(name, start) for name, start in plan(tmp, up, settings) if wanted(name)]
+        if "a" in SCENARIOS or "b" in SCENARIOS:
+            live = []
+            for name, start in steps:
+                print(f"== starting {name}", flush=True)
+                target = start()
+                if target is None:
+                    settings.notes.append(f"{name}: not run (not installed or did not start)")
+                    continue
+                warm_up(tmp, target)
+                live.append(target)
+            try:
+                wrk_interleaved(tmp, live, results, settings)
+            finally:
+                for target in live:
+                    stop_target(target)
+        for name, start in steps:
+            if not set(SCENARIOS) & set("cde"):
+                break
+            print(f"== {name}", flush=True)
             target = start()
             if target is None:
                 settings.notes.append(f"{name}: not run (not installed or did not start)")
                 continue
             try:
+                warm_up(tmp, target)
                 bench_target(tmp, target, results, settings)
             except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
                 settings.notes.append(f"{name}: aborted: {exc}")
                 print(f"  ! {name} aborted: {exc}")
             finally:
-                if target.group != "direct" and target.proc is not None:
-                    procs.stop(target.proc)
+                stop_target(target)
     finally:
         procs.stop_all()
         settings.seconds = time.monotonic() - t_start
@@ -337,6 +374,11 @@ def main() -> int:
     print(text)
     print(f"wrote {out} in {settings.seconds / 60:.1f} min")
     return 0
+
+
+def stop_target(target: Target) -> None:
+    if target.group != "direct" and target.proc is not None:
+        procs.stop(target.proc)
 
 
 def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
