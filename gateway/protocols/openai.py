@@ -316,8 +316,12 @@ class OpenAIPassthrough:
         return None
 
     def _rename_in(self, out: bytes) -> bytes:
+        """The upstream's model name mapped back: the compact spelling, or if a block has
+        none, the spaced one (one serializer writes a whole stream)."""
         for old, new in self._rename:
-            out = out.replace(old, new)  # the same object back when there is none
+            renamed = out.replace(old, new)
+            if renamed is not out:  # bytes.replace gives the same object back when none
+                return renamed
         return out
 
     def finish(self) -> bytes:
