@@ -76,7 +76,9 @@ from gateway.upstream import Upstream, read_error
 
 log = logging.getLogger("gateway.relay")
 
-STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+# a reverse proxy in front (nginx) must not buffer a stream; no cache-control: replies to
+# POST are not cached anyway, and every header costs a validation pass in the server
+STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
 LIST_ENDPOINTS = ("models", "model")  # answered from the catalogue: no usage record
 REPLY_WATCH_DELAY = 1.0  # seconds before a plain (non-stream) reply starts watching
