@@ -511,7 +511,11 @@ class SQLiteStore:
     async def settle(self, records: Sequence[UsageRecord]) -> None:
         if not records:
             return
-        debits = [(r.cost, r.account) for r in records]
+        totals: dict[str, int] = {}
+        for r in records:  # one UPDATE per account and batch, not one per record
+            if r.cost:
+                totals[r.account] = totals.get(r.account, 0) + r.cost
+        debits = [(cost, account) for account, cost in totals.items()]
         rows = [_usage_row(r) for r in records]
 
         def run(conn: sqlite3.Connection) -> None:
