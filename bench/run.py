@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import payloads, procs, profile, report, targets, wrk
+from bench import instructions, payloads, procs, profile, report, targets, wrk
 from bench.targets import Target, Upstream
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +68,11 @@ def ensure_tools(settings: Settings) -> None:
     """nginx and wrk from Debian; py-spy, uvicorn and granian from PyPI into this venv."""
     if os.environ.get("BENCH_NO_INSTALL"):
         return
-    missing = [pkg for pkg, exe in (("nginx", "nginx"), ("wrk", "wrk")) if not shutil.which(exe)]
+    missing = [
+        pkg
+        for pkg, exe in (("nginx", "nginx"), ("wrk", "wrk"), ("valgrind", "valgrind"))
+        if not shutil.which(exe)
+    ]
     if missing or not Path("/usr/lib/nginx/modules/ngx_http_echo_module.so").exists():
         print(f"installing Debian packages: {missing or ['libnginx-mod-http-echo']}")
         subprocess.run([*_sudo(), "apt-get", "update", "-qq"], check=False)
@@ -324,6 +328,7 @@ def main() -> int:
         return not selected or any(s in name for s in selected)
 
     results: dict[str, Any] = {k: {} for k in "abcde"}
+    results["e_instructions"] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
         up = targets.start_upstream(tmp, FIRST_MS, DELAY_MS)
@@ -361,6 +366,10 @@ def main() -> int:
                 print(f"  ! {name} aborted: {exc}")
             finally:
                 stop_target(target)
+        if "e" in SCENARIOS and instructions.available():
+            results["e_instructions"] = instructions.run(tmp, up)
+        elif "e" in SCENARIOS:
+            settings.notes.append("instructions per request: valgrind not installed")
     finally:
         procs.stop_all()
         settings.seconds = time.monotonic() - t_start
