@@ -15,6 +15,10 @@ import signal
 from gateway.config import Settings
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
+BACKLOG = 2048
+# requests a granian worker serves at once: its default (backlog / workers, 1,024) turned the
+# 2,049th concurrent stream away; a gateway holds thousands of long streams per worker
+GRANIAN_MAX_CONCURRENT = 65536
 GRACEFUL_SECONDS = 30.0  # long enough for in-flight streams to end on SIGTERM
 APP_FACTORY = "gateway.app:create_app"
 
@@ -43,7 +47,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg.accesslog = None
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
-    cfg.backlog = 2048
+    cfg.backlog = BACKLOG
     if workers > 1:
         from hypercorn.run import run
 
@@ -78,6 +82,7 @@ def _uvicorn(host: str, port: int, workers: int) -> None:
         host=host,
         port=port,
         workers=workers,
+        backlog=BACKLOG,
         access_log=False,
         log_level="warning",
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
@@ -96,4 +101,6 @@ def _granian(host: str, port: int, workers: int) -> None:
         interface=Interfaces.ASGI,
         workers=workers,
         factory=True,
+        backlog=BACKLOG,
+        backpressure=GRANIAN_MAX_CONCURRENT,
     ).serve()
