@@ -204,7 +204,8 @@ def render(
         "stream client and py-spy run under `taskset -c 1`. `gateway-…-2w-unpinned` is not "
         "pinned (two workers over both cores, sharing them with the load generator).",
         f"- Cells: wrk `-t1 -c<conns> -d{settings.duration:g}s --timeout 10s`, "
-        f"{settings.reps} repetition(s) per cell; the table shows the median req/s, p50 and "
+        f"{settings.reps} repetition(s) per cell, taken in turns across the targets (all "
+        "started first); the table shows the median req/s, p50 and "
         "p99 over repetitions and the sum of errors. An error is a socket error, a timeout, "
         "a status other than 200, or a reply body lacking the expected content (wrk's Lua "
         "checks every reply).",
