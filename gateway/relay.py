@@ -7,7 +7,8 @@ next channel (and cools a channel down whose credentials were refused). The repl
 by the adapters, or passed through when the client's protocol is the channel's.
 
 Streams run in one loop in this task: ``iter_any()`` feeds the SSE parser, the decoder, the
-encoder, then ``await send``; a slow client blocks ``send``, the loop stops reading and aiohttp
+encoder (or, when the protocols match, the pass-through, which forwards the bytes as they
+came), then ``await send``; a slow client blocks ``send``, the loop stops reading and aiohttp
 pauses the upstream socket. A second task only waits for ``http.disconnect`` and cancels the
 loop, whose ``finally`` closes the upstream response at once. Every request that passed
 authentication leaves exactly one usage record, handed to the writer without awaiting.

@@ -193,11 +193,11 @@ class OpenAIPassthrough:
 
     Bytes go out up to the last complete event of each read (``\n\n``), with the upstream's
     model name mapped back by a byte replacement (the pattern holds an unescaped ``":"``, which
-    cannot occur inside a JSON string). A block is looked at event by event only when it holds
-    a usage object or an error, about once per stream; the rest is never parsed. A stream
-    with CR line ends is handled event by event from its first CR on. Whether the stream
-    ended properly is told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason
-    or usage.
+    cannot occur inside a JSON string). Events are looked at one by one only from the first
+    that may hold a usage object or an error (about once per stream); the rest is never
+    parsed. A stream with CR line ends is handled event by event from its first CR on.
+    Whether the stream ended properly is told by ``[DONE]``, or at EOF by the last chunk
+    carrying a finish reason or usage.
     """
 
     __slots__ = (
@@ -261,13 +261,15 @@ class OpenAIPassthrough:
         return self._rename_in(block)
 
     def _by_event(self, block: bytes, start: int) -> bytes:
+        """The block's bytes before ``start`` as they are, then event by event."""
+        head = block[:start]
         pieces: list[bytes] = []
         while (end := block.find(b"\n\n", start)) >= 0:
             pieces.append(block[start : end + 2])
             start = end + 2
         if start < len(block):
             pieces.append(block[start:])
-        return self._each(pieces, self._piece, block[: len(block) - sum(map(len, pieces))])
+        return self._each(pieces, self._piece, head)
 
     def _each(self, items: list[Any], one: Callable[[Any], bytes], head: bytes = b"") -> bytes:
         """One output per item after ``head``; on an error, what came before it waits for
