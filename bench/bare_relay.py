@@ -23,6 +23,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
+            if session is not None:
+                await session.close()
             await send({"type": "lifespan.shutdown.complete"})
         return
     if session is None:
