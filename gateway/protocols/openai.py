@@ -151,19 +151,14 @@ class OpenAIStreamDecoder:
         if data == b"[DONE]":
             self._done = True
             return []
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise UpstreamError("upstream sent a malformed stream chunk") from None
-        if not isinstance(chunk, dict):
-            raise UpstreamError("upstream sent a malformed stream chunk")
+        chunk = _chunk(data)
         if "error" in chunk:
             raise _stream_error(chunk)
         if not self._finished:
             for c in chunk.get("choices") or ():
                 if c.get("finish_reason"):
                     self._finished = True
-        return [chunk]  # type: ignore[list-item]
+        return [chunk]
 
     def close(self) -> list[ChatChunk]:
         if not (self._done or self._finished):
