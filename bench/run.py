@@ -22,6 +22,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -171,21 +172,52 @@ def wrk_interleaved(
 ) -> None:
     """Scenarios (a) and (b) with the repetitions of one cell taken in turns across all
     targets (target 1, 2, ..., then again), so a machine that slows down or speeds up during
-    the run moves every target's median alike and the ratios stay fair."""
+    the run moves every target's median alike and the ratios stay fair. The targets not
+    being measured are paused (SIGSTOP), so their timers and background work stay out of
+    the measured one's core and tails."""
     cells = [("a", "json", False, c) for c in CONNS if "a" in SCENARIOS]
     cells += [("b", "sse", True, c) for c in STREAM_CONNS if "b" in SCENARIOS]
-    for scenario, kind, stream, conns in cells:
-        runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in live}
-        luas = {t.name: wrk_lua(tmp, t, kind, stream) for t in live}
-        for _ in range(settings.reps):
-            for target in live:
-                runs[target.name].append(
-                    wrk_rep(target, luas[target.name], conns, settings.duration)
-                )
+    try:
         for target in live:
-            cell = wrk_summary(runs[target.name])
-            results[scenario].setdefault(target.name, {})[conns] = cell
-            print(f"  ({scenario}) {target.name} c={conns}: {report.fmt_wrk(cell)}", flush=True)
+            pause(target, True)
+        for scenario, kind, stream, conns in cells:
+            runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in live}
+            luas = {t.name: wrk_lua(tmp, t, kind, stream) for t in live}
+            for _ in range(settings.reps):
+                for target in live:
+                    pause(target, False)
+                    runs[target.name].append(
+                        wrk_rep(target, luas[target.name], conns, settings.duration)
+                    )
+                    pause(target, True)
+            _report_cells(scenario, conns, live, runs, results)
+    finally:
+        for target in live:
+            pause(target, False)
+
+
+def pause(target: Target, stop: bool) -> None:
+    """SIGSTOP (or SIGCONT) every process of a target; never `direct`, the upstream itself."""
+    if target.group == "direct":
+        return
+    for pid in target.pids():
+        try:
+            os.kill(pid, signal.SIGSTOP if stop else signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _report_cells(
+    scenario: str,
+    conns: int,
+    live: list[Target],
+    runs: dict[str, list[tuple[wrk.WrkResult, float]]],
+    results: dict[str, Any],
+) -> None:
+    for target in live:
+        cell = wrk_summary(runs[target.name])
+        results[scenario].setdefault(target.name, {})[conns] = cell
+        print(f"  ({scenario}) {target.name} c={conns}: {report.fmt_wrk(cell)}", flush=True)
 
 
 def settle(target: Target, limit: float = 30.0) -> None:
