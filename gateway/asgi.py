@@ -117,10 +117,17 @@ class DisconnectWatch:
                 return
 
     def stop(self) -> None:
+        """Stop watching. The references are dropped too: a cancelled watcher keeps its
+        CancelledError, whose traceback holds the watcher's frame and so this object; left
+        pointing back at the task, that cycle outlives the request until a full collection,
+        and full collections of a large heap stalled the event loop."""
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         if self._watcher is not None:
             self._watcher.cancel()
+            self._watcher = None
+        self._task = None
 
     def client_gone(self) -> bool:
         """After a CancelledError: True (and the cancellation absorbed) when it came from
