@@ -25,7 +25,9 @@ from gateway.sse import SSEEvent, SSEParser
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 
-@dataclass(frozen=True, slots=True)
+# Built per request, so not frozen: a frozen dataclass's __init__ sets each field through
+# object.__setattr__, three times the cost of a plain one. Treat them as read-only.
+@dataclass(slots=True)
 class RouteMatch:
     """What the path says: the client's protocol, the capability, and path-borne parameters."""
 
@@ -36,7 +38,7 @@ class RouteMatch:
     sse: bool = True  # generate-content stream framing: SSE (?alt=sse) or a JSON array
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamTarget:
     """Where and how one attempt goes: the channel resolved for one model."""
 
@@ -49,14 +51,14 @@ class UpstreamTarget:
     client_headers: dict[str, str] = field(default_factory=dict)  # anthropic-version/-beta
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UpstreamCall:
     url: str
     headers: dict[str, str]
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ctx:
     """Per-request values an adapter may put into what it writes."""
 

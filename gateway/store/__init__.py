@@ -54,7 +54,7 @@ class KeyRecord:
     hint: str = ""  # "sk-…abcd": enough to recognise a key, never enough to use it
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per request: not frozen, which would triple its build cost
 class UsageRecord:
     """Call metadata only: never a prompt, a reply or a full client IP."""
 
