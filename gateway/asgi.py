@@ -87,8 +87,8 @@ def parse_json(raw: bytes) -> JSON:
 
 class DisconnectWatch:
     """Cancels the request's task when its client disconnects (ASGI 2.1 only reports that on
-    ``receive``). Started at once for streams; for plain replies only after ``delay``, so that
-    quick calls pay for a timer, not a task, and slow ones still stop the upstream call."""
+    ``receive``). The watching task starts only after ``delay``, so that quick calls pay for a
+    timer, not a task, and slow ones still stop the upstream call; ``delay <= 0``: at once."""
 
     __slots__ = ("gone", "_receive", "_task", "_timer", "_watcher")
 

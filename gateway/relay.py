@@ -9,9 +9,10 @@ by the adapters, or passed through when the client's protocol is the channel's.
 Streams run in one loop in this task: ``iter_any()`` feeds the SSE parser, the decoder, the
 encoder (or, when the protocols match, the pass-through, which forwards the bytes as they
 came), then ``await send``; a slow client blocks ``send``, the loop stops reading and aiohttp
-pauses the upstream socket. A second task only waits for ``http.disconnect`` and cancels the
-loop, whose ``finally`` closes the upstream response at once. Every request that passed
-authentication leaves exactly one usage record, handed to the writer without awaiting.
+pauses the upstream socket. A second task, started after a short delay, only waits for
+``http.disconnect`` and cancels the loop, whose ``finally`` closes the upstream response at
+once. Every request that passed authentication leaves exactly one usage record, handed to the
+writer without awaiting.
 """
 
 from __future__ import annotations
@@ -82,7 +83,11 @@ log = logging.getLogger("gateway.relay")
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 CLIENT_GONE = 499
 LIST_ENDPOINTS = ("models", "model")  # answered from the catalogue: no usage record
-REPLY_WATCH_DELAY = 1.0  # seconds before a plain (non-stream) reply starts watching
+# seconds before a request starts watching for its client going away: until then a timer,
+# which costs far less than the watching task; a stream's upstream is closed at most this
+# late after its client left (streams that end sooner never start a watcher)
+STREAM_WATCH_DELAY = 0.1
+REPLY_WATCH_DELAY = 1.0
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
 _REQUEST_IDS = itertools.count(1)
@@ -325,9 +330,9 @@ class Relay:
                 channels[0], model.default_max_tokens, req, client, ctx, client_headers, call, send
             )
             return
-        # a client that goes away stops the upstream call: streams at once, replies after a
-        # short while (most replies come sooner, and a timer costs less than a task)
-        watch = DisconnectWatch(receive, 0.0 if stream else REPLY_WATCH_DELAY)
+        # a client that goes away stops the upstream call: a stream within 0.1 s, a reply
+        # within a second (most replies come sooner, and a timer costs less than a task)
+        watch = DisconnectWatch(receive, STREAM_WATCH_DELAY if stream else REPLY_WATCH_DELAY)
         try:
             last: GatewayError | None = None
             for channel in channels:
