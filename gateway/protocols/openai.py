@@ -19,8 +19,8 @@ Not carried toward an openai channel (dropped on purpose):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from functools import lru_cache
+from typing import ClassVar
 
 import orjson
 
@@ -33,6 +33,8 @@ from gateway.errors import (
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
+
+DONE_TAIL = 256  # bytes at a stream's end where its [DONE] is looked for (trailing comments)
 
 EVENT_STREAM = "text/event-stream"
 DROP_UPSTREAM = ("top_k",)
@@ -188,11 +190,10 @@ class OpenAIPassthrough:
 
     Bytes go out up to the last complete event of each read (``\n\n``), with the upstream's
     model name mapped back by a byte replacement (the pattern holds an unescaped ``":"``, which
-    cannot occur inside a JSON string). Events are looked at one by one only from the first
-    that may hold a usage object or an error (about once per stream); the rest is never
-    parsed. A stream with CR line ends is handled event by event from its first CR on.
-    Whether the stream ended properly is told by ``[DONE]``, or at EOF by the last chunk
-    carrying a finish reason or usage.
+    cannot occur inside a JSON string). Only the events that may hold a usage object or an
+    error are parsed (about one per stream); the rest go out unread. A stream with CR line
+    ends is handled event by event from its first CR on. Whether the stream ended properly is
+    told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or usage.
     """
 
     __slots__ = (
@@ -218,18 +219,11 @@ class OpenAIPassthrough:
         self._last = b""  # the last block that held data (its last event is read at EOF)
         self._parser: SSEParser | None = None  # from the first CR on
         self._before_error = b""
-        self._rename: tuple[tuple[bytes, bytes], ...] = ()
-        if target.model != ctx.model:
-            up = orjson.dumps(target.model)
-            mine = orjson.dumps(ctx.model)
-            self._rename = (
-                (b'"model":' + up, b'"model":' + mine),
-                (b'"model": ' + up, b'"model": ' + mine),
-            )
+        self._rename = _renames(target.model, ctx.model) if target.model != ctx.model else ()
 
     def feed(self, raw: bytes) -> bytes:
         if self._parser is not None:
-            return self._rename_in(self._each(self._parser.feed(raw), self._framed))
+            return self._rename_in(self._each(self._parser.feed(raw)))
         buf = self._buf + raw if self._buf else raw
         if b"\r" in buf:
             self._buf = b""
@@ -246,33 +240,32 @@ class OpenAIPassthrough:
         return self._block(block)
 
     def _block(self, block: bytes) -> bytes:
-        """Complete events, LF line ends: forwarded as they are up to the first event that may
-        hold usage or an error; from there on event by event."""
+        """Complete events, LF line ends: forwarded as they are but for the events that may
+        hold usage or an error, which are read (and replaced where needed)."""
         if b"data:" in block:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
-        start = _first_suspect(block)
-        if start >= 0:
-            return self._rename_in(self._by_event(block, start))
-        return self._rename_in(block)
-
-    def _by_event(self, block: bytes, start: int) -> bytes:
-        """The block's bytes before ``start`` as they are, then event by event."""
-        head = block[:start]
-        pieces: list[bytes] = []
-        while (end := block.find(b"\n\n", start)) >= 0:
-            pieces.append(block[start : end + 2])
-            start = end + 2
-        if start < len(block):
-            pieces.append(block[start:])
-        return self._each(pieces, self._piece, head)
-
-    def _each(self, items: list[Any], one: Callable[[Any], bytes], head: bytes = b"") -> bytes:
-        """One output per item after ``head``; on an error, what came before it waits for
-        ``error()``."""
-        out: list[bytes] = [head]
+        start = _first_suspect(block, 0)
+        if start < 0:
+            return self._rename_in(block)
+        out = [block[:start]]
         try:
-            for item in items:
-                out.append(one(item))
+            while start >= 0:
+                end = block.find(b"\n\n", start) + 2  # a block ends with a blank line
+                out.append(self._piece(block[start:end]))
+                start = _first_suspect(block, end)
+                out.append(block[end:] if start < 0 else block[end:start])
+        except GatewayError:
+            self._before_error = self._rename_in(b"".join(out))
+            raise
+        return self._rename_in(b"".join(out))
+
+    def _each(self, events: list[SSEEvent]) -> bytes:
+        """Parser mode: one output per event; on an error, what came before it waits for
+        ``error()``."""
+        out: list[bytes] = []
+        try:
+            for event in events:
+                out.append(self._framed(event))
         except GatewayError:
             self._before_error = self._rename_in(b"".join(out))
             raise
@@ -316,20 +309,22 @@ class OpenAIPassthrough:
         """The upstream's model name mapped back: the compact spelling, or if a block has
         none, the spaced one (one serializer writes a whole stream)."""
         for old, new in self._rename:
-            renamed = out.replace(old, new)
-            if renamed is not out:  # bytes.replace gives the same object back when none
-                return renamed
+            parts = out.split(old)  # split and join: a third faster than bytes.replace
+            if len(parts) > 1:
+                return new.join(parts)
         return out
 
     def finish(self) -> bytes:
         if self._parser is not None:
-            out = self._rename_in(self._each(self._parser.close(), self._framed))
+            out = self._rename_in(self._each(self._parser.close()))
         elif self._buf.strip(b"\n"):  # an event not ended by a blank line (lenient)
             out = self._block(self._buf + b"\n\n")
         else:
             out = self._buf  # nothing, or the last line ends
         self._buf = b""
-        if self._done or self._last.startswith(DONE) or b"\n" + DONE in self._last:
+        # [DONE] is the last event: looked for in the last block's tail (a raw LF cannot occur
+        # inside a JSON event, so "\ndata: [DONE]" is always an event of its own)
+        if self._done or self._last.startswith(DONE) or b"\n" + DONE in self._last[-DONE_TAIL:]:
             return out
         events = SSEParser().feed(self._last)
         if events:
@@ -342,12 +337,20 @@ class OpenAIPassthrough:
         return self._before_error + frame(orjson.dumps(error_body(err)))
 
 
-def _first_suspect(block: bytes) -> int:
-    """Where the first event that may hold a usage object or an error starts; -1 if none.
-    One pass over the block: each ``"usage"`` key is looked at where it is found."""
-    found = block.find(b'{"error"')
+@lru_cache(maxsize=1024)
+def _renames(upstream: str, client: str) -> tuple[tuple[bytes, bytes], ...]:
+    """The byte patterns that map an upstream model name back to the client's: compact
+    JSON first, then the spaced spelling (built once per pair of names, not per stream)."""
+    up, mine = orjson.dumps(upstream), orjson.dumps(client)
+    return ((b'"model":' + up, b'"model":' + mine), (b'"model": ' + up, b'"model": ' + mine))
+
+
+def _first_suspect(block: bytes, pos: int) -> int:
+    """Where the first event from ``pos`` (an event's start) on that may hold a usage object
+    or an error starts; -1 if none. One pass: each ``"usage"`` key is looked at where found."""
+    found = block.find(b'{"error"', pos)
     end = len(block) if found < 0 else found
-    key = block.find(b'"usage"', 0, end)
+    key = block.find(b'"usage"', pos, end)
     while key >= 0:
         value = key + 7
         while block[value : value + 1] in (b" ", b":"):
@@ -358,8 +361,8 @@ def _first_suspect(block: bytes) -> int:
         key = block.find(b'"usage"', value, end)
     if found < 0:
         return -1
-    start = block.rfind(b"\n\n", 0, found)
-    return 0 if start < 0 else start + 2
+    start = block.rfind(b"\n\n", pos, found)
+    return pos if start < 0 else start + 2
 
 
 def _chunk(data: bytes) -> JSON:
