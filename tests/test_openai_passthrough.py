@@ -106,3 +106,30 @@ def test_a_stream_cut_before_its_end_is_an_error_and_one_ended_without_done_is_n
         run(passthrough(), cut)
     ended = b"data: " + chunk("Hel", finish="stop") + b"\n\n"
     assert run(passthrough(), ended).endswith(b"data: [DONE]\n\n")
+
+
+DONE_EVENTS = (b"data: [DONE]\n\n", b"data: [DONE]\r\n\r\n", b"data: [DONE]\r\r")
+SNAPSHOT = b'"gpt-4o-2024-08-06"'  # real OpenAI reports a dated snapshot of the name asked for
+ONE_WRITER = {  # one serializer writes a whole stream
+    "compact": SPELLINGS["compact"],
+    "spaced": SPELLINGS["spaced"],
+    "crlf": SPELLINGS["crlf"],
+    "cr, spaced": stream(
+        [chunk("Hi", finish="stop", spaced=True), chunk(None, spaced=True)], sep=b"\r\r"
+    ),
+}
+
+
+@pytest.mark.parametrize("include_usage", [True, False], ids=["usage asked", "usage not asked"])
+@pytest.mark.parametrize("raw", ONE_WRITER.values(), ids=ONE_WRITER.keys())
+def test_the_model_name_the_upstream_reports_goes_back_as_the_clients(
+    raw: bytes, include_usage: bool
+) -> None:
+    raw = raw.replace(b'"chat-small"', SNAPSHOT)
+    for split in [None, *range(1, len(raw))]:
+        ps = passthrough(include_usage=include_usage, upstream_model="gpt-4o")
+        out = run(ps, raw, split)
+        assert SNAPSHOT not in out, f"split at {split}"
+        assert out.count(b'"chat-small"') == (2 if include_usage else 1), f"split at {split}"
+        assert ps.usage == USAGE  # type: ignore[attr-defined]
+        assert out.endswith(DONE_EVENTS), f"split at {split}"

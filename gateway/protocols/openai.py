@@ -19,7 +19,6 @@ Not carried toward an openai channel (dropped on purpose):
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import ClassVar
 
 import orjson
@@ -188,10 +187,12 @@ class OpenAIPassthrough:
     """openai client, openai channel: the upstream's bytes forwarded as they came, usage read
     on the way.
 
-    Bytes go out up to the last complete event of each read (``\n\n``), with the upstream's
-    model name mapped back by a byte replacement (the pattern holds an unescaped ``":"``, which
-    cannot occur inside a JSON string). Only the events that may hold a usage object or an
-    error are parsed (about one per stream); the rest go out unread. A stream with CR line
+    Bytes go out up to the last complete event of each read (``\n\n``), with the model name
+    the upstream reports (its first ``"model":"..."``, which may be a dated snapshot of the
+    name asked for) replaced by the client's: a byte replacement, whose pattern holds
+    unescaped quotes, which cannot occur inside a JSON string. Only the events that may hold
+    a usage object or an error are parsed (about one per stream); the rest go out unread;
+    when the client asked for usage, only the last usage object of a read is. A stream with CR line
     ends is handled event by event from its first CR on. Whether the stream ended properly is
     told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or usage.
     """
@@ -200,8 +201,10 @@ class OpenAIPassthrough:
         "content_type",
         "usage",
         "_include_usage",
-        "_model",
-        "_rename",
+        "_mine",
+        "_learning",
+        "_old",
+        "_new",
         "_done",
         "_buf",
         "_last",
@@ -213,13 +216,15 @@ class OpenAIPassthrough:
         self.content_type = EVENT_STREAM
         self.usage: Usage | None = None
         self._include_usage = ctx.include_usage
-        self._model = ctx.model
+        self._mine = orjson.dumps(ctx.model)
+        self._learning = True  # until the upstream's model name has been seen
+        self._old = b""  # '"model":"<upstream name>"' as the upstream spells it, once learnt
+        self._new = b""
         self._done = False
         self._buf = b""  # bytes after the last complete event
         self._last = b""  # the last block that held data (its last event is read at EOF)
         self._parser: SSEParser | None = None  # from the first CR on
         self._before_error = b""
-        self._rename = _renames(target.model, ctx.model) if target.model != ctx.model else ()
 
     def feed(self, raw: bytes) -> bytes:
         if self._parser is not None:
@@ -244,6 +249,9 @@ class OpenAIPassthrough:
         hold usage or an error, which are read (and replaced where needed)."""
         if b"data:" in block:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
+        if self._include_usage and block.find(b'{"error"') < 0:
+            self._read_last_usage(block)  # nothing to replace: only the last usage matters
+            return self._rename_in(block)
         start = _first_suspect(block, 0)
         if start < 0:
             return self._rename_in(block)
@@ -258,6 +266,20 @@ class OpenAIPassthrough:
             self._before_error = self._rename_in(b"".join(out))
             raise
         return self._rename_in(b"".join(out))
+
+    def _read_last_usage(self, block: bytes) -> None:
+        """The last usage object of a block that holds no error, searched from its end."""
+        key = block.rfind(b'"usage"')
+        while key >= 0:
+            if _usage_set(block, key):
+                start = block.rfind(b"\n\n", 0, key)
+                start = 0 if start < 0 else start + 2
+                event = parse_event(block[start : block.find(b"\n\n", key) + 2])
+                usage = _chunk(event.data).get("usage") if event is not None else None
+                if usage:
+                    self.usage = usage
+                return
+            key = block.rfind(b'"usage"', 0, key)
 
     def _each(self, events: list[SSEEvent]) -> bytes:
         """Parser mode: one output per event; on an error, what came before it waits for
@@ -306,13 +328,29 @@ class OpenAIPassthrough:
         return None
 
     def _rename_in(self, out: bytes) -> bytes:
-        """The upstream's model name mapped back: the compact spelling, or if a block has
-        none, the spaced one (one serializer writes a whole stream)."""
-        for old, new in self._rename:
-            parts = out.split(old)  # split and join: a third faster than bytes.replace
-            if len(parts) > 1:
-                return new.join(parts)
-        return out
+        """The upstream's model name mapped back to the client's."""
+        if self._learning:
+            self._learn(out)
+        if not self._old:
+            return out
+        parts = out.split(self._old)  # split and join: a third faster than bytes.replace
+        return self._new.join(parts) if len(parts) > 1 else out
+
+    def _learn(self, out: bytes) -> None:
+        """The upstream's ``"model":"<name>"`` as it spells it, from the first that comes."""
+        key = out.find(b'"model":')
+        if key < 0:
+            return  # not yet seen
+        self._learning = False
+        value = key + 8
+        while out[value : value + 1] == b" ":
+            value += 1
+        end = out.find(b'"', value + 1)
+        if out[value : value + 1] != b'"' or end < 0 or out[end - 1 : end] == b"\\":
+            return  # not a plain string: left as it is
+        if out[value : end + 1] != self._mine:
+            self._old = out[key : end + 1]
+            self._new = out[key:value] + self._mine
 
     def finish(self) -> bytes:
         if self._parser is not None:
@@ -337,14 +375,6 @@ class OpenAIPassthrough:
         return self._before_error + frame(orjson.dumps(error_body(err)))
 
 
-@lru_cache(maxsize=1024)
-def _renames(upstream: str, client: str) -> tuple[tuple[bytes, bytes], ...]:
-    """The byte patterns that map an upstream model name back to the client's: compact
-    JSON first, then the spaced spelling (built once per pair of names, not per stream)."""
-    up, mine = orjson.dumps(upstream), orjson.dumps(client)
-    return ((b'"model":' + up, b'"model":' + mine), (b'"model": ' + up, b'"model": ' + mine))
-
-
 def _first_suspect(block: bytes, pos: int) -> int:
     """Where the first event from ``pos`` (an event's start) on that may hold a usage object
     or an error starts; -1 if none. One pass: each ``"usage"`` key is looked at where found."""
@@ -352,17 +382,23 @@ def _first_suspect(block: bytes, pos: int) -> int:
     end = len(block) if found < 0 else found
     key = block.find(b'"usage"', pos, end)
     while key >= 0:
-        value = key + 7
-        while block[value : value + 1] in (b" ", b":"):
-            value += 1
-        if block[value : value + 1] != b"n":  # not null: an object (or something odd)
+        if _usage_set(block, key):
             found = key
             break
-        key = block.find(b'"usage"', value, end)
+        key = block.find(b'"usage"', key + 7, end)
     if found < 0:
         return -1
     start = block.rfind(b"\n\n", pos, found)
     return pos if start < 0 else start + 2
+
+
+def _usage_set(block: bytes, key: int) -> bool:
+    """Whether the ``"usage"`` key at ``key`` has a value other than null (an object, or
+    something odd that deserves a look)."""
+    value = key + 7
+    while block[value : value + 1] in (b" ", b":"):
+        value += 1
+    return block[value : value + 1] != b"n"
 
 
 def _chunk(data: bytes) -> JSON:
