@@ -57,6 +57,10 @@ class Upstream:
     async def open(self, call: UpstreamCall) -> aiohttp.ClientResponse:
         """Send the call; the response once its status and headers arrived."""
         assert self._session is not None, "Upstream.start() was not awaited"
+        # orjson's output keeps its whole working buffer (4 KiB at the least) for as long as
+        # it lives, and the request body lives as long as the response, all of a stream: a
+        # right-sized copy is kept instead
+        call.body = memoryview(call.body).tobytes()
         try:
             return await self._session.post(
                 call.url, data=call.body, headers=call.headers, allow_redirects=False

@@ -216,7 +216,8 @@ class OpenAIPassthrough:
         self.content_type = EVENT_STREAM
         self.usage: Usage | None = None
         self._include_usage = ctx.include_usage
-        self._mine = orjson.dumps(ctx.model)
+        # right-sized: orjson keeps its 4 KiB working buffer otherwise (see Upstream.open)
+        self._mine = memoryview(orjson.dumps(ctx.model)).tobytes()
         self._learning = True  # until the upstream's model name has been seen
         self._old = b""  # '"model":"<upstream name>"' as the upstream spells it, once learnt
         self._new = b""
