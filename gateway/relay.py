@@ -175,15 +175,7 @@ class Relay:
             if spec.endpoint in LIST_ENDPOINTS:
                 await self._models(spec, scope, headers, call.key, send)
                 return
-            raw = await read_body(receive, self.max_body, headers.get(b"content-length"))
-            payload = parse_json(raw)
-            call.model = self._model_name(spec, scope, payload)
-            balance = self.cache.balance(call.key.account)
-            if balance is None or balance <= 0:
-                raise InsufficientBalanceError(
-                    "Your account balance is exhausted; top it up to continue."
-                )
-            await self._relay(spec, scope, headers, receive, send, client, payload, call)
+            await self._relay(spec, scope, headers, receive, send, client, call)
         except GatewayError as err:
             call.status = err.status
             if not call.responded:
@@ -201,6 +193,21 @@ class Relay:
         finally:
             if call.key is not None and spec.endpoint not in LIST_ENDPOINTS:
                 self._record(call)  # once per request: a no-op if already recorded
+
+    async def _read_request(
+        self, spec: RouteSpec, scope: Scope, headers: Headers, receive: Receive, call: Call
+    ) -> JSON:
+        """The parsed body of a request whose key may spend: 413, 400, then 402."""
+        assert call.key is not None
+        raw = await read_body(receive, self.max_body, headers.get(b"content-length"))
+        payload = parse_json(raw)
+        call.model = self._model_name(spec, scope, payload)
+        balance = self.cache.balance(call.key.account)
+        if balance is None or balance <= 0:
+            raise InsufficientBalanceError(
+                "Your account balance is exhausted; top it up to continue."
+            )
+        return payload
 
     def _model_name(self, spec: RouteSpec, scope: Scope, payload: JSON) -> str:
         if spec.protocol == "gemini":
@@ -280,11 +287,13 @@ class Relay:
         receive: Receive,
         send: Send,
         client: Adapter,
-        payload: JSON,
         call: Call,
     ) -> None:
-        """Try the channels in order until one answers."""
+        """Try the channels in order until one answers. The request (its bytes, its parsed
+        body and its upstream form) is let go once one did: a stream may last minutes, and
+        long prompts held by thousands of streams would add up."""
         assert call.key is not None
+        payload = await self._read_request(spec, scope, headers, receive, call)
         qs = scope.get("query_string", b"")
         route = RouteMatch(
             protocol=spec.protocol,
@@ -333,6 +342,7 @@ class Relay:
         # a client that goes away stops the upstream call: a stream within 0.1 s, a reply
         # within a second (most replies come sooner, and a timer costs less than a task)
         watch = DisconnectWatch(receive, STREAM_WATCH_DELAY if stream else REPLY_WATCH_DELAY)
+        body_payload: JSON = None
         try:
             last: GatewayError | None = None
             for channel in channels:
@@ -361,6 +371,7 @@ class Relay:
                     if err.retryable:
                         continue
                     raise
+                del payload, req, body_payload, up_call  # no further attempt: let them go
                 try:
                     if stream:
                         await self._stream(
