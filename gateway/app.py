@@ -105,8 +105,14 @@ class GatewayApp:
 
 
 def create_app(settings: Settings | None = None) -> GatewayApp:
+    """The app. With no settings, as a server's worker process builds it from
+    ``GATEWAY_CONFIG``, the worker's garbage collector is tuned too (``server.tune_gc``)."""
     if settings is None:
-        settings = load_settings()
+        from gateway.server import tune_gc
+
+        built = create_app(load_settings())
+        tune_gc()
+        return built
     store = open_store(settings.store)
     cache = Cache(store)
     writer = UsageWriter(store, cache)
