@@ -1,8 +1,8 @@
 """The hot path: authenticate, route, convert, relay, bill. A plain ASGI callable per route.
 
-One request: read the body (413 past the limit), look the key up in the cache (401), check
-the balance (402), parse once with orjson (400), pick the channels (404/503), then try them in
-order until one answers: a failure before the first byte reaches the client moves on to the
+One request: look the key up in the cache (401), read the body (413 past the limit), parse
+it once with orjson (400), check the balance (402), pick the channels (404/503), then try them
+in order until one answers: a failure before the first byte reaches the client moves on to the
 next channel (and cools a channel down whose credentials were refused). The reply is converted
 by the adapters, or passed through when the client's protocol is the channel's.
 
