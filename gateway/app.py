@@ -8,6 +8,7 @@ key cache, starts the usage writer and the upstream pool, and closes all of it i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway.asgi import send_error
 from gateway.config import Settings, load_settings
 from gateway.errors import NotFoundError
+from gateway.gc_tuning import collect_periodically, tune_gc
 from gateway.protocols import ADAPTERS
 from gateway.relay import Relay, RelayEndpoint
 from gateway.routes import RELAY_ROUTES, is_generate_content_path, is_messages_path
@@ -106,10 +108,8 @@ class GatewayApp:
 
 def create_app(settings: Settings | None = None) -> GatewayApp:
     """The app. With no settings, as a server's worker process builds it from
-    ``GATEWAY_CONFIG``, the worker's garbage collector is tuned too (``server.tune_gc``)."""
+    ``GATEWAY_CONFIG``, the worker's garbage collector is tuned too (``gc_tuning``)."""
     if settings is None:
-        from gateway.server import tune_gc
-
         built = create_app(load_settings())
         tune_gc()
         return built
@@ -123,6 +123,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await store.open()
+        stop_collecting = collect_periodically(asyncio.get_running_loop())
         try:
             await store.seed(settings)
             await cache.start()
@@ -131,6 +132,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
             log.info("gateway.started store=%s", settings.store.split("://", 1)[0])
             yield
         finally:
+            stop_collecting()
             await upstream.stop()
             await writer.stop()
             await cache.stop()

@@ -8,7 +8,6 @@ imports ``gateway.app:create_app()``, which reads the file named by ``GATEWAY_CO
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -16,7 +15,6 @@ import signal
 from gateway.config import Settings
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
-GC_GEN0_THRESHOLD = 10_000  # net container allocations between young collections (default 700)
 BACKLOG = 2048
 # requests a granian worker serves at once: its default (backlog / workers, 1,024) turned the
 # 2,049th concurrent stream away; a gateway holds thousands of long streams per worker
@@ -37,19 +35,6 @@ def serve(
         _granian(host, port, workers)
     else:
         _hypercorn(settings, host, port, workers)
-
-
-def tune_gc() -> None:
-    """Once the app is built: what start-up made (modules, the catalogue) moves out of the
-    collector's sight (``gc.freeze``), and the young generation is collected after 10,000 net
-    allocations instead of 700. With the defaults, 64 concurrent streams spent ~9% of the
-    CPU collecting: every in-flight request's objects are young, so a young collection came
-    every ~10 requests at ~0.3 ms, and a full one (~40 ms over the start-up heap) about once a
-    second; tuned, ~0.1%. Reference cycles are still collected, later."""
-    gc.collect()
-    gc.freeze()
-    gen0, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(gen0, GC_GEN0_THRESHOLD), gen1, gen2)
 
 
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
@@ -73,9 +58,10 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
 
     from gateway.app import create_app
+    from gateway.gc_tuning import tune_gc
 
     app = create_app(settings)
-    tune_gc()
+    tune_gc()  # as every other server's worker does in create_app()
 
     async def main() -> None:
         stop = asyncio.Event()
