@@ -192,9 +192,10 @@ class OpenAIPassthrough:
     name asked for) replaced by the client's: a byte replacement, whose pattern holds
     unescaped quotes, which cannot occur inside a JSON string. Only the events that may hold
     a usage object or an error are parsed (about one per stream); the rest go out unread;
-    when the client asked for usage, only the last usage object of a read is. A stream with CR line
-    ends is handled event by event from its first CR on. Whether the stream ended properly is
-    told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or usage.
+    when the client asked for usage, only the last usage object of a read is. A stream with
+    CR line ends is handled event by event from its first CR on. Whether the stream ended
+    properly is told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or
+    usage.
     """
 
     __slots__ = (
