@@ -48,6 +48,9 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
     cfg.backlog = BACKLOG
+    # no "server: hypercorn-h11": the gateway does not advertise its software, and h11
+    # validates a stream's header list three times over (~30k instructions a header)
+    cfg.include_server_header = False
     if workers > 1:
         from hypercorn.run import run
 
@@ -86,6 +89,7 @@ def _uvicorn(host: str, port: int, workers: int) -> None:
         workers=workers,
         backlog=BACKLOG,
         access_log=False,
+        server_header=False,
         log_level="warning",
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
     )

@@ -1,11 +1,17 @@
-"""What a server's worker does to its process: it tunes its garbage collector."""
+"""What a server does to its process (it tunes its garbage collector) and to its replies."""
 
 from __future__ import annotations
 
+import http.client
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from bench import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,3 +44,38 @@ def test_a_worker_freezes_start_up_collects_young_objects_less_often_and_all_per
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["700", "True", "True", "True", "True"]
+
+
+SERVERS = [
+    pytest.param(name, marks=pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"{name} is not installed"))
+    for name in ("hypercorn", "uvicorn")  # granian always names itself: no setting for it
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/gateway.db\nadmin_token: t\ngroups: [default]\n"
+        "models: []\nchannels: []\n"
+    )
+    port = procs.free_port()
+    with (tmp_path / "log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port",
+             str(port), "--server", server],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+        )  # fmt: skip
+    try:
+        assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read() == b'{"status":"ok"}'
+        assert resp.getheader("server") is None
+        assert resp.getheader("date")  # HTTP requires it of an origin server with a clock
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
