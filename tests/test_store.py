@@ -245,6 +245,19 @@ async def test_settle_debits_exactly_and_lists_usage_newest_first(store: Store) 
     assert await store.usage("carol") == []
 
 
+async def test_a_batch_larger_than_one_insert_keeps_every_record_in_order(store: Store) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    # the SQLite store writes a batch 64 rows per statement: 64, 64 and 2 here, same times
+    # included (listed newest first, then last settled first)
+    records = [usage_rec(i // 2, cost=7) for i in range(130)]
+    for i, rec in enumerate(records):
+        rec.request_id = f"req-{i}"
+    await store.settle(records)
+
+    assert await store.load_balances() == {"alice": 10 * MICRO - 130 * 7}
+    assert await store.usage(limit=500) == records[::-1]
+
+
 async def test_usage_record_round_trips_every_field(store: Store) -> None:
     await store.create_account("alice", MICRO)
     rec = UsageRecord(
