@@ -100,6 +100,37 @@ def test_content_before_an_error_in_the_same_read_reaches_the_client_first() -> 
     assert caught.value.status == 503
 
 
+ERROR = b'{"error":{"message":"overloaded","type":"server_error","code":503}}'
+ERROR_ENDINGS = {
+    "last event": b"data: " + ERROR + b"\n\n",
+    "before [DONE]": b"data: " + ERROR + b"\n\ndata: [DONE]\n\n",
+    "blank lines after": b"data: " + ERROR + b"\n\n\n\n",
+    "first of its read": b"data: " + ERROR + b"\n\n",
+}
+
+
+@pytest.mark.parametrize("include_usage", [True, False], ids=["usage asked", "usage not asked"])
+@pytest.mark.parametrize("ending", ERROR_ENDINGS.values(), ids=ERROR_ENDINGS.keys())
+def test_an_error_that_ends_a_read_stops_the_stream_with_its_status(
+    ending: bytes, include_usage: bool
+) -> None:
+    ps = passthrough(include_usage=include_usage)
+    before = b"data: " + chunk("Hel") + b"\n\n"
+    first = ps.feed(before) if ending is ERROR_ENDINGS["first of its read"] else b""  # type: ignore[attr-defined]
+    with pytest.raises(GatewayError) as caught:
+        ps.feed(ending if first else before + ending)  # type: ignore[attr-defined]
+    assert caught.value.status == 503
+    out = first + ps.error(caught.value)  # type: ignore[attr-defined]
+    assert out.index(b'"Hel"') < out.index(b"overloaded") and b"[DONE]" not in out
+
+
+def test_an_error_followed_by_content_in_the_same_read_goes_out_as_it_came() -> None:
+    raw = stream([chunk("Hel"), ERROR, chunk("lo", finish="stop"), chunk(None)])
+    ps = passthrough()
+    assert run(ps, raw) == raw
+    assert ps.usage == USAGE  # type: ignore[attr-defined]
+
+
 def test_a_stream_cut_before_its_end_is_an_error_and_one_ended_without_done_is_not() -> None:
     cut = b"data: " + chunk("Hel") + b"\n\n"
     with pytest.raises(GatewayError):

@@ -192,7 +192,8 @@ class OpenAIPassthrough:
     name asked for) replaced by the client's: a byte replacement, whose pattern holds
     unescaped quotes, which cannot occur inside a JSON string. Only the events that may hold
     a usage object or an error are parsed (about one per stream); the rest go out unread;
-    when the client asked for usage, only the last usage object of a read is. A stream with
+    when the client asked for usage, only the last usage object of a read is; an error is
+    looked for in the last event of a read only, where one that ends a stream is. A stream with
     CR line ends is handled event by event from its first CR on. Whether the stream ended
     properly is told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or
     usage.
@@ -251,10 +252,11 @@ class OpenAIPassthrough:
         hold usage or an error, which are read (and replaced where needed)."""
         if b"data:" in block:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
-        if self._include_usage and block.find(b'{"error"') < 0:
+        error = _trailing_error(block)
+        if self._include_usage and error < 0:
             self._read_last_usage(block)  # nothing to replace: only the last usage matters
             return self._rename_in(block)
-        start = _first_suspect(block, 0)
+        start = _first_suspect(block, 0, error)
         if start < 0:
             return self._rename_in(block)
         out = [block[:start]]
@@ -262,7 +264,7 @@ class OpenAIPassthrough:
             while start >= 0:
                 end = block.find(b"\n\n", start) + 2  # a block ends with a blank line
                 out.append(self._piece(block[start:end]))
-                start = _first_suspect(block, end)
+                start = _first_suspect(block, end, error)
                 out.append(block[end:] if start < 0 else block[end:start])
         except GatewayError:
             self._before_error = self._rename_in(b"".join(out))
@@ -377,21 +379,38 @@ class OpenAIPassthrough:
         return self._before_error + frame(orjson.dumps(error_body(err)))
 
 
-def _first_suspect(block: bytes, pos: int) -> int:
+def _trailing_error(block: bytes) -> int:
+    """Where a block's last event starts when it holds an error (or the one before a final
+    ``[DONE]``); -1 otherwise. An upstream error ends its stream, so it is the last event of
+    its read: looking there only spares a search through every byte of every read (an
+    error followed by more events goes out as it came, and the stream goes on)."""
+    end = len(block)
+    for _ in range(2):
+        while end and block[end - 1] == 10:  # the blank line(s) after the event
+            end -= 1
+        start = block.rfind(b"\n\n", 0, end) + 2  # 1: the block's first event
+        start = 0 if start == 1 else start
+        event = block[start:end]
+        if b'{"error"' in event:
+            return start
+        if start == 0 or not event.endswith(b"[DONE]"):
+            return -1
+        end = start
+    return -1
+
+
+def _first_suspect(block: bytes, pos: int, error: int) -> int:
     """Where the first event from ``pos`` (an event's start) on that may hold a usage object
-    or an error starts; -1 if none. One pass: each ``"usage"`` key is looked at where found."""
-    found = block.find(b'{"error"', pos)
-    end = len(block) if found < 0 else found
+    starts, else the trailing error's (``error``, -1: none); -1 if neither. One pass: each
+    ``"usage"`` key is looked at where found."""
+    end = len(block) if error < 0 else error
     key = block.find(b'"usage"', pos, end)
     while key >= 0:
         if _usage_set(block, key):
-            found = key
-            break
+            start = block.rfind(b"\n\n", pos, key)
+            return pos if start < 0 else start + 2
         key = block.find(b'"usage"', key + 7, end)
-    if found < 0:
-        return -1
-    start = block.rfind(b"\n\n", pos, found)
-    return pos if start < 0 else start + 2
+    return error if error >= pos else -1
 
 
 def _usage_set(block: bytes, key: int) -> bool:
