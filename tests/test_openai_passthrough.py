@@ -61,6 +61,14 @@ RAW_FORMS = {
     + stream([chunk("!", finish="stop"), chunk(None)]),
     "blank lines beyond the separator": stream([chunk("Hi"), chunk(None)], sep=b"\n\n\n"),
     "python json spacing": stream([chunk("Hi", spaced=True), chunk(None, spaced=True)]),
+    "usage chunk on two data lines": stream(
+        [chunk("Hi", finish="stop"), chunk(None).replace(b'"usage"', b'\ndata: "usage"')]
+    ),
+    "an event line before the usage chunk": b"data: "
+    + chunk("Hi", finish="stop")
+    + b"\n\nevent: chunk\ndata: "
+    + chunk(None)
+    + b"\n\ndata: [DONE]\n\n",
 }
 
 

@@ -34,6 +34,10 @@ from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 DONE_TAIL = 256  # bytes at a stream's end where its [DONE] is looked for (trailing comments)
+# a final "data: [DONE]" event and its blank line, with room for CRs and the LFs around it:
+# the data event before it starts before this many bytes from a block's end
+LAST_EVENT_MIN = 20
+USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and spaces)
 
 EVENT_STREAM = "text/event-stream"
 DROP_UPSTREAM = ("top_k",)
@@ -272,14 +276,27 @@ class OpenAIPassthrough:
         return self._rename_in(b"".join(out))
 
     def _read_last_usage(self, block: bytes) -> None:
-        """The last usage object of a block that holds no error, searched from its end."""
+        """The last usage object of a block that holds no error, searched from its end. An
+        event that is one ``data:`` line (as every serializer writes them) is read straight
+        from the block; any other shape through the SSE parser."""
         key = block.rfind(b'"usage"')
         while key >= 0:
             if _usage_set(block, key):
-                start = block.rfind(b"\n\n", 0, key)
-                start = 0 if start < 0 else start + 2
-                event = parse_event(block[start : block.find(b"\n\n", key) + 2])
-                usage = _chunk(event.data).get("usage") if event is not None else None
+                line = block.rfind(b"\n", 0, key) + 1
+                end = block.find(b"\n", key)  # a block ends with a blank line: found
+                if (
+                    (line < 2 or block[line - 2] == 10)
+                    and block[end + 1] == 10
+                    and block.startswith(b"data:", line)
+                ):
+                    data = block[line + 5 : end]
+                else:
+                    start = block.rfind(b"\n\n", 0, key)
+                    event = parse_event(block[0 if start < 0 else start + 2 : end + 2])
+                    if event is None:
+                        return
+                    data = event.data
+                usage = _chunk(data).get("usage")
                 if usage:
                     self.usage = usage
                 return
@@ -380,23 +397,17 @@ class OpenAIPassthrough:
 
 
 def _trailing_error(block: bytes) -> int:
-    """Where a block's last event starts when it holds an error (or the one before a final
-    ``[DONE]``); -1 otherwise. An upstream error ends its stream, so it is the last event of
-    its read: looking there only spares a search through every byte of every read (an
-    error followed by more events goes out as it came, and the stream goes on)."""
-    end = len(block)
-    for _ in range(2):
-        while end and block[end - 1] == 10:  # the blank line(s) after the event
-            end -= 1
-        start = block.rfind(b"\n\n", 0, end) + 2  # 1: the block's first event
-        start = 0 if start == 1 else start
-        event = block[start:end]
-        if b'{"error"' in event:
-            return start
-        if start == 0 or not event.endswith(b"[DONE]"):
-            return -1
-        end = start
-    return -1
+    """Where the event that holds an error starts when it is among a block's last two data
+    events (the last, or the one before a final ``[DONE]``); -1 otherwise. An upstream
+    error ends its stream, so it is the last event of its read: looking there only spares a
+    search through every byte of every read (an error followed by more events goes out as
+    it came, and the stream goes on)."""
+    before_last = block.rfind(b"\n\ndata:", 0, len(block) - LAST_EVENT_MIN)
+    found = block.find(b'{"error"', max(before_last, 0))
+    if found < 0:
+        return -1
+    start = block.rfind(b"\n\n", 0, found)
+    return 0 if start < 0 else start + 2
 
 
 def _first_suspect(block: bytes, pos: int, error: int) -> int:
@@ -416,10 +427,7 @@ def _first_suspect(block: bytes, pos: int, error: int) -> int:
 def _usage_set(block: bytes, key: int) -> bool:
     """Whether the ``"usage"`` key at ``key`` has a value other than null (an object, or
     something odd that deserves a look)."""
-    value = key + 7
-    while block[value : value + 1] in (b" ", b":"):
-        value += 1
-    return block[value : value + 1] != b"n"
+    return block[key + 7 : key + 7 + USAGE_GAP].lstrip(b" :")[:1] != b"n"
 
 
 def _chunk(data: bytes) -> JSON:
