@@ -46,6 +46,8 @@ def request_headers(scope: Scope) -> Headers:
 
 def forwarded_headers(headers: Headers) -> dict[str, str]:
     """The client's headers passed on to the upstream (Anthropic's version and betas)."""
+    if headers.keys().isdisjoint(CLIENT_HEADERS_FORWARDED):
+        return {}  # most requests: no comprehension to run
     return {
         k.decode(): headers[k].decode("latin-1") for k in CLIENT_HEADERS_FORWARDED if k in headers
     }

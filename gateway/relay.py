@@ -329,7 +329,7 @@ class Relay:
         ctx = Ctx(
             request_id=call.request_id,
             model=call.model,
-            created=int(call.time.timestamp()),
+            created=int(time.time()),  # the same second as call.time, read for less
             include_usage=include_usage,
             prompt_tokens_estimate=estimate_prompt_tokens(req) if req is not None else 0,
         )

@@ -36,7 +36,7 @@ REQUIRED_CAPABILITY = {
 class Catalogue:
     """The configuration's models and channels, indexed for the hot path."""
 
-    __slots__ = ("models", "_by_group_model", "_group_models")
+    __slots__ = ("models", "_by_group_model", "_group_models", "_tiers")
 
     def __init__(self, settings: Settings) -> None:
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
@@ -52,6 +52,8 @@ class Catalogue:
         for g in settings.groups:
             names = [m.name for m in settings.models if (g, m.name) in self._by_group_model]
             self._group_models[g] = tuple(self.models[n] for n in names)
+        # (group, model, endpoint) -> its channels by priority tier, filled as asked
+        self._tiers: dict[tuple[str, str, str], tuple[tuple[Channel, ...], ...]] = {}
 
     def group_models(self, group: str) -> tuple[Model, ...]:
         """The models a key of this group can reach, in catalogue order."""
@@ -59,6 +61,35 @@ class Catalogue:
 
     def channels(self, group: str, model: str) -> tuple[Channel, ...]:
         return self._by_group_model.get((group, model), ())
+
+    def tiers(self, group: str, model: str, endpoint: str) -> tuple[tuple[Channel, ...], ...]:
+        """The channels that may serve a request, grouped by priority, lowest first; worked
+        out once per (group, model, endpoint). NotFoundError (404) when there are none."""
+        found = self._tiers.get((group, model, endpoint))
+        if found is None:
+            found = self._tiers_of(group, model, endpoint)
+            self._tiers[(group, model, endpoint)] = found
+        return found
+
+    def _tiers_of(self, group: str, model: str, endpoint: str) -> tuple[tuple[Channel, ...], ...]:
+        m = self.models.get(model)
+        chans = self.channels(group, model) if m is not None else ()
+        if m is None or not chans:
+            raise NotFoundError(
+                f"The model '{model}' does not exist or you do not have access to it."
+            )
+        if REQUIRED_CAPABILITY[endpoint] not in m.capabilities:
+            raise NotFoundError(f"The model '{model}' does not support this endpoint.")
+        chans = tuple(c for c in chans if endpoint in CHANNEL_CAPABILITIES[c.type])
+        if not chans:
+            raise NotFoundError(f"No channel serves '{model}' for this endpoint.")
+        tiers: list[tuple[Channel, ...]] = []
+        for ch in chans:  # sorted by priority
+            if tiers and tiers[-1][0].priority == ch.priority:
+                tiers[-1] += (ch,)
+            else:
+                tiers.append((ch,))
+        return tuple(tiers)
 
 
 def _weighted_order(channels: list[Channel], rng: random.Random) -> list[Channel]:
@@ -85,29 +116,20 @@ def candidates(
     """The channels to try for one request, in order. Raises NotFoundError (404) when the
     model is outside the group or lacks the endpoint's capability, and
     UpstreamUnavailableError (503) when every channel is cooling down."""
-    m = catalogue.models.get(model)
-    chans = catalogue.channels(group, model) if m is not None else ()
-    if m is None or not chans:
-        raise NotFoundError(f"The model '{model}' does not exist or you do not have access to it.")
-    need = REQUIRED_CAPABILITY[endpoint]
-    if need not in m.capabilities:
-        raise NotFoundError(f"The model '{model}' does not support this endpoint.")
-    chans = tuple(c for c in chans if endpoint in CHANNEL_CAPABILITIES[c.type])
-    if not chans:
-        raise NotFoundError(f"No channel serves '{model}' for this endpoint.")
+    tiers = catalogue.tiers(group, model, endpoint)
     if cooling:
-        ready = tuple(c for c in chans if cooling.get(c.name, 0.0) <= now)
-        if not ready:
+        tiers = tuple(
+            ready
+            for ready in (tuple(c for c in t if cooling.get(c.name, 0.0) <= now) for t in tiers)
+            if ready
+        )
+        if not tiers:
             raise UpstreamUnavailableError(
                 f"Every channel of '{model}' is cooling down after failures; try again shortly."
             )
-        chans = ready
+    if len(tiers) == 1 and len(tiers[0]) == 1:
+        return list(tiers[0])  # one channel: nothing to order
     out: list[Channel] = []
-    i = 0
-    while i < len(chans):
-        j = i
-        while j < len(chans) and chans[j].priority == chans[i].priority:
-            j += 1
-        out.extend(_weighted_order(list(chans[i:j]), rng))
-        i = j
+    for tier in tiers:
+        out.extend(_weighted_order(list(tier), rng))
     return out
