@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from gateway.asgi import DisconnectWatch
+from gateway.asgi import WATCH_TICK, Watchlist
 
 
 async def test_a_departing_client_cancels_the_request_task() -> None:
@@ -19,7 +19,7 @@ async def test_a_departing_client_cancels_the_request_task() -> None:
         return {"type": "http.disconnect"}
 
     async def request() -> None:
-        watch = DisconnectWatch(receive, 0.0)
+        watch = Watchlist().watch(receive, 0.0)
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
@@ -46,7 +46,7 @@ async def test_a_stopped_watcher_is_freed_without_a_garbage_collection() -> None
 
     gc.disable()
     try:
-        watch = DisconnectWatch(receive, 0.0)
+        watch = Watchlist().watch(receive, 0.0)
         watcher = weakref.ref(watch._watcher)  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the watcher now waits in receive()
         watch.stop()
@@ -56,3 +56,44 @@ async def test_a_stopped_watcher_is_freed_without_a_garbage_collection() -> None
         assert watcher() is None
     finally:
         gc.enable()
+
+
+async def test_a_watch_starts_after_its_delay_and_a_stopped_one_never_does() -> None:
+    never = asyncio.Event()
+    calls: list[str] = []
+
+    async def receive() -> dict[str, str]:
+        calls.append("receive")
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    watchlist = Watchlist()
+    late = watchlist.watch(receive, 0.2)
+    early = watchlist.watch(receive, 0.2)
+    early.stop()  # a request that ended before its delay
+    await asyncio.sleep(0.1)
+    assert calls == [] and late._watcher is None
+    await asyncio.sleep(0.1 + 2 * WATCH_TICK)
+    assert calls == ["receive"] and late._watcher is not None and early._watcher is None
+    late.stop()
+    await asyncio.sleep(0)
+
+
+async def test_watches_of_two_delays_start_each_after_its_own() -> None:
+    never = asyncio.Event()
+    started: list[float] = []
+
+    async def receive() -> dict[str, str]:
+        started.append(asyncio.get_running_loop().time())
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    watchlist = Watchlist()
+    t0 = asyncio.get_running_loop().time()
+    watches = [watchlist.watch(receive, 0.3), watchlist.watch(receive, 0.1)]
+    await asyncio.sleep(0.3 + 2 * WATCH_TICK)
+    assert len(started) == 2
+    assert 0.1 <= started[0] - t0 < 0.3 <= started[1] - t0
+    for w in watches:
+        w.stop()
+    await asyncio.sleep(0)
