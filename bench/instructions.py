@@ -1,7 +1,8 @@
 """Scenario (e), the noise-free half: instructions per relayed request, counted by callgrind.
 
 Wall-clock cells on a shared machine move 20-30% from run to run; instruction counts do not
-(the same count to ~0.1% twice in a row here). Each target runs under
+(the bare relay's to ~0.1% twice in a row here, the gateway's to ~1%: its usage writer's
+batches and its timers follow the clock, which callgrind slows ~50×). Each target runs under
 ``valgrind --tool=callgrind`` (children followed: hypercorn's worker process is counted),
 a warm-up is sent, the counters are zeroed, N requests are sent 8 at a time, the counters
 are dumped, and the instructions of every process of the target are summed and divided by N.
