@@ -321,6 +321,8 @@ def bench_target(tmp: Path, target: Target, results: dict[str, Any], settings: S
             results["c"].setdefault(name, {})[n] = cell
             print(f"  (c) {name} n={run_n}: {report.fmt_streams(cell)}")
     if "d" in SCENARIOS and target.group in ("gateway", "direct"):
+        # counted from here: after (c), the process keeps its high-water mark
+        target.baseline_rss_kib = procs.rss_kib(target.pids())
         pas = streams_cell(tmp, target, CONVERTED_STREAMS, reps)
         results["d"].setdefault(name, {})["pass-through"] = pas
         print(f"  (d) {name} pass-through: {report.fmt_streams(pas)}")
