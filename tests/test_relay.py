@@ -181,3 +181,32 @@ async def test_client_leaving_a_slow_reply_closes_the_upstream_call(gateway, fak
     assert await fake.wait_disconnect(timeout=5.0)
     rec = await last_record(gateway)
     assert rec.status == 499
+
+
+async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) -> None:
+    """A stream is recorded before its last byte leaves (the balance is right when the client
+    reads it); a client leaving during that last send must not turn the written 200 into a
+    499, nor bill it again."""
+    from datetime import UTC, datetime
+
+    from gateway.auth import key_hash
+    from gateway.relay import Call, _set_status
+
+    relay = gateway.state.relay
+    call = Call(
+        time=datetime.now(UTC), request_id="req-recorded", account="", key_id="",
+        model="chat-small", channel="oa", protocol="openai", endpoint="chat", prompt_tokens=0,
+        completion_tokens=0,
+        cost=0, status=200, latency_ms=0, ip_range="127.0.0.0/24",
+        key=relay.cache.key(key_hash(KEYS["alice"])),
+    )  # fmt: skip
+    relay._bill(call, {"prompt_tokens": 10, "completion_tokens": 5})
+    relay._record(call)
+    _set_status(call, 499)
+    relay._bill(call, {"prompt_tokens": 1_000, "completion_tokens": 1_000})
+
+    rec = await last_record(gateway)
+    assert (rec.request_id, rec.status, rec.prompt_tokens, rec.completion_tokens) == (
+        "req-recorded", 200, 10, 5,
+    )  # fmt: skip
+    assert rec.cost == 10 * 1 + 5 * 2 and rec.account == "alice"
