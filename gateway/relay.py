@@ -117,6 +117,29 @@ class Call(UsageRecord):
     responded: bool = False  # the response's status line has been sent
     recorded: bool = False  # handed to the writer
 
+    @classmethod
+    def arriving(
+        cls, at: datetime, request_id: str, protocol: str, endpoint: str, ip_range: str
+    ) -> Call:
+        """A request's record as it arrives: no key, model, channel or tokens yet."""
+        return cls(
+            time=at,
+            request_id=request_id,
+            account="",  # the key's, once known
+            key_id="",
+            model="",
+            channel=None,
+            protocol=protocol,
+            endpoint=endpoint,
+            prompt_tokens=0,
+            completion_tokens=0,
+            cost=0,
+            status=200,
+            latency_ms=0,
+            ip_range=ip_range,
+            started=time.perf_counter(),
+        )
+
 
 def _set_status(call: Call, status: int) -> None:
     """The status the client saw, unless the record was handed to the writer already (a
@@ -153,22 +176,12 @@ class Relay:
     async def handle(self, spec: RouteSpec, scope: Scope, receive: Receive, send: Send) -> None:
         client = ADAPTERS[spec.protocol]
         headers = request_headers(scope)
-        call = Call(
-            time=datetime.now(UTC),
-            request_id=new_request_id(),
-            account="",  # the key's, once known
-            key_id="",
-            model="",
-            channel=None,
-            protocol=spec.protocol,
-            endpoint=spec.endpoint,
-            prompt_tokens=0,
-            completion_tokens=0,
-            cost=0,
-            status=200,
-            latency_ms=0,
-            ip_range=self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
-            started=time.perf_counter(),
+        call = Call.arriving(
+            datetime.now(UTC),
+            new_request_id(),
+            spec.protocol,
+            spec.endpoint,
+            self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
         try:
             if scope["method"] != spec.method:

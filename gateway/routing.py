@@ -118,11 +118,12 @@ def candidates(
     UpstreamUnavailableError (503) when every channel is cooling down."""
     tiers = catalogue.tiers(group, model, endpoint)
     if cooling:
-        tiers = tuple(
-            ready
-            for ready in (tuple(c for c in t if cooling.get(c.name, 0.0) <= now) for t in tiers)
-            if ready
-        )
+        ready_tiers = []
+        for tier in tiers:
+            ready = tuple(c for c in tier if cooling.get(c.name, 0.0) <= now)
+            if ready:
+                ready_tiers.append(ready)
+        tiers = tuple(ready_tiers)
         if not tiers:
             raise UpstreamUnavailableError(
                 f"Every channel of '{model}' is cooling down after failures; try again shortly."

@@ -193,13 +193,9 @@ async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) 
     from gateway.relay import Call, _set_status
 
     relay = gateway.state.relay
-    call = Call(
-        time=datetime.now(UTC), request_id="req-recorded", account="", key_id="",
-        model="chat-small", channel="oa", protocol="openai", endpoint="chat", prompt_tokens=0,
-        completion_tokens=0,
-        cost=0, status=200, latency_ms=0, ip_range="127.0.0.0/24",
-        key=relay.cache.key(key_hash(KEYS["alice"])),
-    )  # fmt: skip
+    call = Call.arriving(datetime.now(UTC), "req-recorded", "openai", "chat", "127.0.0.0/24")
+    call.model, call.channel = "chat-small", "oa"
+    call.key = relay.cache.key(key_hash(KEYS["alice"]))
     relay._bill(call, {"prompt_tokens": 10, "completion_tokens": 5})
     relay._record(call)
     _set_status(call, 499)
