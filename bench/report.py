@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import statistics
 from typing import Any
 
 from bench import instructions
@@ -49,11 +50,20 @@ def bare_for(name: str) -> str:
     return "bare-hypercorn"
 
 
+def share(cell: dict[str, Any], ref: dict[str, Any]) -> float | None:
+    """cell's req/s as a share of ref's: the median of the ratios taken turn by turn (the two
+    were measured in the same turn of the run), else the ratio of the medians."""
+    mine, theirs = cell.get("rps_reps") or [], ref.get("rps_reps") or []
+    if len(mine) == len(theirs) and mine and all(theirs):
+        return statistics.median(m / t for m, t in zip(mine, theirs, strict=True))
+    return cell["rps"] / ref["rps"] if ref["rps"] else None
+
+
 def _ratio(cells: dict[str, Any], name: str, ref: str, key: Any) -> str:
     if name == ref or ref not in cells or key not in cells[ref] or key not in cells.get(name, {}):
         return "–"
-    base = cells[ref][key]["rps"]
-    return f"{cells[name][key]['rps'] / base:.3f}" if base else "–"
+    ratio = share(cells[name][key], cells[ref][key])
+    return "–" if ratio is None else f"{ratio:.3f}"
 
 
 def _wrk_table(cells: dict[str, Any], conns: list[int]) -> list[str]:
@@ -110,12 +120,12 @@ def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int])
         cells = results.get(scen, {})
         gw, bare = cells.get(GATEWAY, {}), cells.get(bare_for(GATEWAY), {})
         for c in cs:
-            if c in gw and c in bare and bare[c]["rps"]:
-                share = gw[c]["rps"] / bare[c]["rps"]
+            measured = share(gw[c], bare[c]) if c in gw and c in bare else None
+            if measured is not None:
                 rows.append(
                     f"| throughput ≥ {MIN_SHARE_OF_BARE:.0%} of bare relay (same server) "
-                    f"| ({scen}) {label}, {c} conns | {share:.1%} "
-                    f"| {_verdict(share >= MIN_SHARE_OF_BARE and gw[c]['errors'] == 0)} |"
+                    f"| ({scen}) {label}, {c} conns | {measured:.1%} "
+                    f"| {_verdict(measured >= MIN_SHARE_OF_BARE and gw[c]['errors'] == 0)} |"
                 )
             else:
                 rows.append(f"| throughput vs bare relay | ({scen}) {label}, {c} conns | – | n/a |")
@@ -123,10 +133,11 @@ def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int])
         counted = results.get("e_instructions", {})
         gi, bi = counted.get(GATEWAY, {}).get(kind), counted.get(bare_for(GATEWAY), {}).get(kind)
         if gi and bi:
-            share = bi / gi
+            counted_share = bi / gi
             rows.append(
                 f"| same, from instructions per request (callgrind, noise-free) "
-                f"| ({scen}) {label} | {share:.1%} | {_verdict(share >= MIN_SHARE_OF_BARE)} |"
+                f"| ({scen}) {label} | {counted_share:.1%} "
+                f"| {_verdict(counted_share >= MIN_SHARE_OF_BARE)} |"
             )
         direct = cells.get("direct", {})
         # the latency targets name no server: each gateway server is shown
@@ -205,8 +216,10 @@ def render(
         "pinned (two workers over both cores, sharing them with the load generator).",
         f"- Cells: wrk `-t1 -c<conns> -d{settings.duration:g}s --timeout 10s`, "
         f"{settings.reps} repetition(s) per cell, taken in turns across the targets (all "
-        "started first); the table shows the median req/s, p50 and "
-        "p99 over repetitions and the sum of errors. An error is a socket error, a timeout, "
+        "started first; each pinned gateway measured right beside the bare relay of its "
+        "server, which of the two goes first alternating); the table shows the median req/s, "
+        "p50 and p99 over repetitions and the sum of errors; a ratio is the median of the "
+        "ratios of the same turn. An error is a socket error, a timeout, "
         "a status other than 200, or a reply body lacking the expected content (wrk's Lua "
         "checks every reply).",
         "- Upstream: nginx `return 200` with a fixed 827-byte chat.completion (JSON) and a "

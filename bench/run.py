@@ -164,7 +164,26 @@ def wrk_summary(runs: list[tuple[wrk.WrkResult, float]]) -> dict[str, Any]:
         "requests": sum(r.requests for r, _ in runs),
         "cpu_us": statistics.median(c for _, c in runs),
         "reps": len(runs),
+        "rps_reps": [r.rps for r, _ in runs],  # in turn order: ratios are taken turn by turn
     }
+
+
+def turn_order(live: list[Target], turn: int) -> list[Target]:
+    """The targets of one turn, each pinned gateway right beside the bare relay of its server,
+    which of the two goes first alternating from turn to turn: the ratio the targets are judged
+    by compares two measurements seconds apart, not a minute, on a machine whose speed drifts."""
+    by_name = {t.name: t for t in live}
+    paired = {f"gateway-{t.server}-1w" for t in live if t.group == "bare"}
+    order: list[Target] = []
+    for target in live:
+        if target.name in paired:
+            continue  # placed beside its bare relay
+        partner = by_name.get(f"gateway-{target.server}-1w") if target.group == "bare" else None
+        if partner is None:
+            order.append(target)
+        else:
+            order += [target, partner] if turn % 2 == 0 else [partner, target]
+    return order
 
 
 def wrk_interleaved(
@@ -172,7 +191,7 @@ def wrk_interleaved(
 ) -> None:
     """Scenarios (a) and (b) with the repetitions of one cell taken in turns across all
     targets (target 1, 2, ..., then again), so a machine that slows down or speeds up during
-    the run moves every target's median alike and the ratios stay fair. The targets not
+    the run moves every target alike and the ratios, taken turn by turn, stay fair. The targets not
     being measured are paused (SIGSTOP), so their timers and background work stay out of
     the measured one's core and tails."""
     cells = [("a", "json", False, c) for c in CONNS if "a" in SCENARIOS]
@@ -183,8 +202,8 @@ def wrk_interleaved(
         for scenario, kind, stream, conns in cells:
             runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in live}
             luas = {t.name: wrk_lua(tmp, t, kind, stream) for t in live}
-            for _ in range(settings.reps):
-                for target in live:
+            for turn in range(settings.reps):
+                for target in turn_order(live, turn):
                     pause(target, False)
                     runs[target.name].append(
                         wrk_rep(target, luas[target.name], conns, settings.duration)

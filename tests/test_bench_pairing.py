@@ -1,0 +1,64 @@
+"""The benchmark's pairing: each pinned gateway is measured beside its bare relay, and its
+share of the bare relay is taken turn by turn."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.report import share
+from bench.run import turn_order
+from bench.targets import Target
+
+
+def _target(name: str, group: str, server: str, pinned: bool = True) -> Target:
+    return Target(name, group, server, 0, None, {}, pinned=pinned)
+
+
+LIVE = [
+    _target("direct", "direct", "nginx"),
+    _target("bare-hypercorn", "bare", "hypercorn"),
+    _target("bare-uvicorn", "bare", "uvicorn"),
+    _target("litellm", "litellm", "uvicorn"),
+    _target("gateway-hypercorn-1w", "gateway", "hypercorn"),
+    _target("gateway-hypercorn-2w-unpinned", "gateway", "hypercorn", pinned=False),
+    _target("gateway-uvicorn-1w", "gateway", "uvicorn"),
+]
+
+
+@pytest.mark.parametrize(
+    ("turn", "expected"),
+    [
+        (
+            0,
+            ["direct", "bare-hypercorn", "gateway-hypercorn-1w", "bare-uvicorn",
+             "gateway-uvicorn-1w", "litellm", "gateway-hypercorn-2w-unpinned"],
+        ),
+        (
+            1,
+            ["direct", "gateway-hypercorn-1w", "bare-hypercorn", "gateway-uvicorn-1w",
+             "bare-uvicorn", "litellm", "gateway-hypercorn-2w-unpinned"],
+        ),
+    ],
+)  # fmt: skip
+def test_each_gateway_is_measured_beside_its_bare_relay(turn: int, expected: list[str]) -> None:
+    assert [t.name for t in turn_order(LIVE, turn)] == expected
+
+
+def test_a_gateway_without_its_bare_relay_keeps_its_place() -> None:
+    live = [t for t in LIVE if t.name != "bare-uvicorn"]
+    names = [t.name for t in turn_order(live, 0)]
+    assert names[-2:] == ["gateway-hypercorn-2w-unpinned", "gateway-uvicorn-1w"]
+    assert sorted(names) == sorted(t.name for t in live)
+
+
+def test_share_is_the_median_of_the_ratios_of_each_turn() -> None:
+    # the machine slowed down in the second turn: both targets slowed with it
+    gateway = {"rps": 900.0, "rps_reps": [900.0, 500.0, 950.0]}
+    bare = {"rps": 1000.0, "rps_reps": [1000.0, 520.0, 1000.0]}
+    # ratio of medians: 900 / 1000 = 0.90; turn by turn: 0.90, 0.96, 0.95 -> 0.95
+    assert share(gateway, bare) == pytest.approx(0.95)
+
+
+def test_share_falls_back_to_the_ratio_of_medians() -> None:
+    assert share({"rps": 850.0}, {"rps": 1000.0}) == pytest.approx(0.85)
+    assert share({"rps": 850.0, "rps_reps": [850.0]}, {"rps": 0.0, "rps_reps": [0.0]}) is None
