@@ -59,6 +59,15 @@ def share(cell: dict[str, Any], ref: dict[str, Any]) -> float | None:
     return cell["rps"] / ref["rps"] if ref["rps"] else None
 
 
+def turn_ratios(cell: dict[str, Any], ref: dict[str, Any]) -> str:
+    """The lowest and highest of the same-turn ratios, as percentages ('' with one turn)."""
+    mine, theirs = cell.get("rps_reps") or [], ref.get("rps_reps") or []
+    if len(mine) != len(theirs) or len(mine) < 2 or not all(theirs):
+        return ""
+    ratios = [m / t for m, t in zip(mine, theirs, strict=True)]
+    return f" (turns {min(ratios):.0%}–{max(ratios):.0%})"
+
+
 def _ratio(cells: dict[str, Any], name: str, ref: str, key: Any) -> str:
     if name == ref or ref not in cells or key not in cells[ref] or key not in cells.get(name, {}):
         return "–"
@@ -124,7 +133,7 @@ def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int])
             if measured is not None:
                 rows.append(
                     f"| throughput ≥ {MIN_SHARE_OF_BARE:.0%} of bare relay (same server) "
-                    f"| ({scen}) {label}, {c} conns | {measured:.1%} "
+                    f"| ({scen}) {label}, {c} conns | {measured:.1%}{turn_ratios(gw[c], bare[c])} "
                     f"| {_verdict(measured >= MIN_SHARE_OF_BARE and gw[c]['errors'] == 0)} |"
                 )
             else:

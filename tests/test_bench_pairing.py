@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.report import share
+from bench.report import share, turn_ratios
 from bench.run import turn_order
 from bench.targets import Target
 
@@ -62,3 +62,10 @@ def test_share_is_the_median_of_the_ratios_of_each_turn() -> None:
 def test_share_falls_back_to_the_ratio_of_medians() -> None:
     assert share({"rps": 850.0}, {"rps": 1000.0}) == pytest.approx(0.85)
     assert share({"rps": 850.0, "rps_reps": [850.0]}, {"rps": 0.0, "rps_reps": [0.0]}) is None
+
+
+def test_the_spread_of_the_turns_is_shown() -> None:
+    gateway = {"rps": 900.0, "rps_reps": [900.0, 500.0, 950.0]}
+    bare = {"rps": 1000.0, "rps_reps": [1000.0, 520.0, 1000.0]}
+    assert turn_ratios(gateway, bare) == " (turns 90%–96%)"
+    assert turn_ratios({"rps": 1.0, "rps_reps": [1.0]}, {"rps": 1.0, "rps_reps": [1.0]}) == ""
