@@ -32,7 +32,7 @@ class SSEParser:
         self._pending_cr = False
         search = max(len(self._buf) - 1, 0)  # no event end in what was already searched
         buf = self._buf + raw if self._buf else raw
-        if b"\r" in buf:
+        if 13 in buf:  # a CR (an int is looked for with memchr, without parsing arguments)
             if buf.endswith(b"\r"):
                 self._pending_cr = True
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
