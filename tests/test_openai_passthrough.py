@@ -117,13 +117,20 @@ ERROR_ENDINGS = {
 }
 
 
+# a small read is searched whole for an error; a larger one from its last events
+READS_BEFORE = {
+    "small read": b"data: " + chunk("Hel") + b"\n\n",
+    "read over 1 KiB": b"".join(b"data: " + chunk(t) + b"\n\n" for t in ["Hel"] + ["l"] * 12),
+}
+
+
 @pytest.mark.parametrize("include_usage", [True, False], ids=["usage asked", "usage not asked"])
 @pytest.mark.parametrize("ending", ERROR_ENDINGS.values(), ids=ERROR_ENDINGS.keys())
+@pytest.mark.parametrize("before", READS_BEFORE.values(), ids=READS_BEFORE.keys())
 def test_an_error_that_ends_a_read_stops_the_stream_with_its_status(
-    ending: bytes, include_usage: bool
+    ending: bytes, include_usage: bool, before: bytes
 ) -> None:
     ps = passthrough(include_usage=include_usage)
-    before = b"data: " + chunk("Hel") + b"\n\n"
     first = ps.feed(before) if ending is ERROR_ENDINGS["first of its read"] else b""  # type: ignore[attr-defined]
     with pytest.raises(GatewayError) as caught:
         ps.feed(ending if first else before + ending)  # type: ignore[attr-defined]
@@ -132,8 +139,11 @@ def test_an_error_that_ends_a_read_stops_the_stream_with_its_status(
     assert out.index(b'"Hel"') < out.index(b"overloaded") and b"[DONE]" not in out
 
 
-def test_an_error_followed_by_content_in_the_same_read_goes_out_as_it_came() -> None:
-    raw = stream([chunk("Hel"), ERROR, chunk("lo", finish="stop"), chunk(None)])
+@pytest.mark.parametrize("padding", [0, 12], ids=["small read", "read over 1 KiB"])
+def test_an_error_followed_by_content_in_the_same_read_goes_out_as_it_came(padding: int) -> None:
+    raw = stream(
+        [chunk("Hel"), *[chunk("l")] * padding, ERROR, chunk("lo", finish="stop"), chunk(None)]
+    )
     ps = passthrough()
     assert run(ps, raw) == raw
     assert ps.usage == USAGE  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -425,6 +426,49 @@ async def test_sqlite_persists_across_close_and_reopen(tmp_path: Path) -> None:
         assert await s.version() == version
     finally:
         await s.close()
+
+
+async def test_sqlite_file_of_an_earlier_version_gets_ascending_usage_indexes(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions indexed usage descending; the file opens with the ascending indexes
+    instead, keeps its rows, and lists them newest first without sorting."""
+    path = tmp_path / "old.db"
+    s = SQLiteStore(sqlite_url(path))
+    await s.open()
+    await s.create_account("alice", 10 * MICRO)
+    await s.settle([usage_rec(i) for i in range(5)])
+    await s.close()
+    with sqlite3.connect(path) as conn:  # as an earlier version left it
+        conn.execute("DROP INDEX usage_by_account")
+        conn.execute("DROP INDEX usage_by_time")
+        conn.execute("CREATE INDEX usage_account_time ON usage (account, time DESC, seq DESC)")
+        conn.execute("CREATE INDEX usage_time ON usage (time DESC, seq DESC)")
+    conn.close()
+
+    s = SQLiteStore(sqlite_url(path))
+    await s.open()
+    try:
+        assert [r.request_id for r in await s.usage("alice", limit=3)] == [
+            "req-alice-4", "req-alice-3", "req-alice-2"
+        ]  # fmt: skip
+        assert len(await s.usage(limit=100)) == 5
+    finally:
+        await s.close()
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        plans = [
+            " ".join(str(c) for c in row)
+            for sql in (
+                "SELECT * FROM usage ORDER BY time DESC, seq DESC LIMIT 3",
+                "SELECT * FROM usage WHERE account = 'alice' ORDER BY time DESC, seq DESC",
+            )
+            for row in conn.execute("EXPLAIN QUERY PLAN " + sql)
+        ]
+    conn.close()
+    assert {"usage_by_account", "usage_by_time"} <= names
+    assert not {"usage_account_time", "usage_time"} & names
+    assert plans and not any("TEMP B-TREE" in p for p in plans)
 
 
 async def test_sqlite_url_with_three_slashes_is_relative_to_the_working_directory(
