@@ -50,22 +50,28 @@ def bare_for(name: str) -> str:
     return "bare-hypercorn"
 
 
-def share(cell: dict[str, Any], ref: dict[str, Any]) -> float | None:
-    """cell's req/s as a share of ref's: the median of the ratios taken turn by turn (the two
-    were measured in the same turn of the run), else the ratio of the medians."""
+def _same_turn(cell: dict[str, Any], ref: dict[str, Any]) -> list[float]:
+    """cell's req/s over ref's, turn by turn (both measured in the same turn of the run); []
+    when the two were not measured turn for turn."""
     mine, theirs = cell.get("rps_reps") or [], ref.get("rps_reps") or []
-    if len(mine) == len(theirs) and mine and all(theirs):
-        return statistics.median(m / t for m, t in zip(mine, theirs, strict=True))
+    if len(mine) != len(theirs) or not all(theirs):
+        return []
+    return [m / t for m, t in zip(mine, theirs, strict=True)]
+
+
+def share(cell: dict[str, Any], ref: dict[str, Any]) -> float | None:
+    """cell's req/s as a share of ref's: the median of the same-turn ratios, else the ratio of
+    the medians."""
+    ratios = _same_turn(cell, ref)
+    if ratios:
+        return statistics.median(ratios)
     return cell["rps"] / ref["rps"] if ref["rps"] else None
 
 
 def turn_ratios(cell: dict[str, Any], ref: dict[str, Any]) -> str:
     """The lowest and highest of the same-turn ratios, as percentages ('' with one turn)."""
-    mine, theirs = cell.get("rps_reps") or [], ref.get("rps_reps") or []
-    if len(mine) != len(theirs) or len(mine) < 2 or not all(theirs):
-        return ""
-    ratios = [m / t for m, t in zip(mine, theirs, strict=True)]
-    return f" (turns {min(ratios):.0%}–{max(ratios):.0%})"
+    ratios = _same_turn(cell, ref)
+    return f" (turns {min(ratios):.0%}–{max(ratios):.0%})" if len(ratios) > 1 else ""
 
 
 def _ratio(cells: dict[str, Any], name: str, ref: str, key: Any) -> str:
