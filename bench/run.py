@@ -474,7 +474,7 @@ def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
                     (f"gateway-{other}-1w", lambda o=other: targets.gateway(tmp, up, 1, True, o))
                 )
     settings.commands.append(
-        "gateway serve --config <tmp>/gateway.bench.yaml --host 127.0.0.1 --port P --workers N"
+        "gateway serve --config <tmp>/<target>.bench.yaml --host 127.0.0.1 --port P --workers N"
         + (" --server hypercorn" if server else "")
     )
     return steps

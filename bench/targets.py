@@ -229,9 +229,12 @@ def gateway_help() -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
-def gateway_config(tmp: Path, up: Upstream) -> Path:
+def gateway_config(tmp: Path, up: Upstream, name: str = "gateway") -> Path:
+    """The gateway's config for the bench, its SQLite file named after the target: each
+    gateway target writes its own usage records, so one's WAL checkpoints and growing indexes
+    are never another's."""
     lines = [
-        f"store: sqlite:///{tmp}/gateway.db",
+        f"store: sqlite:///{tmp}/{name}.db",
         "admin_token: bench-admin-token",
         "groups: [default]",
         "models:",
@@ -265,7 +268,7 @@ def gateway_config(tmp: Path, up: Upstream) -> Path:
         "    group: default",
         "    status: enabled",
     ]
-    path = tmp / "gateway.bench.yaml"
+    path = tmp / f"{name}.bench.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -276,13 +279,13 @@ def gateway(
     exe = gateway_binary()
     if exe is None:
         return None
-    conf = gateway_config(tmp, up)
+    name = f"gateway-{server or 'hypercorn'}-{workers}w" + ("" if pinned else "-unpinned")
+    conf = gateway_config(tmp, up, name)
     port = procs.free_port()
     cmd = [exe, "serve", "--config", str(conf), "--host", "127.0.0.1", "--port", str(port),
            "--workers", str(workers)]  # fmt: skip
     if server is not None:
         cmd += ["--server", server]
-    name = f"gateway-{server or 'hypercorn'}-{workers}w" + ("" if pinned else "-unpinned")
     proc = procs.start(
         procs.pinned(cmd, RELAY_CORE if pinned else None), tmp / f"{name}.log", cwd=str(tmp)
     )
