@@ -29,6 +29,7 @@ from gateway.store import (
     open_store,
 )
 from gateway.store import redis as rstore
+from gateway.store import writer as writer_module
 from gateway.store.cache import Cache
 from gateway.store.sqlite import SQLiteStore
 from gateway.store.writer import UsageWriter
@@ -627,6 +628,31 @@ async def test_writer_flush_returns_once_everything_submitted_is_stored(store: S
         assert len(await store.usage(limit=1_000)) == 100
         got = await store.get_account("alice")
         assert got is not None and got.balance == 10 * MICRO - 1_000
+    finally:
+        await writer.stop()
+
+
+@pytest.mark.parametrize("lingering", [False, True], ids=["before-linger", "mid-linger"])
+async def test_writer_flush_cuts_the_linger_short(
+    store: Store, monkeypatch: pytest.MonkeyPatch, lingering: bool
+) -> None:
+    """A batch waits LINGER seconds for company, unless someone flushes: with an hour-long
+    linger, flush() still returns (an admin reading usage must not wait for the linger)."""
+    monkeypatch.setattr(writer_module, "LINGER", 3600.0)
+    await store.create_account("alice", 10 * MICRO)
+    writer = UsageWriter(store)
+    await writer.start()
+    try:
+        writer.submit(usage_rec(1, cost=10))
+        if lingering:
+            for _ in range(5):  # the writer takes the record and starts to linger
+                await asyncio.sleep(0)
+            assert writer._waker is not None
+        await asyncio.wait_for(writer.flush(), 30)
+        assert [r.request_id for r in await store.usage(limit=10)] == ["req-alice-1"]
+        writer.submit(usage_rec(2, cost=10))  # the next batch lingers, and is flushed, too
+        await asyncio.wait_for(writer.flush(), 30)
+        assert len(await store.usage(limit=10)) == 2
     finally:
         await writer.stop()
 

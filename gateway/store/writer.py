@@ -42,7 +42,8 @@ class UsageWriter:
         self._written = 0
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        self._urgent = asyncio.Event()  # a flush() is waiting: no lingering
+        self._urgent = False  # a flush() is waiting: no lingering
+        self._waker: asyncio.Future[None] | None = None  # ends the current linger early
 
     def submit(self, rec: UsageRecord) -> None:
         """Queue a record and debit its cost from the cache; sync, never blocks."""
@@ -64,7 +65,9 @@ class UsageWriter:
         """Return once every record submitted before this call is in the store."""
         target = self._submitted
         if self._written < target:
-            self._urgent.set()
+            self._urgent = True
+            if self._waker is not None:
+                _wake(self._waker)
         while self._written < target:
             if self._task is None:
                 batch = self._take(self._queue.qsize())
@@ -113,16 +116,25 @@ class UsageWriter:
     async def _run(self) -> None:
         while True:
             first = await self._queue.get()
-            if self._queue.qsize() < self._batch - 1 and not self._urgent.is_set():
-                try:
-                    await asyncio.wait_for(self._urgent.wait(), LINGER)
-                except TimeoutError:
-                    pass
+            if self._queue.qsize() < self._batch - 1 and not self._urgent:
+                await self._linger()
             batch = [first, *self._take(self._batch - 1)]
             if self._queue.empty():
-                self._urgent.clear()
+                self._urgent = False
             await self._write(batch)
             _raise_if_cancelled()
+
+    async def _linger(self) -> None:
+        """Wait ``LINGER`` seconds, or less if flush() is called: one future and one timer
+        (``asyncio.wait_for`` on an event made a task and cancelled it, every batch)."""
+        loop = asyncio.get_running_loop()
+        waker = self._waker = loop.create_future()
+        timer = loop.call_later(LINGER, _wake, waker)
+        try:
+            await waker
+        finally:
+            timer.cancel()
+            self._waker = None
 
     async def _write(self, batch: Sequence[UsageRecord]) -> None:
         """Settle one batch, retrying until the store takes it."""
@@ -159,6 +171,11 @@ class UsageWriter:
         async with self._progress:
             self._written += len(batch)
             self._progress.notify_all()
+
+
+def _wake(waker: asyncio.Future[None]) -> None:
+    if not waker.done():
+        waker.set_result(None)
 
 
 def _cancelling() -> bool:
