@@ -40,13 +40,25 @@ class Rate:
         return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
 
 
+# no request uses this many tokens; an upstream that reports more (or a negative count) is
+# broken, and its number must neither credit an account nor overflow the store's integers
+MAX_TOKENS = 2**31 - 1
+
+
+def billable_tokens(count: object) -> int:
+    """A token count as the upstream reported it, if it is one; 0 for anything else (missing,
+    not an integer, a bool, negative, or over ``MAX_TOKENS``)."""
+    return count if type(count) is int and 0 <= count <= MAX_TOKENS else 0
+
+
 def usage_tokens(usage: Usage | None) -> tuple[int, int]:
-    """(prompt, completion) tokens of a chat-completions usage object; 0 where missing."""
+    """(prompt, completion) tokens of a chat-completions usage object; 0 where missing or
+    not a plausible count (``billable_tokens``)."""
     if not usage:
         return 0, 0
-    p = usage.get("prompt_tokens") or 0
-    c = usage.get("completion_tokens") or 0
-    return (p if isinstance(p, int) else 0), (c if isinstance(c, int) else 0)
+    return billable_tokens(usage.get("prompt_tokens")), billable_tokens(
+        usage.get("completion_tokens")
+    )
 
 
 def ip_range(ip: str | None) -> str:

@@ -45,7 +45,7 @@ from gateway.asgi import (
     send_json,
 )
 from gateway.auth import check_key, extract_key, key_hash
-from gateway.billing import ClientAddress, Rate, usage_tokens
+from gateway.billing import ClientAddress, Rate, billable_tokens, usage_tokens
 from gateway.config import Channel, Settings
 from gateway.errors import (
     AuthenticationError,
@@ -616,7 +616,7 @@ class Relay:
                 tokens = upstream.decode_count(orjson.loads(raw))
             except orjson.JSONDecodeError:
                 raise UpstreamError("the upstream sent a count that is not JSON") from None
-        call.prompt_tokens = tokens
+        call.prompt_tokens = billable_tokens(tokens)
         call.responded = True
         await send_json(send, 200, client.encode_count(tokens, ctx))
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.billing import ClientAddress, Rate, ip_range
+from gateway.billing import MAX_TOKENS, ClientAddress, Rate, ip_range, usage_tokens
 from gateway.config import Price, parse_settings
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 from gateway.routing import Catalogue, candidates
@@ -26,6 +26,23 @@ from gateway.routing import Catalogue, candidates
 )
 def test_cost_is_integer_micro_units(price, prompt, completion, micro) -> None:
     assert Rate.from_price(price).cost(prompt, completion) == micro
+
+
+@pytest.mark.parametrize(
+    ("usage", "tokens"),
+    [
+        ({"prompt_tokens": 12, "completion_tokens": 3}, (12, 3)),
+        (None, (0, 0)),
+        ({}, (0, 0)),
+        ({"prompt_tokens": None, "completion_tokens": "7"}, (0, 0)),
+        ({"prompt_tokens": 2.0, "completion_tokens": True}, (0, 0)),  # not integer counts
+        ({"prompt_tokens": -40, "completion_tokens": -1}, (0, 0)),  # would credit the account
+        ({"prompt_tokens": MAX_TOKENS, "completion_tokens": MAX_TOKENS + 1}, (MAX_TOKENS, 0)),
+        ({"prompt_tokens": 10**19, "completion_tokens": 0}, (0, 0)),  # past SQLite's integers
+    ],
+)
+def test_only_plausible_token_counts_are_billed(usage, tokens) -> None:
+    assert usage_tokens(usage) == tokens
 
 
 @pytest.mark.parametrize(

@@ -206,3 +206,43 @@ async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) 
         "req-recorded", 200, 10, 5,
     )  # fmt: skip
     assert rec.cost == 10 * 1 + 5 * 2 and rec.account == "alice"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["reply", "stream"])
+async def test_implausible_upstream_token_counts_bill_nothing_and_keep_records_flowing(
+    gateway, stream: bool
+) -> None:
+    """An upstream that reports more tokens than fit the store's integers, or a negative
+    count, is broken: its numbers must neither credit the account nor jam the usage writer
+    (an unwritable record would hold back every record after it)."""
+    before = (await gateway.state.store.get_account("alice")).balance
+    async with openai.AsyncOpenAI(base_url=gateway.v1, api_key=KEYS["alice"], max_retries=0) as c:
+        directive = (
+            "[[fake prompt_tokens=10000000000000000000 completion_tokens=-7]]"  # 1e19 > 2**63
+        )
+        reply = await c.chat.completions.create(
+            model="chat-small",
+            messages=[{"role": "user", "content": f"hi {directive}"}],
+            stream=stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+        if stream:
+            chunks = [chunk async for chunk in reply]
+            usage = chunks[-1].usage
+        else:
+            usage = reply.usage
+        assert (usage.prompt_tokens, usage.completion_tokens) == (10**19, -7)  # passed on as is
+        rec = await last_record(gateway)
+        assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.cost) == (200, 0, 0, 0)
+
+        await c.chat.completions.create(  # the next record is written, and billed
+            model="chat-small",
+            messages=[
+                {"role": "user", "content": "hi [[fake prompt_tokens=10 completion_tokens=5]]"}
+            ],
+        )
+    rec = await last_record(gateway)
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.cost) == (10, 5, 10 * 1 + 5 * 2)
+    assert len(await gateway.state.store.usage("alice", 10)) == 2
+    after = (await gateway.state.store.get_account("alice")).balance
+    assert after == before - rec.cost
