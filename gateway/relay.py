@@ -91,6 +91,9 @@ LIST_ENDPOINTS = ("models", "model")  # answered from the catalogue: no usage re
 # plus a watchlist tick, after its client left (streams that end sooner never start one)
 STREAM_WATCH_DELAY = 0.1
 REPLY_WATCH_DELAY = 1.0
+# a model name is the one text of a usage record that the client chooses, and an unknown one
+# is recorded too (its 404): kept to this many characters, so records stay small
+MAX_RECORDED_MODEL = 256
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
 _REQUEST_IDS = itertools.count(1)
@@ -245,6 +248,8 @@ class Relay:
         if key is None or call.recorded:
             return
         call.recorded = True
+        if len(call.model) > MAX_RECORDED_MODEL:
+            call.model = call.model[:MAX_RECORDED_MODEL]
         call.account = key.account
         call.key_id = key.id
         call.latency_ms = int((time.perf_counter() - call.started) * 1000)

@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 
+from gateway.relay import MAX_RECORDED_MODEL
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -240,7 +241,21 @@ async def test_failed_request_leaves_a_record_and_costs_nothing(gateway) -> None
             )
     rec = (await admin_get(gateway, "/admin/usage?account=alice&limit=1"))["data"][0]
     assert rec["status"] == 404 and rec["channel"] is None and rec["cost"] == 0
+    assert rec["model"] == "no-such-model"
     assert await balance(gateway) == before
+
+
+async def test_a_huge_model_name_is_recorded_cut_short(gateway) -> None:
+    """The model name is the client's to choose, and an unknown one is recorded with its 404:
+    a megabyte of it must not become a megabyte of usage record."""
+    name = "m" * 1_000_000
+    async with client(gateway) as c:
+        with pytest.raises(openai.NotFoundError):
+            await c.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hi"}]
+            )
+    rec = (await admin_get(gateway, "/admin/usage?account=alice&limit=1"))["data"][0]
+    assert rec["status"] == 404 and rec["model"] == "m" * MAX_RECORDED_MODEL
 
 
 async def test_client_disconnect_closes_the_upstream_stream(gateway, fake) -> None:
