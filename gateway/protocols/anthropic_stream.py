@@ -26,7 +26,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
     error_for_status,
 )
-from gateway.protocols.base import Ctx, EventPassthrough
+from gateway.protocols.base import Ctx, EventPassthrough, count, field_of
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, ChatMessage, ChatResponse, Delta, ToolCall, Usage
 
@@ -79,10 +79,10 @@ def decode_usage(usage: JSON) -> Usage:
     """Anthropic usage -> chat usage; prompt tokens include cache reads and cache writes."""
     if not isinstance(usage, dict):
         return {}
-    fresh = int(usage.get("input_tokens") or 0)
-    read = int(usage.get("cache_read_input_tokens") or 0)
-    created = int(usage.get("cache_creation_input_tokens") or 0)
-    output = int(usage.get("output_tokens") or 0)
+    fresh = count(usage.get("input_tokens"))
+    read = count(usage.get("cache_read_input_tokens"))
+    created = count(usage.get("cache_creation_input_tokens"))
+    output = count(usage.get("output_tokens"))
     out: Usage = {
         "prompt_tokens": fresh + read + created,
         "completion_tokens": output,
@@ -104,15 +104,14 @@ def encode_usage(usage: Usage | None, input_estimate: int = 0) -> dict[str, int]
             "cache_read_input_tokens": 0,
             "output_tokens": 0,
         }
-    details = usage.get("prompt_tokens_details") or {}
-    read = int(details.get("cached_tokens") or 0)
-    created = int(usage.get("cache_creation_tokens") or 0)
-    prompt = int(usage.get("prompt_tokens") or 0)
+    read = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
+    created = count(usage.get("cache_creation_tokens"))
+    prompt = count(usage.get("prompt_tokens"))
     return {
         "input_tokens": max(prompt - read - created, 0),
         "cache_creation_input_tokens": created,
         "cache_read_input_tokens": read,
-        "output_tokens": int(usage.get("completion_tokens") or 0),
+        "output_tokens": count(usage.get("completion_tokens")),
     }
 
 
@@ -373,7 +372,7 @@ class AnthropicStreamDecoder:
         if btype == "tool_use":
             tool = self._next_tool
             self._next_tool += 1
-            self._tools[int(payload.get("index") or 0)] = tool
+            self._tools[count(payload.get("index"))] = tool
             call: ToolCall = {
                 "index": tool,
                 "id": str(block.get("id") or ""),
@@ -399,7 +398,7 @@ class AnthropicStreamDecoder:
             part = delta.get("partial_json")
             if not part:
                 return []
-            tool = self._tools.get(int(payload.get("index") or 0))
+            tool = self._tools.get(count(payload.get("index")))
             if tool is None:
                 raise UpstreamError("upstream sent tool input outside a tool_use block")
             return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})]

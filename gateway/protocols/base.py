@@ -17,6 +17,7 @@ in through ``Ctx``. A malformed body or chunk raises a ``GatewayError``; nothing
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -180,3 +181,19 @@ class Adapter(Protocol):
     def passthrough_stream(
         self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
     ) -> PassthroughStream: ...
+
+
+def count(value: object) -> int:
+    """A whole-number field of an upstream's JSON (a token count, an index) as an int: a
+    float is cut to its whole part; anything else (missing, text, a bool, NaN, infinite) is
+    0, so a broken upstream's odd value cannot stop a conversion halfway."""
+    if type(value) is int:
+        return value
+    if type(value) is float and math.isfinite(value):
+        return int(value)
+    return 0
+
+
+def field_of(obj: object, key: str) -> object:
+    """``obj[key]`` if ``obj`` is a JSON object, else None (for nested usage details)."""
+    return obj.get(key) if isinstance(obj, dict) else None

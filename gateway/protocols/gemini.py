@@ -61,7 +61,7 @@ from typing import ClassVar
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError
-from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget, count
 from gateway.protocols.gemini_request import (
     assistant_parts,
     decode_contents,
@@ -122,7 +122,7 @@ def _decode_candidate(cand: JSON, calls: list[int], prefix: str) -> Choice:
     finish = FINISH_FROM_GEMINI.get(cand.get("finishReason") or "STOP", "stop")
     if finish == "stop" and tool_calls:
         finish = "tool_calls"
-    return {"index": int(cand.get("index") or 0), "message": msg, "finish_reason": finish}
+    return {"index": count(cand.get("index")), "message": msg, "finish_reason": finish}
 
 
 def _route_url(base_url: str, model: str, method: str) -> str:

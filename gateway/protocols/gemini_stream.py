@@ -15,7 +15,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError, error_for_status
-from gateway.protocols.base import Ctx, EventPassthrough
+from gateway.protocols.base import Ctx, EventPassthrough, count, field_of
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
@@ -126,15 +126,15 @@ def decode_usage(meta: JSON) -> Usage:
     toolUsePromptTokenCount is counted as prompt."""
     if not isinstance(meta, dict):
         raise UpstreamError("upstream usageMetadata is not an object")
-    prompt = int(meta.get("promptTokenCount") or 0) + int(meta.get("toolUsePromptTokenCount") or 0)
-    thoughts = int(meta.get("thoughtsTokenCount") or 0)
-    completion = int(meta.get("candidatesTokenCount") or 0) + thoughts
+    prompt = count(meta.get("promptTokenCount")) + count(meta.get("toolUsePromptTokenCount"))
+    thoughts = count(meta.get("thoughtsTokenCount"))
+    completion = count(meta.get("candidatesTokenCount")) + thoughts
     usage: Usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": int(meta.get("totalTokenCount") or prompt + completion),
+        "total_tokens": count(meta.get("totalTokenCount")) or prompt + completion,
     }
-    cached = int(meta.get("cachedContentTokenCount") or 0)
+    cached = count(meta.get("cachedContentTokenCount"))
     if cached:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
     if thoughts:
@@ -143,14 +143,14 @@ def decode_usage(meta: JSON) -> Usage:
 
 
 def encode_usage(usage: Usage) -> JSON:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
-    thoughts = int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0)
-    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    prompt = count(usage.get("prompt_tokens"))
+    completion = count(usage.get("completion_tokens"))
+    thoughts = count(field_of(usage.get("completion_tokens_details"), "reasoning_tokens"))
+    cached = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
     meta: JSON = {
         "promptTokenCount": prompt,
         "candidatesTokenCount": max(completion - thoughts, 0),
-        "totalTokenCount": int(usage.get("total_tokens") or prompt + completion),
+        "totalTokenCount": count(usage.get("total_tokens")) or prompt + completion,
     }
     if cached:
         meta["cachedContentTokenCount"] = cached
@@ -284,7 +284,7 @@ class GeminiStreamDecoder:
         prefix = f"call_{self._ctx.request_id}_"
         finished_now = False
         for cand in payload.get("candidates") or ():
-            index = int(cand.get("index") or 0)
+            index = count(cand.get("index"))
             content = cand.get("content")
             if isinstance(content, dict) and "parts" in content:
                 for delta in part_deltas(content["parts"], self._calls, prefix):
