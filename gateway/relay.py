@@ -533,18 +533,21 @@ class Relay:
             }
         )
         out = b""  # bytes converted but not yet sent: flushed before an error event too
+        content = resp.content
         try:
             try:
-                async for raw in resp.content.iter_any():
+                async for raw in content.iter_any():
                     if passthrough:
-                        out = ps.feed(raw)
+                        out += ps.feed(raw)
                     else:
                         for event in parser.feed(raw):
                             for chunk in decoder.feed(event):
                                 if chunk.get("usage"):
                                     usage = chunk["usage"]
                                 out += encoder.encode(chunk)
-                    if out:
+                    # the upstream's last read goes out with the end of the response: one
+                    # send (one write, one chunk frame) less per stream
+                    if out and not content.at_eof():
                         body, out = out, b""
                         await send({"type": "http.response.body", "body": body, "more_body": True})
                 if passthrough:
