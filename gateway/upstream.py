@@ -3,12 +3,21 @@
 One ``aiohttp.ClientSession`` per process with an explicit ``TCPConnector`` (pool size, DNS
 cache) and ``ClientTimeout(total=None, connect=..., sock_read=<longest silence>)``: a stream
 may last as long as it keeps sending; aiohttp's 5-minute default total is never relied on.
+
+The pool hands out the idle connection used last (``RecentFirstConnector``), where aiohttp's
+own takes the one idle longest. After a burst, light traffic then keeps reusing a few warm
+connections and the rest idle out after the keep-alive timeout. First-in first-out, one
+connection at a time cycled through all 256 of a burst's, for as long as traffic went on:
+the upstream kept 256 sockets open, and each request touched a cold one (~40 µs more per
+streamed request at one connection, measured after a 256-connection load).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+from collections import deque
+from typing import Any
 
 import aiohttp
 
@@ -25,6 +34,22 @@ from gateway.protocols.base import UpstreamCall
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
 
 
+class RecentFirstConnector(aiohttp.TCPConnector):
+    """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring).
+
+    aiohttp takes idle connections from the left of a per-host deque and returns them on the
+    right; turning the deque one step right first puts the newest on the left. This reads
+    aiohttp's private pool: if a version lays it out otherwise, the pool stays as aiohttp
+    made it (first-in first-out) and nothing else changes."""
+
+    async def _get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+        pool = getattr(self, "_conns", None)
+        idle = pool.get(key) if isinstance(pool, dict) else None
+        if isinstance(idle, deque) and len(idle) > 1:
+            idle.rotate(1)
+        return await super()._get(key, *args, **kwargs)
+
+
 class Upstream:
     def __init__(self, settings: UpstreamSettings) -> None:
         self._settings = settings
@@ -32,7 +57,7 @@ class Upstream:
 
     async def start(self) -> None:
         s = self._settings
-        connector = aiohttp.TCPConnector(
+        connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
             ttl_dns_cache=300,

@@ -4,6 +4,7 @@ the fake upstream, since aioresponses cannot build replies for this aiohttp vers
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import AsyncIterator
 
@@ -51,3 +52,57 @@ async def test_failures_map_to_gateway_errors(upstream: Upstream, exc, error) ->
             await upstream.open(CALL)
     # our own exhaustion is neither retried on another channel nor held against this one
     assert got.value.retryable is (error is not GatewayOverloadedError)
+
+
+async def test_the_pool_reuses_the_connection_used_last() -> None:
+    """After a burst opened several connections, calls one at a time go over the one used
+    last, not round all of them (aiohttp's own pool order): the rest idle out, and the
+    upstream is not kept holding a burst's worth of sockets."""
+    from aiohttp import web
+
+    ports: list[int] = []
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+    waiting = 0
+
+    async def handler(request: web.Request) -> web.Response:
+        nonlocal waiting
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        ports.append(peer[1])
+        if not release.is_set():
+            waiting += 1
+            if waiting == 6:
+                arrived.set()
+            await release.wait()
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    call = UpstreamCall(f"http://127.0.0.1:{port}/v1/chat/completions", {}, b"{}")
+    u = Upstream(UpstreamSettings())
+    await u.start()
+
+    async def one() -> None:
+        resp = await u.open(call)
+        assert resp.status == 200
+        await resp.read()
+        resp.release()
+
+    try:
+        burst = [asyncio.create_task(one()) for _ in range(6)]
+        await asyncio.wait_for(arrived.wait(), 10)  # six connections open at once
+        release.set()
+        await asyncio.gather(*burst)
+        assert len(set(ports)) == 6
+        ports.clear()
+        for _ in range(8):
+            await one()
+        assert len(set(ports)) == 1, ports  # first-in first-out would cycle through all six
+    finally:
+        await u.stop()
+        await runner.cleanup()
