@@ -82,7 +82,7 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = runner.addresses[0][1]
     call = UpstreamCall(f"http://127.0.0.1:{port}/v1/chat/completions", {}, b"{}")
     u = Upstream(UpstreamSettings())
     await u.start()
