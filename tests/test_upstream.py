@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.client_reqrep import ConnectionKey
 from aioresponses import aioresponses
 
@@ -58,8 +59,6 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
     """After a burst opened several connections, calls one at a time go over the one used
     last, not round all of them (aiohttp's own pool order): the rest idle out, and the
     upstream is not kept holding a burst's worth of sockets."""
-    from aiohttp import web
-
     ports: list[int] = []
     release = asyncio.Event()
     arrived = asyncio.Event()
