@@ -749,6 +749,149 @@ async def test_writer_stop_gives_up_on_a_store_that_never_answers(
         assert "writer.stop_undelivered records=3" in caplog.text
 
 
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "RETRY_FIRST", 0.001)
+    monkeypatch.setattr(writer_module, "RETRY_MAX", 0.005)
+
+
+@pytest.mark.parametrize(
+    "refused", [{7}, {0, 39}, set(range(40))], ids=["one", "first-and-last", "every"]
+)
+async def test_writer_parks_the_records_the_store_refuses_and_writes_the_rest(
+    store: Store, quick_retries: None, caplog: pytest.LogCaptureFixture, refused: set[int]
+) -> None:
+    """A record the store itself refuses (a cost past 64 bits, which no path now makes)
+    must not hold back the records after it, nor hang flush(), which every admin call runs."""
+    await store.create_account("alice", 10 * MICRO)
+    cache = Cache(store)
+    await cache.start()
+    writer = UsageWriter(store, cache, batch=16)
+    await writer.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gateway.store.writer"):
+            for i in range(40):
+                writer.submit(usage_rec(i, cost=2**70 if i in refused else 1_000))
+            await asyncio.wait_for(writer.flush(), 30)
+        stored = {r.request_id for r in await store.usage(limit=100)}
+        assert stored == {f"req-alice-{i}" for i in range(40) if i not in refused}
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 10 * MICRO - 1_000 * (40 - len(refused))
+        assert writer.parked == writer.pending == len(refused)
+        parked = [r.getMessage() for r in caplog.records if "writer.parked" in r.getMessage()]
+        assert sorted(line.split()[1] for line in parked) == sorted(
+            f"request_id=req-alice-{i}" for i in refused
+        )
+        assert all("203.0.113" not in line and "chat-small" not in line for line in parked)
+        # the cache still holds the parked debits: the balance the gateway sees is honest
+        assert cache.balance("alice") == 10 * MICRO - 1_000 * (40 - len(refused)) - sum(
+            2**70 for _ in refused
+        )
+    finally:
+        with caplog.at_level(logging.ERROR, logger="gateway.store.writer"):
+            await writer.stop(timeout=5)
+        await cache.stop()
+    assert f"writer.stop_undelivered records={len(refused)}" in caplog.text
+
+
+class RefusingStore:
+    """A store that refuses any batch holding one of ``refused`` (by request id), and is
+    wholly down (reads included) while ``down`` is set."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.refused: set[str] = set()
+        self.down = False
+        self.settles = 0
+
+    async def settle(self, records: Sequence[UsageRecord]) -> None:
+        self.settles += 1
+        if self.down:
+            raise ConnectionError("store unreachable")
+        if any(r.request_id in self.refused for r in records):
+            raise ValueError("refused")
+        await self.inner.settle(records)
+
+    async def version(self) -> int:
+        if self.down:
+            raise ConnectionError("store unreachable")
+        return await self.inner.version()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_parked_record_is_written_once_the_store_takes_it(
+    store: Store, quick_retries: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "PARK_RETRY", 0.02)
+    await store.create_account("alice", 10 * MICRO)
+    refusing = RefusingStore(store)
+    refusing.refused = {"req-alice-2"}
+    writer = UsageWriter(refusing, batch=8)  # type: ignore[arg-type]
+    await writer.start()
+    try:
+        for i in range(5):
+            writer.submit(usage_rec(i, cost=1_000))
+        await asyncio.wait_for(writer.flush(), 30)
+        assert writer.parked == 1 and len(await store.usage(limit=10)) == 4
+        for i in range(5, 8):  # later records go straight in, not behind the parked one
+            writer.submit(usage_rec(i, cost=1_000))
+        await asyncio.wait_for(writer.flush(), 30)
+        assert len(await store.usage(limit=10)) == 7
+        refusing.refused = set()
+        for _ in range(1_000):
+            if not writer.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert writer.pending == writer.parked == 0
+        assert len(await store.usage(limit=10)) == 8
+        got = await store.get_account("alice")
+        assert got is not None and got.balance == 10 * MICRO - 8_000
+    finally:
+        await writer.stop()
+
+
+async def test_stop_gives_a_parked_record_one_last_try(store: Store, quick_retries: None) -> None:
+    await store.create_account("alice", 10 * MICRO)
+    refusing = RefusingStore(store)
+    refusing.refused = {"req-alice-1"}
+    writer = UsageWriter(refusing)  # type: ignore[arg-type]
+    await writer.start()
+    writer.submit(usage_rec(1, cost=1_000))
+    await asyncio.wait_for(writer.flush(), 30)
+    assert writer.parked == 1  # its own retry is PARK_RETRY (30 s) away
+    refusing.refused = set()
+    await asyncio.wait_for(writer.stop(), 30)
+    assert writer.pending == 0
+    assert [r.request_id for r in await store.usage(limit=10)] == ["req-alice-1"]
+
+
+async def test_a_store_that_is_down_is_waited_for_not_parked_around(
+    store: Store, quick_retries: None
+) -> None:
+    """When the store answers nothing, a refusal says nothing about the batch: the writer
+    keeps the batch whole and waits, and flush() waits with it."""
+    await store.create_account("alice", 10 * MICRO)
+    refusing = RefusingStore(store)
+    refusing.down = True
+    writer = UsageWriter(refusing)  # type: ignore[arg-type]
+    await writer.start()
+    try:
+        for i in range(3):
+            writer.submit(usage_rec(i, cost=1_000))
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(writer.flush(), 0.5)
+        assert refusing.settles > writer_module.ISOLATE_AFTER  # it did keep trying
+        assert writer.parked == 0 and writer.pending == 3
+        refusing.down = False
+        await asyncio.wait_for(writer.flush(), 30)
+        assert writer.parked == writer.pending == 0
+        assert len(await store.usage(limit=10)) == 3
+    finally:
+        await writer.stop()
+
+
 async def test_redis_batch_resent_after_a_partial_failure_never_doubles(redis_url: str) -> None:
     # SQLite settles a batch in one transaction; Redis one record at a time, so a batch can
     # half-succeed before a connection drops, and the writer then re-sends all of it.

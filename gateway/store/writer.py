@@ -3,10 +3,16 @@
 The hot path calls ``submit()``, which never blocks and never awaits: the record goes on an
 unbounded queue and its cost is debited from the cache at once, so the next request already sees
 the lower balance. One task takes batches off the queue and calls ``store.settle(batch)``. A
-failed settle is retried with backoff, forever, with the same batch: records are never dropped
-(SQLite settles a batch in one transaction; Redis ignores a record it already holds, so a
-re-sent batch never debits twice). Failures are logged as one line with counts and a request
-id, never a record's contents.
+failed settle is retried with backoff, with the same batch: records are never dropped (SQLite
+settles a batch in one transaction; Redis ignores a record it already holds, so a re-sent batch
+never debits twice). Failures are logged as one line with counts and a request id, never a
+record's contents.
+
+A store that is down refuses every batch, and the writer waits for it. A store that answers
+(``store.version()`` works) yet keeps refusing one batch is refusing something in it: the batch
+is split in halves until the record it refuses stands alone, and that record is *parked*. A
+parked record stays pending (in memory, in the cache's balance) and is retried on its own every
+``PARK_RETRY`` seconds, so one record the store cannot take never holds back the ones after it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ LINGER = 0.05
 RETRY_FIRST = 0.05  # seconds before the first retry, doubling each time
 RETRY_MAX = 5.0
 STOP_TIMEOUT = 30.0
+ISOLATE_AFTER = 3  # failed attempts at one batch, with the store answering, before it is split
+PARK_RETRY = 30.0  # seconds between retries of a parked record
 
 
 class UsageWriter:
@@ -40,6 +48,9 @@ class UsageWriter:
         self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue()
         self._submitted = 0
         self._written = 0
+        self._resolved = 0  # written or parked: what flush() waits for
+        self._parked: list[UsageRecord] = []
+        self._parked_task: asyncio.Task[None] | None = None
         self._progress = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._urgent = False  # a flush() is waiting: no lingering
@@ -54,21 +65,27 @@ class UsageWriter:
 
     @property
     def pending(self) -> int:
-        """Records submitted and not yet in the store."""
+        """Records submitted and not yet in the store (parked ones included)."""
         return self._submitted - self._written
+
+    @property
+    def parked(self) -> int:
+        """Records the store refused on their own, waiting for a retry of their own."""
+        return len(self._parked)
 
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="gateway.usage_writer")
 
     async def flush(self) -> None:
-        """Return once every record submitted before this call is in the store."""
+        """Return once every record submitted before this call is in the store, or parked
+        (every admin call flushes: one record the store refuses must not hang them all)."""
         target = self._submitted
-        if self._written < target:
+        if self._resolved < target:
             self._urgent = True
             if self._waker is not None:
                 _wake(self._waker)
-        while self._written < target:
+        while self._resolved < target:
             if self._task is None:
                 batch = self._take(self._queue.qsize())
                 if not batch:
@@ -76,29 +93,41 @@ class UsageWriter:
                 await self._write(batch)
                 continue
             async with self._progress:
-                await self._progress.wait_for(lambda: self._written >= target or self._task is None)
+                await self._progress.wait_for(
+                    lambda: self._resolved >= target or self._task is None
+                )
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Write everything queued, then stop the task. If the store stays unreachable for
-        ``timeout`` seconds, log how many records could not be written and stop anyway."""
+        """Write everything queued, give each parked record one last try, then stop. If the
+        store stays unreachable for ``timeout`` seconds, log how many records could not be
+        written and stop anyway."""
+        if self._task is None and (self._queue.qsize() or self._parked):
+            await self.start()
         task = self._task
         if task is None:
-            if self._queue.qsize():
-                await self.start()
-                task = self._task
-            if task is None:
-                return
+            return
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
             await asyncio.wait_for(self.flush(), timeout)
         except TimeoutError:
             pass  # the store stayed down: reported below
         self._task = None
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if _cancelling():
-                raise
+        for running in (task, self._parked_task):
+            if running is None:
+                continue
+            running.cancel()
+            try:
+                await running
+            except asyncio.CancelledError:
+                if _cancelling():
+                    raise
+        self._parked_task = None
+        left = deadline - asyncio.get_running_loop().time()
+        if self._parked and left > 0:
+            try:
+                await asyncio.wait_for(self._retry_parked(), left)
+            except TimeoutError:
+                pass
         if self.pending:
             log.error("writer.stop_undelivered records=%d", self.pending)
         async with self._progress:
@@ -137,7 +166,8 @@ class UsageWriter:
             self._waker = None
 
     async def _write(self, batch: Sequence[UsageRecord]) -> None:
-        """Settle one batch, retrying until the store takes it."""
+        """Settle one batch, retrying until the store takes it; split it, or park its one
+        record, if the store answers but keeps refusing it."""
         if not batch:
             return
         delay = RETRY_FIRST
@@ -158,10 +188,22 @@ class UsageWriter:
                     delay,
                     type(exc).__name__,
                 )
+                if attempt >= ISOLATE_AFTER and await self._store_answers():
+                    if len(batch) == 1:
+                        await self._park(batch[0], exc)
+                    else:
+                        half = len(batch) // 2
+                        await self._write(batch[:half])
+                        await self._write(batch[half:])
+                    return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
         if attempt:
             log.info("writer.settle_recovered records=%d attempts=%d", len(batch), attempt + 1)
+        await self._settled(batch, resolved=True)
+
+    async def _settled(self, batch: Sequence[UsageRecord], resolved: bool) -> None:
+        """Count a batch the store took, and tell the cache its debits are in the store."""
         if self._cache is not None:
             amounts: dict[str, int] = {}
             for rec in batch:
@@ -170,7 +212,56 @@ class UsageWriter:
             self._cache.settled(amounts)
         async with self._progress:
             self._written += len(batch)
+            if resolved:
+                self._resolved += len(batch)
             self._progress.notify_all()
+
+    async def _store_answers(self) -> bool:
+        """Whether the store is up (it answers a read), so a refusal is about the batch."""
+        try:
+            await self._store.version()
+        except Exception:
+            _raise_if_cancelled()
+            return False
+        return True
+
+    async def _park(self, rec: UsageRecord, exc: Exception) -> None:
+        self._parked.append(rec)
+        log.error(
+            "writer.parked request_id=%s error=%s parked=%d retry_in=%.0f",
+            rec.request_id,
+            type(exc).__name__,
+            len(self._parked),
+            PARK_RETRY,
+        )
+        if self._parked_task is None:
+            self._parked_task = asyncio.create_task(
+                self._retry_parked_forever(), name="gateway.usage_writer.parked"
+            )
+        async with self._progress:
+            self._resolved += 1
+            self._progress.notify_all()
+
+    async def _retry_parked_forever(self) -> None:
+        try:
+            while self._parked:
+                await asyncio.sleep(PARK_RETRY)
+                await self._retry_parked()
+        finally:
+            if asyncio.current_task() is self._parked_task:
+                self._parked_task = None
+
+    async def _retry_parked(self) -> None:
+        """Try each parked record once, on its own."""
+        for rec in list(self._parked):
+            try:
+                await self._store.settle([rec])
+            except Exception:
+                _raise_if_cancelled()
+                continue
+            self._parked.remove(rec)
+            log.info("writer.unparked request_id=%s parked=%d", rec.request_id, len(self._parked))
+            await self._settled([rec], resolved=False)
 
 
 def _wake(waker: asyncio.Future[None]) -> None:
