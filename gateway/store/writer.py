@@ -48,7 +48,6 @@ class UsageWriter:
         self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue()
         self._submitted = 0
         self._written = 0
-        self._resolved = 0  # written or parked: what flush() waits for
         self._parked: list[UsageRecord] = []
         self._parked_task: asyncio.Task[None] | None = None
         self._progress = asyncio.Condition()
@@ -81,11 +80,11 @@ class UsageWriter:
         """Return once every record submitted before this call is in the store, or parked
         (every admin call flushes: one record the store refuses must not hang them all)."""
         target = self._submitted
-        if self._resolved < target:
+        if self._resolved() < target:
             self._urgent = True
             if self._waker is not None:
                 _wake(self._waker)
-        while self._resolved < target:
+        while self._resolved() < target:
             if self._task is None:
                 batch = self._take(self._queue.qsize())
                 if not batch:
@@ -94,7 +93,7 @@ class UsageWriter:
                 continue
             async with self._progress:
                 await self._progress.wait_for(
-                    lambda: self._resolved >= target or self._task is None
+                    lambda: self._resolved() >= target or self._task is None
                 )
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
@@ -121,7 +120,7 @@ class UsageWriter:
             except asyncio.CancelledError:
                 if _cancelling():
                     raise
-        self._parked_task = None
+        self._parked_task = None  # a task cancelled before it ran never reached its finally
         left = deadline - asyncio.get_running_loop().time()
         if self._parked and left > 0:
             try:
@@ -132,6 +131,11 @@ class UsageWriter:
             log.error("writer.stop_undelivered records=%d", self.pending)
         async with self._progress:
             self._progress.notify_all()
+
+    def _resolved(self) -> int:
+        """Records written or parked: what flush() waits for (a parked record that is
+        written later moves from one count to the other)."""
+        return self._written + len(self._parked)
 
     def _take(self, limit: int) -> list[UsageRecord]:
         batch: list[UsageRecord] = []
@@ -200,9 +204,9 @@ class UsageWriter:
                 delay = min(delay * 2, RETRY_MAX)
         if attempt:
             log.info("writer.settle_recovered records=%d attempts=%d", len(batch), attempt + 1)
-        await self._settled(batch, resolved=True)
+        await self._settled(batch)
 
-    async def _settled(self, batch: Sequence[UsageRecord], resolved: bool) -> None:
+    async def _settled(self, batch: Sequence[UsageRecord]) -> None:
         """Count a batch the store took, and tell the cache its debits are in the store."""
         if self._cache is not None:
             amounts: dict[str, int] = {}
@@ -212,8 +216,6 @@ class UsageWriter:
             self._cache.settled(amounts)
         async with self._progress:
             self._written += len(batch)
-            if resolved:
-                self._resolved += len(batch)
             self._progress.notify_all()
 
     async def _store_answers(self) -> bool:
@@ -239,7 +241,6 @@ class UsageWriter:
                 self._retry_parked_forever(), name="gateway.usage_writer.parked"
             )
         async with self._progress:
-            self._resolved += 1
             self._progress.notify_all()
 
     async def _retry_parked_forever(self) -> None:
@@ -261,7 +262,7 @@ class UsageWriter:
                 continue
             self._parked.remove(rec)
             log.info("writer.unparked request_id=%s parked=%d", rec.request_id, len(self._parked))
-            await self._settled([rec], resolved=False)
+            await self._settled([rec])
 
 
 def _wake(waker: asyncio.Future[None]) -> None:
