@@ -10,6 +10,10 @@ connections and the rest idle out after the keep-alive timeout. First-in first-o
 connection at a time cycled through all 256 of a burst's, for as long as traffic went on:
 the upstream kept 256 sockets open, and each request touched a cold one (~40 µs more per
 streamed request at one connection, measured after a 256-connection load).
+
+Every upstream request says ``User-Agent: model-gateway/<version>``: a session default header,
+so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added. Skipping it with
+``skip_auto_headers`` instead made aiohttp build and copy two header maps per request.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway import __version__
 from gateway.config import UpstreamSettings
 from gateway.errors import (
     GatewayError,
@@ -32,6 +37,7 @@ from gateway.protocols.base import UpstreamCall
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
+USER_AGENT = f"model-gateway/{__version__}"
 
 
 class RecentFirstConnector(aiohttp.TCPConnector):
@@ -40,14 +46,15 @@ class RecentFirstConnector(aiohttp.TCPConnector):
     aiohttp takes idle connections from the left of a per-host deque and returns them on the
     right; turning the deque one step right first puts the newest on the left. This reads
     aiohttp's private pool: if a version lays it out otherwise, the pool stays as aiohttp
-    made it (first-in first-out) and nothing else changes."""
+    made it (first-in first-out) and nothing else changes. Not a coroutine itself: it hands
+    back aiohttp's, which the caller awaits (one coroutine less per request)."""
 
-    async def _get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
+    def _get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
         pool = getattr(self, "_conns", None)
         idle = pool.get(key) if isinstance(pool, dict) else None
         if isinstance(idle, deque) and len(idle) > 1:
             idle.rotate(1)
-        return await super()._get(key, *args, **kwargs)
+        return super()._get(key, *args, **kwargs)
 
 
 class Upstream:
@@ -70,7 +77,7 @@ class Upstream:
                 total=None, connect=s.connect_timeout, sock_read=s.read_timeout
             ),
             auto_decompress=True,
-            skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": USER_AGENT},
             read_bufsize=2**16,
         )
 

@@ -23,6 +23,7 @@ from google.genai.client import AsyncClient
 
 from bench.fake import media
 from bench.fake_upstream import FakeUpstream
+from gateway import __version__
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 PNG_B64 = base64.b64encode(media.PNG).decode()
@@ -92,6 +93,8 @@ def chat_request(fake: FakeUpstream, target: Target, stream: bool, nth: int = -1
     reqs = [r for r in fake.requests if r.path == target.chat_path(stream)]
     assert reqs, f"no request reached {target.chat_path(stream)}: {_paths(fake)}"
     req = reqs[nth]
+    # the gateway's own name, neither the client's SDK nor aiohttp
+    assert req.headers["User-Agent"] == f"model-gateway/{__version__}"
     if target.type == "openai":
         assert req.headers["Authorization"] == "Bearer upstream-key"
         assert req.json["model"] == target.upstream_model
