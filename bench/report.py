@@ -319,12 +319,13 @@ def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:
     out = [
         "Instructions per relayed request, counted by callgrind (`bench/instructions.py`: "
         f"{instructions.REQUESTS} requests, {instructions.CONNS} at a time, after a warm-up; "
-        "every process of the target). The bare relay's count comes back to ~0.1% run after "
-        "run, the gateway's to ~1% (its usage writer's batches, its disconnect watchlist and "
-        "its periodic collection follow the clock, which callgrind slows ~50×: usage rows go "
-        "8 to a transaction here, ~100 at real rates), so bare ÷ gateway estimates the "
-        "throughput share free of the machine's noise. It is not time: CPython's byte "
-        "searches retire several instructions a cycle, interpreted code about one.",
+        "every process of the target). The gateway's clock-driven intervals (usage batch "
+        "linger, disconnect watchlist, key cache reload, full collection) are stretched "
+        f"{instructions.SLOWDOWN}×, callgrind's slowdown, so that each request carries its "
+        "real share of that work (`bench/clock_scaled.py`). The counts come back to ~0.1% run "
+        "after run, so bare ÷ gateway estimates the throughput share free of the machine's "
+        "noise. It is not time: CPython's byte searches retire several instructions a cycle, "
+        "interpreted code about one, and kernel time is not counted.",
         "",
         "| target | non-stream k instr/req | stream k instr/req | non-stream share | "
         "stream share |",

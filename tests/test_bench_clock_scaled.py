@@ -1,0 +1,31 @@
+"""bench.clock_scaled: every clock-driven interval of the gateway is stretched, none missed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import clock_scaled
+from gateway import asgi, gc_tuning, relay
+from gateway.store import cache, writer
+
+INTERVALS = [
+    (writer, "LINGER"),
+    (asgi, "WATCH_TICK"),
+    (relay, "STREAM_WATCH_DELAY"),
+    (relay, "REPLY_WATCH_DELAY"),
+    (gc_tuning, "FULL_EVERY"),
+]
+
+
+def test_every_interval_is_stretched_by_the_factor(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = {(m.__name__, name): getattr(m, name) for m, name in INTERVALS}
+    for module, name in INTERVALS:  # restored after the test
+        monkeypatch.setattr(module, name, getattr(module, name))
+    monkeypatch.setattr(cache.Cache.__init__, "__defaults__", cache.Cache.__init__.__defaults__)
+
+    clock_scaled.stretch(40)
+
+    for module, name in INTERVALS:
+        assert getattr(module, name) == pytest.approx(before[(module.__name__, name)] * 40)
+    reloading = cache.Cache(store=None)  # type: ignore[arg-type]
+    assert reloading._interval == pytest.approx(cache.DEFAULT_INTERVAL * 40)
