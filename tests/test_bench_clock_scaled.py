@@ -1,4 +1,4 @@
-"""bench.clock_scaled: every clock-driven interval of the gateway is stretched, none missed."""
+"""bench.clock_scaled: each clock-driven interval of the gateway that it knows of is stretched."""
 
 from __future__ import annotations
 
