@@ -105,6 +105,19 @@ class UpstreamSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """The HTTP server's own settings (optional ``server:`` section).
+
+    ``keep_alive_seconds``: an idle client connection is closed after this long (hypercorn and
+    uvicorn; granian keeps its own). Long suits clients that pool connections and load
+    balancers (longer than their idle timeout: no request sent on a connection being closed);
+    short frees closed connections sooner: hypercorn holds a connection the client closed, its
+    tasks and buffers, until its keep-alive timer ends."""
+
+    keep_alive_seconds: float = 75.0
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     store: str
     admin_token: str
@@ -116,6 +129,7 @@ class Settings:
     limits: Limits = Limits()
     trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
     upstream: UpstreamSettings = UpstreamSettings()
+    server: ServerSettings = ServerSettings()
     path: str = ""
 
     def model(self, name: str) -> Model | None:
@@ -185,6 +199,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         "limits",
         "trusted_proxies",
         "upstream",
+        "server",
     }
     for k in raw:
         if k not in known:
@@ -223,6 +238,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         except ValueError:
             raise ConfigError(f"trusted_proxies[{i}]: not an IP network") from None
     upstream = _upstream(raw.get("upstream") or {})
+    server = _server(raw.get("server") or {})
     return Settings(
         store=store,
         admin_token=admin_token,
@@ -234,6 +250,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         limits=limits,
         trusted_proxies=proxies,
         upstream=upstream,
+        server=server,
         path=path,
     )
 
@@ -445,6 +462,15 @@ def _limits(v: Any) -> Limits:
         max_upload_bytes=_int(
             d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
         ),
+    )
+
+
+def _server(v: Any) -> ServerSettings:
+    d = _mapping(v, "server")
+    _no_unknown(d, set(ServerSettings.__dataclass_fields__), "server")
+    keep_alive = d.get("keep_alive_seconds", ServerSettings().keep_alive_seconds)
+    return ServerSettings(
+        keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0)
     )
 
 

@@ -30,7 +30,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     os.environ["GATEWAY_CONFIG"] = settings.path
     if server == "uvicorn":
-        _uvicorn(host, port, workers)
+        _uvicorn(host, port, workers, settings.server.keep_alive_seconds)
     elif server == "granian":
         _granian(host, port, workers)
     else:
@@ -43,7 +43,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg = Config()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.graceful_timeout = GRACEFUL_SECONDS
-    cfg.keep_alive_timeout = 75
+    cfg.keep_alive_timeout = settings.server.keep_alive_seconds
     cfg.accesslog = None
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
@@ -77,7 +77,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     asyncio.run(main())
 
 
-def _uvicorn(host: str, port: int, workers: int) -> None:
+def _uvicorn(host: str, port: int, workers: int, keep_alive: float) -> None:
     import uvicorn
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
@@ -90,6 +90,7 @@ def _uvicorn(host: str, port: int, workers: int) -> None:
         backlog=BACKLOG,
         access_log=False,
         server_header=False,
+        timeout_keep_alive=max(1, round(keep_alive)),
         log_level="warning",
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
     )

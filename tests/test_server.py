@@ -1,10 +1,12 @@
-"""What a server does to its process (it tunes its garbage collector) and to its replies."""
+"""What a server does to its process (it tunes its garbage collector), to its replies and to
+idle connections (``server.keep_alive_seconds``)."""
 
 from __future__ import annotations
 
 import http.client
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench import procs
+from gateway.config import ConfigError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,13 +56,16 @@ SERVERS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("server", SERVERS)
-def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) -> None:
+def minimal_config(tmp_path: Path, extra: str = "") -> Path:
     config = tmp_path / "gateway.yaml"
     config.write_text(
         f"store: sqlite:///{tmp_path}/gateway.db\nadmin_token: t\ngroups: [default]\n"
-        "models: []\nchannels: []\n"
+        "models: []\nchannels: []\n" + extra
     )
+    return config
+
+
+def start(tmp_path: Path, config: Path, server: str) -> tuple[subprocess.Popen[bytes], int]:
     port = procs.free_port()
     with (tmp_path / "log").open("wb") as log:
         proc = subprocess.Popen(
@@ -67,8 +73,14 @@ def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) ->
              str(port), "--server", server],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
         )  # fmt: skip
+    assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
+    return proc, port
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) -> None:
+    proc, port = start(tmp_path, minimal_config(tmp_path), server)
     try:
-        assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/healthz")
         resp = conn.getresponse()
@@ -79,3 +91,46 @@ def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) ->
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, server: str) -> None:
+    """With the default (75 s) the connection would still be open when the read gives up."""
+    proc, port = start(
+        tmp_path, minimal_config(tmp_path, "server: {keep_alive_seconds: 1}\n"), server
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+            reply = b""
+            while b'{"status":"ok"}' not in reply:
+                chunk = sock.recv(4096)
+                assert chunk, reply
+                reply += chunk
+            assert b"connection: close" not in reply.lower()  # kept alive, then idle
+            sock.settimeout(20)
+            assert sock.recv(1) == b""  # the server closed it
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("", 75.0),
+        ("server: {}\n", 75.0),
+        ("server: {keep_alive_seconds: 5}\n", 5.0),
+        ("server: {keep_alive_seconds: 2.5}\n", 2.5),
+        ("server: {keep_alive_seconds: 0.5}\n", "server.keep_alive_seconds: must be at least 1"),
+        ("server: {keep_alive_seconds: soon}\n", "server.keep_alive_seconds: must be a number"),
+        ("server: {keepalive: 5}\n", "server.keepalive: unknown field"),
+    ],
+)
+def test_server_section(tmp_path: Path, section: str, expected: float | str) -> None:
+    config = minimal_config(tmp_path, section)
+    if isinstance(expected, float):
+        assert load_settings(config).server.keep_alive_seconds == expected
+    else:
+        with pytest.raises(ConfigError, match=expected):
+            load_settings(config)
