@@ -90,7 +90,7 @@ def _uvicorn(host: str, port: int, workers: int, keep_alive: float) -> None:
         backlog=BACKLOG,
         access_log=False,
         server_header=False,
-        timeout_keep_alive=max(1, round(keep_alive)),
+        timeout_keep_alive=round(keep_alive),  # the config allows no less than 1
         log_level="warning",
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
     )
