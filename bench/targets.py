@@ -232,13 +232,11 @@ def gateway_help() -> str:
 def gateway_config(tmp: Path, up: Upstream, name: str = "gateway") -> Path:
     """The gateway's config for the bench, its SQLite file named after the target: each
     gateway target writes its own usage records, so one's WAL checkpoints and growing indexes
-    are never another's. The server keep-alive is the bare relays' (hypercorn's and
-    uvicorn's default, 5 s): with the gateway's default (75 s), hypercorn would hold every
-    connection wrk closed at the end of a cell for 75 s, into the cells that follow."""
+    are never another's. The server runs with the gateway's defaults (keep-alive 75 s):
+    connections wrk closes at the end of a cell are let go at once."""
     lines = [
         f"store: sqlite:///{tmp}/{name}.db",
         "admin_token: bench-admin-token",
-        "server: {keep_alive_seconds: 5}",
         "groups: [default]",
         "models:",
     ]

@@ -111,8 +111,8 @@ class ServerSettings:
     ``keep_alive_seconds``: an idle client connection is closed after this long (hypercorn and
     uvicorn; granian keeps its own). Long suits clients that pool connections and load
     balancers (longer than their idle timeout: no request sent on a connection being closed);
-    short frees closed connections sooner: hypercorn holds a connection the client closed, its
-    tasks and buffers, until its keep-alive timer ends."""
+    an idle connection costs its socket and a few KiB. A connection the client closed is let
+    go at once (under hypercorn thanks to ``gateway.hypercorn_mend``)."""
 
     keep_alive_seconds: float = 75.0
 

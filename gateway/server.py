@@ -2,7 +2,8 @@
 options. The app is plain ASGI, so the server is a choice, not a ceiling.
 
 With one worker the app is built here and served in this process; with several, each worker
-imports ``gateway.app:create_app()``, which reads the file named by ``GATEWAY_CONFIG``.
+imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
+hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ import asyncio
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING
 
 from gateway.config import Settings
+from gateway.hypercorn_mend import mend_hypercorn
+
+if TYPE_CHECKING:
+    from gateway.app import GatewayApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
 BACKLOG = 2048
@@ -21,6 +27,7 @@ BACKLOG = 2048
 GRANIAN_MAX_CONCURRENT = 65536
 GRACEFUL_SECONDS = 30.0  # long enough for in-flight streams to end on SIGTERM
 APP_FACTORY = "gateway.app:create_app"
+HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
 
 
 def serve(
@@ -54,7 +61,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     if workers > 1:
         from hypercorn.run import run
 
-        cfg.application_path = f"{APP_FACTORY}()"
+        cfg.application_path = f"{HYPERCORN_WORKER_FACTORY}()"
         cfg.workers = workers
         run(cfg)
         return
@@ -63,6 +70,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     from gateway.app import create_app
     from gateway.gc_tuning import tune_gc
 
+    mend_hypercorn()
     app = create_app(settings)
     tune_gc()  # as every other server's worker does in create_app()
 
@@ -75,6 +83,15 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
         await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def hypercorn_worker_app() -> GatewayApp:
+    """The app of one of several hypercorn workers, each its own process (``mend_hypercorn``
+    must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it."""
+    from gateway.app import create_app
+
+    mend_hypercorn()
+    return create_app()
 
 
 def _uvicorn(host: str, port: int, workers: int, keep_alive: float) -> None:

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,47 @@ def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, serve
             assert b"connection: close" not in reply.lower()  # kept alive, then idle
             sock.settimeout(20)
             assert sock.recv(1) == b""  # the server closed it
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def close_wait_sockets(port: int) -> int:
+    """The server's sockets on ``port`` whose client has closed and that it still holds."""
+    held = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                local, state = line.split()[1], line.split()[3]
+                held += int(local.rsplit(":", 1)[1], 16) == port and state == "08"
+    return held
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hypercorn_lets_go_of_a_connection_its_client_closed(tmp_path: Path, workers: int) -> None:
+    """With the default keep-alive (75 s), unmended hypercorn holds each of these sockets (and
+    the connection's tasks) in CLOSE_WAIT until the keep-alive ends."""
+    port = procs.free_port()
+    with (tmp_path / "log").open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--config", str(minimal_config(tmp_path)),
+             "--port", str(port), "--workers", str(workers)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
+        )  # fmt: skip
+    try:
+        assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
+        for _ in range(8):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            for _ in range(2):  # kept alive between the two
+                conn.request("GET", "/healthz")
+                assert conn.getresponse().read() == b'{"status":"ok"}'
+            conn.close()
+        deadline = time.monotonic() + 10
+        while close_wait_sockets(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert close_wait_sockets(port) == 0
     finally:
         proc.terminate()
         proc.wait(30)
