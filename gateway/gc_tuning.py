@@ -1,12 +1,14 @@
 """The garbage collector of a server's worker process: tuned once the app is built.
 
 After start-up, what start-up made (modules, the catalogue) moves out of the collector's sight
-(``gc.freeze``) and the young generation is collected after 10,000 net allocations instead of
+(``gc.freeze``) and the young generation is collected after 50,000 net allocations instead of
 700. With the defaults, 64 concurrent streams spent ~9% of the CPU collecting: every in-flight
 request's objects are young, so a young collection came every ~10 requests at ~0.3 ms, and a
-full one (~40 ms over the start-up heap) about once a second; tuned, ~0.4% (measured with
-gc.callbacks under wrk: 35 ms of collecting in 10 s, nearly all of it the full collections
-below, against 865 ms).
+full one (~40 ms over the start-up heap) about once a second. A young collection finds nothing
+to free while requests are in flight (their objects are alive), so it is pure cost: at 10,000,
+256 connections still spent 5-8% of the CPU in 37-44 young collections per 8 s (up to 20 ms
+each); at 50,000, 0.6-0.8%, nearly all of it the periodic full collections below, and 64
+connections ~0.1% at either (gc.callbacks under wrk, one pinned core).
 
 With young collections that rare, full ones would almost never come, and some garbage is only
 found by them: a connection that lived long enough to grow old and then closed leaves a
@@ -21,7 +23,7 @@ import asyncio
 import gc
 from collections.abc import Callable
 
-GEN0_THRESHOLD = 10_000  # net container allocations between young collections (default 700)
+GEN0_THRESHOLD = 50_000  # net container allocations between young collections (default 700)
 FULL_EVERY = 5.0  # seconds between full collections once tuned
 
 _tuned = False
