@@ -9,6 +9,7 @@ call metadata only; the client IP is cut to its /24 (IPv4) or /48 (IPv6) before 
 from __future__ import annotations
 
 import ipaddress
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +48,10 @@ MAX_TOKENS = 2**31 - 1
 
 def billable_tokens(count: object) -> int:
     """A token count as the upstream reported it, if it is one; 0 for anything else (missing,
-    not an integer, a bool, negative, or over ``MAX_TOKENS``)."""
+    text, a bool, NaN, negative, or over ``MAX_TOKENS``). A float is cut to its whole part, as
+    the protocol adapters read it (``protocols.base.count``): JSON's ``12.0`` is 12 tokens."""
+    if type(count) is float and math.isfinite(count):
+        count = int(count)
     return count if type(count) is int and 0 <= count <= MAX_TOKENS else 0
 
 

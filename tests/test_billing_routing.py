@@ -35,7 +35,10 @@ def test_cost_is_integer_micro_units(price, prompt, completion, micro) -> None:
         (None, (0, 0)),
         ({}, (0, 0)),
         ({"prompt_tokens": None, "completion_tokens": "7"}, (0, 0)),
-        ({"prompt_tokens": 2.0, "completion_tokens": True}, (0, 0)),  # not integer counts
+        ({"prompt_tokens": 2.0, "completion_tokens": True}, (2, 0)),  # 2.0 is 2; a bool is not
+        ({"prompt_tokens": 7.9, "completion_tokens": 1e300}, (7, 0)),  # cut, as the adapters do
+        ({"prompt_tokens": float("nan"), "completion_tokens": float("inf")}, (0, 0)),
+        ({"prompt_tokens": -0.5, "completion_tokens": -2.0}, (0, 0)),
         ({"prompt_tokens": -40, "completion_tokens": -1}, (0, 0)),  # would credit the account
         ({"prompt_tokens": MAX_TOKENS, "completion_tokens": MAX_TOKENS + 1}, (MAX_TOKENS, 0)),
         ({"prompt_tokens": 10**19, "completion_tokens": 0}, (0, 0)),  # past SQLite's integers
