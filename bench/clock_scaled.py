@@ -3,8 +3,8 @@ callgrind (scenario (e)): ``python -m bench.clock_scaled FACTOR serve --config .
 
 callgrind runs a process some 40 times slower, but the gateway's periodic work follows the
 clock: the usage writer lingers 50 ms for a batch, the disconnect watchlist ticks every 50 ms
-and starts a stream's watching task after 0.1 s, the key cache reloads every 0.5 s, a full
-collection runs every 5 s. Slowed down, a usage batch holds a fortieth of the records it holds
+and starts a stream's watching task after 0.1 s, the key cache reloads every 0.5 s, the
+collector runs every 5 s. Slowed down, a usage batch holds a fortieth of the records it holds
 at full speed (one SQLite transaction per record at one connection), and a stream lasts long
 enough to start a watching task that it never starts at full speed: the count would charge
 the gateway for work that only the slowdown makes. Stretched by the slowdown, each interval
@@ -25,6 +25,7 @@ def stretch(factor: float) -> None:
     asgi.WATCH_TICK *= factor
     relay.STREAM_WATCH_DELAY *= factor
     relay.REPLY_WATCH_DELAY *= factor
+    gc_tuning.COLLECT_EVERY *= factor
     gc_tuning.FULL_EVERY *= factor
     cache.Cache.__init__.__defaults__ = (cache.DEFAULT_INTERVAL * factor,)
 

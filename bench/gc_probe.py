@@ -6,6 +6,8 @@ Starts the fake upstream (nginx) and one gateway worker pinned like the bench's,
 connections and sse at 64, 8 s each) and prints for each: req/s, CPU µs per request, the share
 of that CPU spent collecting, and per generation the collections, their total and their longest
 pause, and the objects the collector tracks after the cell (outside the frozen start-up heap).
+A ``paced:N`` cell holds N paced streams open together (``bench.streams``), to see what a burst
+leaves behind for the cells after it.
 
 ``gateway.gc_tuning`` was tuned with it; run it again when the hot path's allocations change.
 The probed worker is ``python -m bench.gc_probe serve --config ...``: the gateway's own CLI
@@ -90,6 +92,7 @@ def describe(cell: str, rps: float, cpu_us: float, cpu_seconds: float, data: dic
     share = collecting / cpu_seconds * 100 if cpu_seconds else 0.0
     parts = [
         f"g{g}: {v['count']} in {v['seconds'] * 1000:.0f} ms, longest {v['longest'] * 1000:.1f} ms"
+        f", freed {v['freed']:,}"
         for g, v in gens.items()
     ]
     return (
@@ -123,14 +126,20 @@ def run_cells(cells: list[str]) -> int:
         run.warm_up(tmp, gateway)
         read_counters(proc.pid, out)
         for cell in cells:
-            kind, conns, seconds = cell.split(":")
-            lua = run.wrk_lua(tmp, gateway, kind, kind == "sse")
+            kind, conns, *seconds = cell.split(":")
             cpu_before = procs.cpu_seconds([proc.pid])
-            result = wrk.run(port, lua, int(conns), float(seconds))
+            if kind == "paced":
+                began = time.monotonic()
+                streams = run.streams_cell(tmp, gateway, int(conns), 1)
+                served = round(streams["n"] * streams["completion"])
+                rps = served / (time.monotonic() - began)
+            else:
+                lua = run.wrk_lua(tmp, gateway, kind, kind == "sse")
+                result = wrk.run(port, lua, int(conns), float(seconds[0]))
+                served, rps = result.requests, result.rps
             cpu = procs.cpu_seconds([proc.pid]) - cpu_before
             data = read_counters(proc.pid, out)
-            served = max(1, result.requests)
-            print(describe(cell, result.rps, cpu * 1e6 / served, cpu, data), flush=True)
+            print(describe(cell, rps, cpu * 1e6 / max(1, served), cpu, data), flush=True)
             run.settle(gateway)
     finally:
         procs.stop_all()

@@ -13,6 +13,7 @@ INTERVALS = [
     (asgi, "WATCH_TICK"),
     (relay, "STREAM_WATCH_DELAY"),
     (relay, "REPLY_WATCH_DELAY"),
+    (gc_tuning, "COLLECT_EVERY"),
     (gc_tuning, "FULL_EVERY"),
 ]
 

@@ -69,4 +69,5 @@ def test_the_share_of_cpu_spent_collecting() -> None:
     }
     line = describe("json:256:8", 1000.0, 700.0, 2.0, data)
     assert "collecting 25.0% of the CPU (500 ms)" in line
-    assert "g0: 4 in 200 ms, longest 80.0 ms" in line and "tracked after: 1,234" in line
+    assert "g0: 4 in 200 ms, longest 80.0 ms, freed 0" in line and "freed 10" in line
+    assert "tracked after: 1,234" in line
