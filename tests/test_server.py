@@ -70,12 +70,14 @@ def minimal_config(tmp_path: Path, extra: str = "") -> Path:
     return config
 
 
-def start(tmp_path: Path, config: Path, server: str) -> tuple[subprocess.Popen[bytes], int]:
+def start(
+    tmp_path: Path, config: Path, server: str, *extra: str
+) -> tuple[subprocess.Popen[bytes], int]:
     port = procs.free_port()
     with (tmp_path / "log").open("wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port",
-             str(port), "--server", server],
+             str(port), "--server", server, *extra],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
         )  # fmt: skip
     assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
@@ -137,15 +139,8 @@ def close_wait_sockets(port: int) -> int:
 def test_hypercorn_lets_go_of_a_connection_its_client_closed(tmp_path: Path, workers: int) -> None:
     """With the default keep-alive (75 s), unmended hypercorn holds each of these sockets (and
     the connection's tasks) in CLOSE_WAIT until the keep-alive ends."""
-    port = procs.free_port()
-    with (tmp_path / "log").open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(minimal_config(tmp_path)),
-             "--port", str(port), "--workers", str(workers)],
-            stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
-        )  # fmt: skip
+    proc, port = start(tmp_path, minimal_config(tmp_path), "hypercorn", "--workers", str(workers))
     try:
-        assert procs.wait_port(port, proc, 60), (tmp_path / "log").read_text()
         for _ in range(8):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             for _ in range(2):  # kept alive between the two
