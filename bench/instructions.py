@@ -9,7 +9,7 @@ The ratio bare/gateway estimates the throughput share without the machine's nois
 spend about the same instructions per nanosecond).
 
 callgrind slows a process ~40×, and the gateway's periodic work (usage batches, disconnect
-watchlist, key cache reloads, full collections) follows the clock: counted as it is, each
+watchlist, key cache reloads, periodic collections) follows the clock: counted as it is, each
 request would carry ~40× its real share of that work. So the gateway runs through
 ``bench.clock_scaled``, its intervals stretched by ``SLOWDOWN`` (see there). The bare relay
 has no such work.

@@ -320,7 +320,7 @@ def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:
         "Instructions per relayed request, counted by callgrind (`bench/instructions.py`: "
         f"{instructions.REQUESTS} requests, {instructions.CONNS} at a time, after a warm-up; "
         "every process of the target). The gateway's clock-driven intervals (usage batch "
-        "linger, disconnect watchlist, key cache reload, full collection) are stretched "
+        "linger, disconnect watchlist, key cache reload, periodic collections) are stretched "
         f"{instructions.SLOWDOWN}×, callgrind's slowdown, so that each request carries its "
         "real share of that work (`bench/clock_scaled.py`). The counts come back to ~0.1% run "
         "after run, so bare ÷ gateway estimates the throughput share free of the machine's "
