@@ -3,13 +3,17 @@
 The internal shape is the chat-completions dict (``gateway.types``). ``decode_*`` moves toward
 it, ``encode_*`` away from it. Each protocol implements both sides once:
 
-- client side (the protocol the client speaks): ``decode_request``, ``encode_response``,
-  ``stream_encoder``, ``encode_error``, ``encode_count``;
+- client side (the protocol the client speaks): ``match`` (the request's facts: model, stream
+  flag, framing, usage wanted), ``decode_request``, ``encode_response``, ``stream_encoder``,
+  ``encode_error``;
 - upstream side (the protocol the channel speaks): ``encode_request``, ``decode_response``,
-  ``stream_decoder``, ``decode_error``, ``count_request``, ``decode_count``;
-- passthrough (client protocol == channel type): ``passthrough_request``,
-  ``passthrough_response``, ``passthrough_stream``: the body goes through unconverted, only the
-  model name is mapped, stream events are forwarded as they are and usage is read as they pass.
+  ``stream_decoder``, ``decode_error``.
+
+Optional abilities are separate protocols that an adapter implements or not, never stubs that
+fail at request time: ``Counting`` (client side: the protocol has a count endpoint),
+``Counter`` (upstream side: the channel can count tokens), ``Passthrough`` (client protocol ==
+channel type: the body goes through unconverted, only the model name is mapped, stream events
+are forwarded as they are and usage is read as they pass).
 
 Adapters are pure: they never await, log, read the clock or touch the store. Ids and times come
 in through ``Ctx``. A malformed body or chunk raises a ``GatewayError``; nothing is skipped.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 from gateway.errors import GatewayError
 from gateway.sse import SSEEvent, SSEParser
@@ -34,10 +38,12 @@ class RouteMatch:
     """What the path says: the client's protocol, the capability, and path-borne parameters."""
 
     protocol: str  # "openai" | "anthropic" | "gemini"
-    capability: str  # "chat" | "count_tokens" | "models" | "embeddings" | ...
-    model: str | None = None  # from the path (generate-content)
-    stream: bool | None = None  # from the path (streamGenerateContent); None: the body says
+    capability: str  # the endpoint kind: "chat" | "count_tokens" | "embeddings" | ...
+    model: str | None = None  # the model the client asked for (from the path or the body)
+    stream: bool | None = None  # whether the reply streams (from the path or the body)
     sse: bool = True  # generate-content stream framing: SSE (?alt=sse) or a JSON array
+    include_usage: bool = False  # chat-completions stream_options.include_usage
+    action: str = ""  # a generate-content path's action ("embedContent", ...); else ""
 
 
 @dataclass(slots=True)
@@ -97,9 +103,11 @@ class StreamEncoder(Protocol):
     def error(self, err: GatewayError) -> bytes: ...
 
 
-class PassthroughStream(Protocol):
-    """The upstream's stream bytes forwarded to a client of the same protocol, usage read on
-    the way. Fed the bytes as they arrive; returns what to send now."""
+class RelayStream(Protocol):
+    """A reply stream as the relay drives it, converted or passed through alike: fed the
+    upstream's bytes as they arrive, it returns what to send the client now; ``finish`` at
+    upstream EOF, ``error`` for a failure after the stream started; ``usage`` as read so far.
+    ``ConvertedStream`` (parser, decoder, encoder) and each protocol's pass-through are one."""
 
     content_type: str
     usage: Usage | None
@@ -155,32 +163,58 @@ class EventPassthrough:
 
 
 class Adapter(Protocol):
+    """A chat protocol, both sides. The optional abilities are the protocols below."""
+
     name: ClassVar[str]  # "openai" | "anthropic" | "gemini"
-    capabilities: ClassVar[frozenset[str]]  # capabilities this protocol can serve upstream
 
     # client side
+    def match(
+        self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
+    ) -> RouteMatch:
+        """The request's facts: the model (``path_model`` from a generate-content path, else
+        the body's), the stream flag (``stream`` when the path fixes it, else the body's), the
+        stream framing (``query``) and whether a chat-completions stream wants usage.
+        InvalidRequestError when the body lacks what the protocol requires (the model)."""
+        ...
+
     def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest: ...
     def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON: ...
     def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> StreamEncoder: ...
     def encode_error(self, err: GatewayError) -> tuple[int, JSON]: ...
-    def encode_count(self, tokens: int, ctx: Ctx) -> JSON: ...
 
     # upstream side
     def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall: ...
     def decode_response(self, payload: JSON) -> ChatResponse: ...
     def stream_decoder(self, ctx: Ctx) -> StreamDecoder: ...
     def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
-    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall | None: ...
+
+
+@runtime_checkable
+class Counting(Protocol):
+    """Client side: the protocol has a token-count endpoint."""
+
+    def encode_count(self, tokens: int, ctx: Ctx) -> JSON: ...
+
+
+@runtime_checkable
+class Counter(Protocol):
+    """Upstream side: the channel's protocol can count a request's tokens."""
+
+    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall: ...
     def decode_count(self, payload: JSON) -> int: ...
 
-    # passthrough
+
+@runtime_checkable
+class Passthrough(Protocol):
+    """Client protocol == channel type: the body goes through with only the model renamed."""
+
     def passthrough_request(
         self, payload: JSON, route: RouteMatch, target: UpstreamTarget
     ) -> UpstreamCall: ...
     def passthrough_response(self, payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]: ...
     def passthrough_stream(
         self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
-    ) -> PassthroughStream: ...
+    ) -> RelayStream: ...
 
 
 def count(value: object) -> int:
@@ -197,3 +231,50 @@ def count(value: object) -> int:
 def field_of(obj: object, key: str) -> object:
     """``obj[key]`` if ``obj`` is a JSON object, else None (for nested usage details)."""
     return obj.get(key) if isinstance(obj, dict) else None
+
+
+class ConvertedStream:
+    """A ``RelayStream`` that converts: upstream bytes -> SSE events -> the channel protocol's
+    decoder -> chat-completions chunks -> the client protocol's encoder -> bytes. Usage is the
+    last a chunk reported. When a chunk raises, what the chunks before it in the same read
+    became still goes out, ahead of the error event."""
+
+    __slots__ = ("content_type", "usage", "_parser", "_decoder", "_encoder", "_before_error")
+
+    def __init__(self, decoder: StreamDecoder, encoder: StreamEncoder) -> None:
+        self.content_type = encoder.content_type
+        self.usage: Usage | None = None
+        self._parser = SSEParser()
+        self._decoder = decoder
+        self._encoder = encoder
+        self._before_error = b""
+
+    def feed(self, raw: bytes) -> bytes:
+        events = self._parser.feed(raw)
+        return self._convert(events, False) if events else b""
+
+    def finish(self) -> bytes:
+        return self._convert(self._parser.close(), True)
+
+    def error(self, err: GatewayError) -> bytes:
+        return self._before_error + self._encoder.error(err)
+
+    def _convert(self, events: list[SSEEvent], last: bool) -> bytes:
+        out: list[bytes] = []
+        encode = self._encoder.encode
+        try:
+            for event in events:
+                for chunk in self._decoder.feed(event):
+                    if chunk.get("usage"):
+                        self.usage = chunk["usage"]
+                    out.append(encode(chunk))
+            if last:
+                for chunk in self._decoder.close():
+                    if chunk.get("usage"):
+                        self.usage = chunk["usage"]
+                    out.append(encode(chunk))
+                out.append(self._encoder.finish(self.usage))
+        except GatewayError:
+            self._before_error = b"".join(out)
+            raise
+        return b"".join(out)
