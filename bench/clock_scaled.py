@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from gateway import asgi, cli, gc_tuning, relay
+from gateway import asgi, cli, gc_tuning
+from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
 

@@ -19,13 +19,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gateway import __version__
 from gateway.asgi import send_error
 from gateway.config import Settings, load_settings
-from gateway.errors import NotFoundError
+from gateway.errors import GatewayError, UnknownURLError
 from gateway.gc_tuning import collect_periodically, tune_gc
+from gateway.model_list import ModelLists
 from gateway.protocols import ADAPTERS
-from gateway.relay import Relay, RelayEndpoint
-from gateway.routes import RELAY_ROUTES, is_generate_content_path, is_messages_path
+from gateway.relay import Relay
+from gateway.routes import Router, protocol_of_path
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
@@ -33,6 +35,7 @@ from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.app")
+LIST_KINDS = frozenset({"models", "model"})  # answered from the catalogue, not relayed
 
 
 @dataclass(slots=True)
@@ -51,58 +54,46 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+async def root(request: Request) -> Response:
+    """``GET /`` and ``HEAD /``: coding CLIs probe the base URL at start-up."""
+    return JSONResponse({"service": "model-gateway", "version": __version__})
+
+
 class NotFoundApp:
     """Unknown paths: 404 in the protocol the path belongs to (any method)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await not_found(scope, send)
-
-
-async def not_found(scope: Scope, send: Send) -> None:
-    path = scope.get("path", "")
-    if is_generate_content_path(path):
-        protocol = "gemini"
-    elif is_messages_path(path):
-        protocol = "anthropic"
-    else:
-        protocol = "openai"
-    err = NotFoundError(f"Unknown request URL: {scope.get('method', '')} {path}")
-    await send_error(send, ADAPTERS[protocol], err)
+        path = scope.get("path", "")
+        err = UnknownURLError(f"Unknown request URL: {scope.get('method', '')} {path}")
+        await send_error(send, ADAPTERS[protocol_of_path(path)], err)
 
 
 class GatewayApp:
-    """The ASGI entry: relay paths go straight to the relay (a dict lookup, no middleware on
-    the hot path); everything else (admin, health, lifespan, unknown paths) to Starlette."""
+    """The ASGI entry: the client surface (``routes.ROUTES``) goes straight to the relay or
+    the model lists (a dict lookup, no middleware on the hot path); everything else (admin,
+    health, lifespan, unknown paths) to Starlette."""
 
-    __slots__ = ("inner", "state", "_exact", "_generate")
+    __slots__ = ("inner", "state", "router", "relay", "lists")
 
     def __init__(self, inner: Starlette, relay: Relay) -> None:
         self.inner = inner
         self.state = inner.state
-        self._exact: dict[str, RelayEndpoint] = {}
-        self._generate: dict[str, RelayEndpoint] = {}
-        for spec in RELAY_ROUTES:
-            if "{model}" not in spec.path:
-                self._exact[spec.path] = relay.endpoint(spec)
-            elif ":" in spec.path:
-                prefix, action = spec.path.split("{model}")
-                self._generate[prefix + action] = relay.endpoint(spec)
+        self.router = Router()
+        self.relay = relay
+        self.lists = ModelLists(relay)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            path: str = scope["path"]
-            endpoint = self._exact.get(path)
-            if endpoint is not None:
-                await endpoint(scope, receive, send)
+            try:
+                found = self.router.match(scope["method"], scope["path"])
+            except GatewayError as err:
+                await send_error(send, ADAPTERS[protocol_of_path(scope["path"])], err)
                 return
-            colon = path.rfind(":")
-            if colon > 0:
-                slash = path.rfind("/", 0, colon)
-                endpoint = self._generate.get(path[: slash + 1] + path[colon:])
-                if endpoint is not None and slash + 1 < colon:
-                    scope["path_params"] = {"model": path[slash + 1 : colon]}
-                    await endpoint(scope, receive, send)
-                    return
+            if found is not None:
+                spec = found.spec
+                handler = self.lists if spec.kind in LIST_KINDS else self.relay
+                await handler.handle(spec, found.model, scope, receive, send)
+                return
         await self.inner(scope, receive, send)
 
 
@@ -141,9 +132,9 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     from gateway.admin import admin_routes
 
     routes: list[BaseRoute] = [
-        Route(spec.path, endpoint=relay.endpoint(spec)) for spec in RELAY_ROUTES
+        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/healthz", healthz, methods=["GET"]),
     ]
-    routes.append(Route("/healthz", healthz, methods=["GET"]))
     routes.append(Mount("/admin", routes=admin_routes()))
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -12,7 +12,12 @@ from collections import deque
 
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
+from gateway.errors import (
+    GatewayError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    PayloadTooLargeError,
+)
 from gateway.protocols.base import Adapter
 from gateway.types import JSON, Receive, Scope, Send
 
@@ -197,4 +202,6 @@ async def send_error(send: Send, client: Adapter, err: GatewayError) -> None:
     extra = None
     if err.retry_after is not None:
         extra = [(b"retry-after", str(int(err.retry_after + 0.999)).encode())]
+    elif isinstance(err, MethodNotAllowedError):
+        extra = [(b"allow", ", ".join(err.allow).encode())]
     await send_json(send, status, body, extra)

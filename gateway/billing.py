@@ -19,25 +19,57 @@ from gateway.types import Usage
 PICO_PER_MICRO = 1_000_000
 
 
+@dataclass(slots=True)
+class Metered:
+    """What one request used, as the endpoint kind measures it: tokens where the upstream
+    reports them; images, seconds of audio or characters spoken where it does not."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    images: int = 0
+    audio_seconds: float = 0.0
+    speech_chars: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A price in pico-units (1e-12 balance units): per token, per call."""
+    """A price in pico-units (1e-12 balance units): per token, per call, per image, per
+    second of audio, per character spoken."""
 
     input: int
     output: int
     request: int
+    image: int = 0
+    audio_second: int = 0
+    speech_char: int = 0
 
     @classmethod
     def from_price(cls, price: Price) -> Rate:
+        per_unit = PICO_PER_MICRO * 1_000_000  # pico-units in one balance unit
         return cls(
             input=round(price.input * PICO_PER_MICRO),
             output=round(price.output * PICO_PER_MICRO),
-            request=round(price.request * PICO_PER_MICRO * 1_000_000),
+            request=round(price.request * per_unit),
+            image=round(price.image * per_unit),
+            audio_second=round(price.audio_second * per_unit),
+            speech_char=round(price.speech_char * PICO_PER_MICRO),  # per million characters
         )
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> int:
         """Micro-units, rounded half up."""
         pico = prompt_tokens * self.input + completion_tokens * self.output + self.request
+        return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
+
+    def cost_of(self, used: Metered) -> int:
+        """Micro-units for everything a request used, rounded half up once."""
+        pico = (
+            used.prompt_tokens * self.input
+            + used.completion_tokens * self.output
+            + self.request
+            + used.images * self.image
+            + round(used.audio_seconds * self.audio_second)
+            + used.speech_chars * self.speech_char
+        )
         return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
 
 

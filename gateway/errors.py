@@ -6,6 +6,8 @@
     ├── InsufficientBalanceError    402  account balance not above zero
     ├── PermissionDeniedError       403  upstream refused the client's request (not credentials)
     ├── NotFoundError               404  model, channel or path
+    │   └── UnknownURLError         404  a path or generate-content action the gateway lacks
+    ├── MethodNotAllowedError       405  a known path with another method (``allow``)
     ├── PayloadTooLargeError        413  body over the configured limit
     ├── RateLimitError              429  upstream rate limit after retries
     ├── InternalError               500  a bug of ours
@@ -26,6 +28,7 @@ from __future__ import annotations
 class GatewayError(Exception):
     status: int = 500
     type: str = "api_error"
+    code: str | None = None  # a machine-readable code where the status alone is ambiguous
     retryable: bool = False
 
     def __init__(
@@ -70,6 +73,22 @@ class PermissionDeniedError(GatewayError):
 class NotFoundError(GatewayError):
     status = 404
     type = "not_found_error"
+
+
+class UnknownURLError(NotFoundError):
+    """Not a missing model: clients report ``model_not_found`` as one."""
+
+    code = "unknown_url"
+
+
+class MethodNotAllowedError(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class PayloadTooLargeError(GatewayError):

@@ -1,11 +1,26 @@
-"""The model lists each protocol's SDK expects, built from the catalogue (pure)."""
+"""The model-list endpoints: the key's models in the shape each protocol's SDK expects.
+
+Answered from the catalogue, after authentication, with no usage record (CONTRACT §6).
+``GET /v1/models`` serves three shapes: Anthropic's when the request carries
+``anthropic-version``; Gemini's when it carries only ``x-goog-api-key`` (google-genai's
+default API version is v1); else OpenAI's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+from gateway.asgi import request_headers, send_error, send_json
 from gateway.config import Model
-from gateway.types import JSON
+from gateway.errors import GatewayError, NotFoundError
+from gateway.protocols import ADAPTERS
+from gateway.routes import RouteSpec
+from gateway.types import JSON, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from gateway.relay.pipeline import Relay
 
 CREATED = 1700000000  # catalogue models have no creation time; a fixed one keeps lists stable
 CREATED_RFC3339 = "2023-11-14T22:13:20Z"
@@ -37,7 +52,7 @@ def anthropic_list(models: Sequence[Model]) -> JSON:
 def gemini_model(m: Model) -> JSON:
     methods = list(GEMINI_METHODS) if "chat" in m.capabilities else []
     if "embeddings" in m.capabilities:
-        methods.append("embedContent")
+        methods += ["embedContent", "batchEmbedContents"]
     return {
         "name": f"models/{m.name}",
         "baseModelId": m.name,
@@ -52,3 +67,46 @@ def gemini_model(m: Model) -> JSON:
 
 def gemini_list(models: Sequence[Model]) -> JSON:
     return {"models": [gemini_model(m) for m in models]}
+
+
+class ModelLists:
+    """The handler of the ``models`` and ``model`` routes."""
+
+    __slots__ = ("relay",)
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def handle(
+        self, spec: RouteSpec, path_model: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        try:
+            headers = request_headers(scope)
+            key = self.relay.authenticate(spec, scope, headers, datetime.now(UTC))
+            models = self.relay.catalogue.group_models(key.group)
+            shape = spec.protocol
+            if shape == "openai":
+                if b"anthropic-version" in headers:
+                    shape = "anthropic"
+                elif b"x-goog-api-key" in headers and b"authorization" not in headers:
+                    shape = "gemini"
+            body = (
+                self._one(shape, path_model, models)
+                if spec.kind == "model"
+                else LISTS[shape](models)
+            )
+            await send_json(send, 200, body)
+        except GatewayError as err:
+            await send_error(send, ADAPTERS[spec.protocol], err)
+
+    @staticmethod
+    def _one(shape: str, path_model: str | None, models: Sequence[Model]) -> JSON:
+        name = (path_model or "").removeprefix("models/")
+        found = next((m for m in models if m.name == name), None)
+        if found is None:
+            raise NotFoundError(f"The model '{name}' does not exist.")
+        return ENTRIES[shape](found)
+
+
+LISTS = {"openai": openai_list, "anthropic": anthropic_list, "gemini": gemini_list}
+ENTRIES = {"openai": openai_model, "anthropic": anthropic_model, "gemini": gemini_model}

@@ -1,13 +1,17 @@
-"""The client surface: path -> (client protocol, endpoint). The whole table on one screen.
+"""The client surface: path -> (client protocol, endpoint kind). The only route table.
 
-``app.py`` turns each row into a Starlette route whose endpoint is the relay. Generate-content
-paths carry the model in the path; ``:streamGenerateContent`` streams (SSE with ``?alt=sse``,
-else the JSON-array stream).
+Generate-content paths carry the model in the path (``/v1beta/models/{model}:action``, and the
+same under ``/v1/models/``, google-genai's default API version); ``:streamGenerateContent``
+streams (SSE with ``?alt=sse``, else the JSON-array stream). ``Router.match`` answers a
+request's method and path with its route, 405 (with the methods allowed) for a known path and
+another method, or 404 for a path or generate-content action it does not know.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gateway.errors import MethodNotAllowedError, UnknownURLError
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,36 +19,111 @@ class RouteSpec:
     path: str
     method: str
     protocol: str  # the client's protocol: openai | anthropic | gemini
-    endpoint: str  # chat | count_tokens | models | model | embeddings | ...
+    kind: str  # the endpoint kind: chat | count_tokens | embeddings | models | ...
     stream: bool | None = None  # fixed by the path (generate-content), else the body says
+    action: str = ""  # a generate-content path's action
 
 
-GENERATE = ("/v1beta/models/{model}", "/v1/models/{model}")
+GENERATE_PREFIXES = ("/v1beta/models/", "/v1/models/")
+# generate-content actions: (action, kind, stream fixed by the path)
+GENERATE_ACTIONS = (
+    ("generateContent", "chat", False),
+    ("streamGenerateContent", "chat", True),
+    ("countTokens", "count_tokens", None),
+    ("embedContent", "embeddings", None),
+    ("batchEmbedContents", "embeddings", None),
+)
+MODEL = "{model}"
 
-RELAY_ROUTES: tuple[RouteSpec, ...] = (
+ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/chat/completions", "POST", "openai", "chat"),
+    RouteSpec("/v1/embeddings", "POST", "openai", "embeddings"),
+    RouteSpec("/v1/images/generations", "POST", "openai", "images"),
+    RouteSpec("/v1/audio/transcriptions", "POST", "openai", "audio_transcription"),
+    RouteSpec("/v1/audio/speech", "POST", "openai", "audio_speech"),
+    RouteSpec("/v1/rerank", "POST", "openai", "rerank"),
     RouteSpec("/v1/messages", "POST", "anthropic", "chat"),
     RouteSpec("/v1/messages/count_tokens", "POST", "anthropic", "count_tokens"),
     RouteSpec("/v1/models", "GET", "openai", "models"),
-    RouteSpec("/v1beta/models", "GET", "gemini", "models"),
-    *(
-        spec
-        for prefix in GENERATE
-        for spec in (
-            RouteSpec(prefix + ":generateContent", "POST", "gemini", "chat", stream=False),
-            RouteSpec(prefix + ":streamGenerateContent", "POST", "gemini", "chat", stream=True),
-            RouteSpec(prefix + ":countTokens", "POST", "gemini", "count_tokens"),
-        )
-    ),
-    RouteSpec("/v1beta/models/{model}", "GET", "gemini", "model"),
     RouteSpec("/v1/models/{model}", "GET", "openai", "model"),
+    RouteSpec("/v1beta/models", "GET", "gemini", "models"),
+    RouteSpec("/v1beta/models/{model}", "GET", "gemini", "model"),
+    *(
+        RouteSpec(f"{prefix}{MODEL}:{action}", "POST", "gemini", kind, stream, action)
+        for prefix in GENERATE_PREFIXES
+        for action, kind, stream in GENERATE_ACTIONS
+    ),
 )
 
 
-def is_generate_content_path(path: str) -> bool:
-    """Paths whose errors use the generate-content shape (CONTRACT §4)."""
-    return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)
+@dataclass(frozen=True, slots=True)
+class RouteFound:
+    spec: RouteSpec
+    model: str | None  # the ``{model}`` of the path
 
 
-def is_messages_path(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
+class Router:
+    """Matches a request to its route: exact paths by a dict lookup; ``{model}`` paths by
+    their prefix and action."""
+
+    __slots__ = ("_exact", "_modelled")
+
+    def __init__(self, routes: tuple[RouteSpec, ...] = ROUTES) -> None:
+        self._exact: dict[str, dict[str, RouteSpec]] = {}
+        # (prefix, ":action" or "") -> method -> spec
+        self._modelled: dict[tuple[str, str], dict[str, RouteSpec]] = {}
+        for spec in routes:
+            if MODEL in spec.path:
+                prefix, suffix = spec.path.split(MODEL)
+                self._modelled.setdefault((prefix, suffix), {})[spec.method] = spec
+            else:
+                self._exact.setdefault(spec.path, {})[spec.method] = spec
+
+    def match(self, method: str, path: str) -> RouteFound | None:
+        """The route of a request; None for a path outside the client surface (admin,
+        health, unknown: the caller decides). Raises MethodNotAllowedError for a known path
+        and another method, UnknownURLError for an unknown generate-content action."""
+        by_method = self._exact.get(path)
+        model = None
+        if by_method is None:
+            found = self._with_model(path)
+            if found is None:
+                return None
+            by_method, model = found
+        spec = by_method.get(method)
+        if spec is None and method == "HEAD":
+            spec = by_method.get("GET")
+        if spec is None:
+            allowed = sorted(by_method)
+            raise MethodNotAllowedError(
+                f"Method {method} is not allowed on {path}; use {', '.join(allowed)}.",
+                allow=tuple(allowed),
+            )
+        return RouteFound(spec, model)
+
+    def _with_model(self, path: str) -> tuple[dict[str, RouteSpec], str] | None:
+        for prefix in GENERATE_PREFIXES:
+            if not path.startswith(prefix):
+                continue
+            rest = path[len(prefix) :]
+            name, colon, action = rest.rpartition(":")
+            if not colon:
+                name, action = rest, ""
+            if not name or "/" in name:
+                return None
+            by_method = self._modelled.get((prefix, colon + action))
+            if by_method is None:
+                if action:
+                    raise UnknownURLError(f"Unknown request URL: {path}")
+                return None
+            return by_method, name
+        return None
+
+
+def protocol_of_path(path: str) -> str:
+    """The protocol whose error shape a path answers in (CONTRACT §4)."""
+    if path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path):
+        return "gemini"
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "openai"

@@ -15,23 +15,6 @@ from collections.abc import Mapping
 from gateway.config import Channel, Model, Settings
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 
-# the capabilities a channel type can serve upstream
-CHANNEL_CAPABILITIES: dict[str, frozenset[str]] = {
-    "openai": frozenset({"chat", "count_tokens", "embeddings", "images", "audio", "rerank"}),
-    "anthropic": frozenset({"chat", "count_tokens"}),
-    "gemini": frozenset({"chat", "count_tokens"}),
-}
-# the catalogue capability an endpoint needs
-REQUIRED_CAPABILITY = {
-    "chat": "chat",
-    "count_tokens": "chat",
-    "embeddings": "embeddings",
-    "images": "images",
-    "audio_transcription": "audio",
-    "audio_speech": "audio",
-    "rerank": "rerank",
-}
-
 
 class Catalogue:
     """The configuration's models and channels, indexed for the hot path."""
@@ -52,8 +35,10 @@ class Catalogue:
         for g in settings.groups:
             names = [m.name for m in settings.models if (g, m.name) in self._by_group_model]
             self._group_models[g] = tuple(self.models[n] for n in names)
-        # (group, model, endpoint) -> its channels by priority tier, filled as asked
-        self._tiers: dict[tuple[str, str, str], tuple[tuple[Channel, ...], ...]] = {}
+        # (group, model, capability, channel types) -> channels by priority tier, as asked
+        self._tiers: dict[
+            tuple[str, str, str, frozenset[str]], tuple[tuple[Channel, ...], ...]
+        ] = {}
 
     def group_models(self, group: str) -> tuple[Model, ...]:
         """The models a key of this group can reach, in catalogue order."""
@@ -62,25 +47,32 @@ class Catalogue:
     def channels(self, group: str, model: str) -> tuple[Channel, ...]:
         return self._by_group_model.get((group, model), ())
 
-    def tiers(self, group: str, model: str, endpoint: str) -> tuple[tuple[Channel, ...], ...]:
-        """The channels that may serve a request, grouped by priority, lowest first; worked
-        out once per (group, model, endpoint). NotFoundError (404) when there are none."""
-        found = self._tiers.get((group, model, endpoint))
+    def tiers(
+        self, group: str, model: str, capability: str, channel_types: frozenset[str]
+    ) -> tuple[tuple[Channel, ...], ...]:
+        """The channels that may serve a request, grouped by priority, lowest first: those of
+        the group and model whose type is in ``channel_types`` (what the endpoint kind can
+        reach from the client's protocol), the model having ``capability``. Worked out once
+        per argument set. NotFoundError (404) when there are none."""
+        cache_key = (group, model, capability, channel_types)
+        found = self._tiers.get(cache_key)
         if found is None:
-            found = self._tiers_of(group, model, endpoint)
-            self._tiers[(group, model, endpoint)] = found
+            found = self._tiers_of(group, model, capability, channel_types)
+            self._tiers[cache_key] = found
         return found
 
-    def _tiers_of(self, group: str, model: str, endpoint: str) -> tuple[tuple[Channel, ...], ...]:
+    def _tiers_of(
+        self, group: str, model: str, capability: str, channel_types: frozenset[str]
+    ) -> tuple[tuple[Channel, ...], ...]:
         m = self.models.get(model)
         chans = self.channels(group, model) if m is not None else ()
         if m is None or not chans:
             raise NotFoundError(
                 f"The model '{model}' does not exist or you do not have access to it."
             )
-        if REQUIRED_CAPABILITY[endpoint] not in m.capabilities:
+        if capability not in m.capabilities:
             raise NotFoundError(f"The model '{model}' does not support this endpoint.")
-        chans = tuple(c for c in chans if endpoint in CHANNEL_CAPABILITIES[c.type])
+        chans = tuple(c for c in chans if c.type in channel_types)
         if not chans:
             raise NotFoundError(f"No channel serves '{model}' for this endpoint.")
         tiers: list[tuple[Channel, ...]] = []
@@ -108,15 +100,16 @@ def candidates(
     catalogue: Catalogue,
     group: str,
     model: str,
-    endpoint: str,
+    capability: str,
+    channel_types: frozenset[str],
     rng: random.Random,
     cooling: Mapping[str, float] | None = None,
     now: float = 0.0,
 ) -> list[Channel]:
     """The channels to try for one request, in order. Raises NotFoundError (404) when the
-    model is outside the group or lacks the endpoint's capability, and
+    model is outside the group, lacks the capability or has no channel of those types, and
     UpstreamUnavailableError (503) when every channel is cooling down."""
-    tiers = catalogue.tiers(group, model, endpoint)
+    tiers = catalogue.tiers(group, model, capability, channel_types)
     if cooling:
         ready_tiers = []
         for tier in tiers:

@@ -5,15 +5,15 @@ cache) and ``ClientTimeout(total=None, connect=..., sock_read=<longest silence>)
 may last as long as it keeps sending; aiohttp's 5-minute default total is never relied on.
 
 The pool hands out the idle connection used last (``RecentFirstConnector``), where aiohttp's
-own takes the one idle longest. After a burst, light traffic then keeps reusing a few warm
-connections and the rest idle out after the keep-alive timeout. First-in first-out, one
-connection at a time cycled through all 256 of a burst's, for as long as traffic went on:
-the upstream kept 256 sockets open, and each request touched a cold one (~40 µs more per
-streamed request at one connection, measured after a 256-connection load).
+own takes the one idle longest: after a burst, light traffic keeps reusing a few warm
+connections and the rest idle out, instead of cycling through every connection of the burst.
 
-Every upstream request says ``User-Agent: model-gateway/<version>``: a session default header,
-so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added. Skipping it with
-``skip_auto_headers`` instead made aiohttp build and copy two header maps per request.
+Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
+header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
+
+This module is the one boundary for upstream I/O: ``Upstream.request`` returns an
+``UpstreamResponse`` whose reads raise only ``GatewayError``s, so nothing else in the gateway
+imports aiohttp or maps its exceptions.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import deque
+from collections.abc import AsyncIterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -105,6 +106,69 @@ class Upstream:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
+
+    async def request(
+        self, call: UpstreamCall, upload: AsyncIterable[bytes] | None = None
+    ) -> UpstreamResponse:
+        """Send the call (its body, or ``upload`` streamed chunked as it is produced); the
+        response once its status and headers arrived. Raises only ``GatewayError``."""
+        assert self._session is not None, "Upstream.start() was not awaited"
+        data: bytes | AsyncIterable[bytes]
+        if upload is None:
+            # orjson's output keeps its whole working buffer (4 KiB at the least) for as long
+            # as it lives, and the request body lives as long as the response: a right-sized
+            # copy is kept instead
+            data = call.body = memoryview(call.body).tobytes()
+        else:
+            data = upload
+        try:
+            resp = await self._session.post(
+                call.url, data=data, headers=call.headers, allow_redirects=False
+            )
+        except TimeoutError:
+            raise UpstreamTimeoutError("the upstream did not answer in time") from None
+        except aiohttp.ClientConnectorError as exc:
+            if exc.os_error.errno in LOCAL_EXHAUSTION:
+                raise GatewayOverloadedError("the gateway is out of connections") from None
+            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
+        return UpstreamResponse(resp)
+
+
+class UpstreamResponse:
+    """An upstream reply whose status and headers arrived. Its reads raise only
+    ``GatewayError`` (a failure after the status is never retried elsewhere)."""
+
+    __slots__ = ("status", "headers", "_resp")
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status = resp.status
+        self.headers: Mapping[str, str] = resp.headers
+        self._resp = resp
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise read_error(exc) from None
+
+    async def chunk(self) -> bytes:
+        """The next piece of the body as the socket delivered it; b"" at its end."""
+        try:
+            return await self._resp.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise read_error(exc) from None
+
+    def at_eof(self) -> bool:
+        """The body was read to its end."""
+        return self._resp.content.at_eof()
+
+    def close(self) -> None:
+        """Let go of the connection: back to the pool when the body was read to its end,
+        else closed (an upstream still sending is stopped)."""
+        self._resp.close()
 
 
 def read_error(exc: BaseException) -> GatewayError:

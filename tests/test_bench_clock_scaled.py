@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench import clock_scaled
-from gateway import asgi, gc_tuning, relay
+from gateway import asgi, gc_tuning
+from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
 INTERVALS = [

@@ -12,6 +12,8 @@ from gateway.config import Price, parse_settings
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 from gateway.routing import Catalogue, candidates
 
+ALL = frozenset({"openai", "anthropic", "gemini"})
+
 
 @pytest.mark.parametrize(
     ("price", "prompt", "completion", "micro"),
@@ -100,7 +102,7 @@ def test_priority_first_then_weighted_share() -> None:
     cat, rng = catalogue(), random.Random(7)
     firsts = Counter()
     for _ in range(4000):
-        order = [c.name for c in candidates(cat, "default", "m", "chat", rng)]
+        order = [c.name for c in candidates(cat, "default", "m", "chat", ALL, rng)]
         assert order[-1] == "c"  # the lower priority comes after every priority-0 channel
         assert order[-2] == "d"  # weight 0 is a standby within its priority
         firsts[order[0]] += 1
@@ -108,19 +110,24 @@ def test_priority_first_then_weighted_share() -> None:
 
 
 @pytest.mark.parametrize(
-    ("group", "model", "endpoint"),
-    [("default", "nope", "chat"), ("default", "e", "embeddings"), ("vip", "e", "chat")],
+    ("group", "model", "capability", "types"),
+    [
+        ("default", "nope", "chat", ALL),  # no such model
+        ("default", "e", "embeddings", ALL),  # the model lacks the capability
+        ("vip", "e", "chat", ALL),  # outside the group
+        ("default", "m", "chat", frozenset({"gemini"})),  # no channel of a type that serves it
+    ],
 )
-def test_not_found(group, model, endpoint) -> None:
+def test_not_found(group, model, capability, types) -> None:
     with pytest.raises(NotFoundError):
-        candidates(catalogue(), group, model, endpoint, random.Random())
+        candidates(catalogue(), group, model, capability, types, random.Random())
 
 
 def test_cooling_channels_are_skipped_and_all_cooling_is_503() -> None:
     cat = catalogue()
-    order = candidates(cat, "default", "m", "chat", random.Random(), {"a": 10.0}, now=5.0)
+    order = candidates(cat, "default", "m", "chat", ALL, random.Random(), {"a": 10.0}, now=5.0)
     assert "a" not in [c.name for c in order]
     cooling = dict.fromkeys("abcd", 10.0)
     with pytest.raises(UpstreamUnavailableError):
-        candidates(cat, "default", "m", "chat", random.Random(), cooling, now=5.0)
-    assert candidates(cat, "default", "m", "chat", random.Random(), cooling, now=11.0)
+        candidates(cat, "default", "m", "chat", ALL, random.Random(), cooling, now=5.0)
+    assert candidates(cat, "default", "m", "chat", ALL, random.Random(), cooling, now=11.0)

@@ -10,7 +10,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.relay import MAX_RECORDED_MODEL
+from gateway.relay.call import MAX_RECORDED_MODEL
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

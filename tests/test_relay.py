@@ -190,16 +190,19 @@ async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) 
     from datetime import UTC, datetime
 
     from gateway.auth import key_hash
-    from gateway.relay import Call, _set_status
+    from gateway.billing import Metered
+    from gateway.relay.call import Call
 
     relay = gateway.state.relay
+    rate = relay.rates["chat-small"]
     call = Call.arriving(datetime.now(UTC), "req-recorded", "openai", "chat", "127.0.0.0/24")
     call.model, call.channel = "chat-small", "oa"
     call.key = relay.cache.key(key_hash(KEYS["alice"]))
-    relay._bill(call, {"prompt_tokens": 10, "completion_tokens": 5})
-    relay._record(call)
-    _set_status(call, 499)
-    relay._bill(call, {"prompt_tokens": 1_000, "completion_tokens": 1_000})
+    call.bill(Metered(prompt_tokens=10, completion_tokens=5), rate)
+    call.record(relay.writer)
+    call.set_status(499)
+    call.bill(Metered(prompt_tokens=1_000, completion_tokens=1_000), rate)
+    call.record(relay.writer)
 
     rec = await last_record(gateway)
     assert (rec.request_id, rec.status, rec.prompt_tokens, rec.completion_tokens) == (

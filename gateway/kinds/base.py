@@ -1,0 +1,109 @@
+"""What an endpoint kind is to the relay: how it reads its request, and how one attempt on
+one channel sends it and reads the reply.
+
+The relay's pipeline knows no kind and no protocol by name. For a request it asks the route's
+``Kind`` to ``read`` the body into a ``Job`` (the request understood: its model, whether the
+reply streams), which channel types the kind can reach from the client's protocol, and, per
+channel tried, an ``Exchange``: the upstream call, how to decode the upstream's error, and
+either a whole ``Reply`` or a ``RelayStream``. What a request used comes back as ``Metered``
+and is priced by the catalogue (``billing.Rate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from gateway.asgi import Headers
+from gateway.billing import Metered
+from gateway.config import Channel, Limits
+from gateway.errors import GatewayError
+from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.routes import RouteSpec
+from gateway.types import Receive, Scope
+
+JSON_TYPE = b"application/json"
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A request as the pipeline hands it to its kind, body not yet read."""
+
+    spec: RouteSpec
+    path_model: str | None  # the ``{model}`` of a generate-content path
+    scope: Scope
+    receive: Receive
+    headers: Headers  # the headers the relay reads (``asgi.RELAY_HEADERS``)
+    limits: Limits
+
+    @property
+    def query(self) -> bytes:
+        query: bytes = self.scope.get("query_string", b"")
+        return query
+
+
+class Job(Protocol):
+    """One request of a kind, read and understood: what every attempt starts from."""
+
+    route: RouteMatch  # the model asked for, whether the reply streams, ...
+
+    def release(self) -> None:
+        """Let go of the request's body: an attempt succeeded and no other will follow (a
+        stream may last minutes, and the bodies of thousands would add up)."""
+        ...
+
+
+@dataclass(slots=True)
+class Reply:
+    """A whole reply, as the client gets it."""
+
+    body: bytes
+    content_type: bytes
+    used: Metered
+
+
+class Exchange(Protocol):
+    """One attempt of a job on one channel."""
+
+    call: UpstreamCall | None  # None: answered without the upstream (``reply(b"", {})``)
+    upload: AsyncIterable[bytes] | None  # a body streamed as it arrives instead of call.body
+    replayable: bool  # whether another channel may still be tried after this one failed
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
+
+    def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """The client's reply from the upstream's whole body."""
+        ...
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        """The stream object that turns the upstream's stream into the client's."""
+        ...
+
+    def used(self, stream: RelayStream) -> Metered:
+        """What a stream used, from what passed (complete or cut short)."""
+        ...
+
+
+J = TypeVar("J", bound=Job)
+
+
+class Kind(Protocol[J]):
+    name: str  # the usage record's ``endpoint``
+    capability: str  # the catalogue capability a model needs for it
+    billed: bool  # False: recorded with its tokens, never charged (token counting)
+
+    def channel_types(self, protocol: str) -> frozenset[str]:
+        """The channel types that can serve this kind for a client of ``protocol``."""
+        ...
+
+    async def read(self, incoming: Incoming) -> J:
+        """Read and understand the body: 413 past the limit, 400 for a malformed one."""
+        ...
+
+    def exchange(
+        self, job: J, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
+    ) -> Exchange:
+        """One attempt on ``channel``; ``last``: no attempt follows, the job's body may be
+        used up."""
+        ...

@@ -1,0 +1,223 @@
+"""The chat kind (chat-completions, messages, generate-content) and token counting.
+
+Every chat protocol reaches every channel type. When the client's protocol is the channel's,
+the body goes through with only the model renamed (``Passthrough``); otherwise it is decoded
+once into the chat-completions shape, shared by every attempt, and encoded for each channel.
+Token counting asks the channel where its protocol can count (``Counter``) and estimates
+locally where it cannot; it is recorded with its tokens and never charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.asgi import parse_json, read_body
+from gateway.billing import Metered, usage_tokens
+from gateway.config import Channel
+from gateway.errors import GatewayError, UpstreamError
+from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.protocols import ADAPTERS, Adapter
+from gateway.protocols.base import (
+    ConvertedStream,
+    Counter,
+    Counting,
+    Ctx,
+    Passthrough,
+    RelayStream,
+    RouteMatch,
+    UpstreamCall,
+    UpstreamTarget,
+)
+from gateway.tokens import estimate_prompt_tokens
+from gateway.types import JSON, ChatRequest, Usage
+
+CHANNEL_TYPES = frozenset(ADAPTERS)
+
+
+@dataclass(slots=True)
+class ChatJob:
+    client: Adapter
+    route: RouteMatch
+    payload: JSON  # the client's body as parsed
+    req: ChatRequest | None = None  # its chat-completions form, once a conversion needs it
+
+    def release(self) -> None:
+        self.payload = self.req = None
+
+    def decoded(self, ctx: Ctx) -> ChatRequest:
+        """The request in the chat-completions shape, decoded once for every attempt; the
+        local prompt estimate goes into ``ctx`` for the protocols that want it up front."""
+        if self.req is None:
+            self.req = self.client.decode_request(self.payload, self.route)
+            ctx.prompt_tokens_estimate = estimate_prompt_tokens(self.req)
+        return self.req
+
+
+async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
+    spec = incoming.spec
+    raw = await read_body(
+        incoming.receive, incoming.limits.max_request_bytes, incoming.headers.get(b"content-length")
+    )
+    payload = parse_json(raw)
+    client = ADAPTERS[spec.protocol]
+    route = client.match(kind, payload, incoming.path_model, incoming.query, spec.stream)
+    return ChatJob(client, route, payload)
+
+
+def chat_used(usage: Usage | None) -> Metered:
+    prompt, completion = usage_tokens(usage)
+    return Metered(prompt_tokens=prompt, completion_tokens=completion)
+
+
+def upstream_json(raw: bytes) -> JSON:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise UpstreamError("the upstream sent a reply that is not JSON") from None
+
+
+class PassthroughChat:
+    """Client protocol == channel type: the body and the reply go through, model renamed."""
+
+    __slots__ = ("call", "upload", "replayable", "_adapter", "_job", "_ctx", "_target")
+
+    def __init__(
+        self, adapter: Passthrough, job: ChatJob, ctx: Ctx, target: UpstreamTarget, last: bool
+    ) -> None:
+        payload = job.payload if last else dict(job.payload)  # renamed in place
+        self.call: UpstreamCall | None = adapter.passthrough_request(payload, job.route, target)
+        self.upload: AsyncIterable[bytes] | None = None
+        self.replayable = True
+        self._adapter = adapter
+        self._job = job
+        self._ctx = ctx
+        self._target = target
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError:
+        return self._job.client.decode_error(status, raw)
+
+    def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        out, usage = self._adapter.passthrough_response(upstream_json(raw), self._ctx)
+        return Reply(orjson.dumps(out), JSON_TYPE, chat_used(usage))
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        return self._adapter.passthrough_stream(self._ctx, self._job.route, self._target)
+
+    def used(self, stream: RelayStream) -> Metered:
+        return chat_used(stream.usage)
+
+
+class ConvertedChat:
+    """Client protocol != channel type: through the chat-completions shape both ways."""
+
+    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_job", "_ctx")
+
+    def __init__(self, upstream: Adapter, job: ChatJob, ctx: Ctx, target: UpstreamTarget) -> None:
+        self.call: UpstreamCall | None = upstream.encode_request(job.decoded(ctx), target)
+        self.upload: AsyncIterable[bytes] | None = None
+        self.replayable = True
+        self._client = job.client
+        self._upstream = upstream
+        self._job = job
+        self._ctx = ctx
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError:
+        return self._upstream.decode_error(status, raw)
+
+    def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        resp = self._upstream.decode_response(upstream_json(raw))
+        usage = resp.get("usage")
+        out = self._client.encode_response(resp, self._ctx)
+        return Reply(orjson.dumps(out), JSON_TYPE, chat_used(usage))
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        return ConvertedStream(
+            self._upstream.stream_decoder(self._ctx),
+            self._client.stream_encoder(self._ctx, self._job.route),
+        )
+
+    def used(self, stream: RelayStream) -> Metered:
+        return chat_used(stream.usage)
+
+
+class ChatKind:
+    name = "chat"
+    capability = "chat"
+    billed = True
+
+    def channel_types(self, protocol: str) -> frozenset[str]:
+        return CHANNEL_TYPES
+
+    async def read(self, incoming: Incoming) -> ChatJob:
+        return await read_chat(incoming, self.name)
+
+    def exchange(
+        self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
+    ) -> PassthroughChat | ConvertedChat:
+        upstream = ADAPTERS[channel.type]
+        if channel.type == job.route.protocol and isinstance(upstream, Passthrough):
+            return PassthroughChat(upstream, job, ctx, target, last)
+        return ConvertedChat(upstream, job, ctx, target)
+
+
+class Count:
+    """One count: asked of a channel that can count, else the local estimate."""
+
+    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_ctx")
+
+    def __init__(
+        self,
+        client: Counting,
+        upstream: Adapter,
+        req: ChatRequest,
+        ctx: Ctx,
+        target: UpstreamTarget,
+    ) -> None:
+        self.call: UpstreamCall | None = (
+            upstream.count_request(req, target) if isinstance(upstream, Counter) else None
+        )
+        self.upload: AsyncIterable[bytes] | None = None
+        self.replayable = True
+        self._client = client
+        self._upstream = upstream
+        self._ctx = ctx
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError:
+        return self._upstream.decode_error(status, raw)
+
+    def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        tokens = self._ctx.prompt_tokens_estimate
+        if self.call is not None and isinstance(self._upstream, Counter):
+            tokens = self._upstream.decode_count(upstream_json(raw))
+        body = orjson.dumps(self._client.encode_count(tokens, self._ctx))
+        return Reply(body, JSON_TYPE, Metered(prompt_tokens=tokens))
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        raise UpstreamError("a token count does not stream")
+
+    def used(self, stream: RelayStream) -> Metered:
+        return Metered()
+
+
+class CountKind:
+    name = "count_tokens"
+    capability = "chat"
+    billed = False
+
+    def channel_types(self, protocol: str) -> frozenset[str]:
+        return CHANNEL_TYPES if isinstance(ADAPTERS[protocol], Counting) else frozenset()
+
+    async def read(self, incoming: Incoming) -> ChatJob:
+        job = await read_chat(incoming, self.name)
+        job.route.stream = False
+        return job
+
+    def exchange(
+        self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
+    ) -> Count:
+        client = job.client
+        assert isinstance(client, Counting)  # channel_types() admits no other client
+        return Count(client, ADAPTERS[channel.type], job.decoded(ctx), ctx, target)

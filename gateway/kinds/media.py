@@ -1,0 +1,213 @@
+"""The openai-only kinds with JSON requests: images, rerank and speech.
+
+Each goes to an openai-type channel (``{base_url}/images/generations``, ``/rerank``,
+``/audio/speech``) with only the model renamed; no other channel type has these endpoints.
+
+- images: the reply (``b64_json`` or ``url`` items) comes back as it is. Billed by the tokens
+  the upstream reports (``usage.input_tokens``/``output_tokens``, as gpt-image models do),
+  else per image returned (the catalogue's ``image`` price).
+- rerank: ``{model, query, documents, top_n}``; the reply carries the client's model name and
+  its results best first; billed by the tokens reported (``usage.prompt_tokens`` or
+  ``total_tokens``), plus the ``request`` price.
+- speech: the binary audio is streamed back as it arrives with the upstream's content type;
+  billed per character of ``input`` (the ``speech_char`` price, per million characters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Mapping
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.asgi import parse_json, read_body
+from gateway.billing import Metered, billable_tokens
+from gateway.config import Channel
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
+from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.kinds.chat import upstream_json
+from gateway.protocols import ADAPTERS
+from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.types import JSON, Usage
+
+OPENAI_ONLY = frozenset({"openai"})
+NO_CHANNEL: frozenset[str] = frozenset()
+
+
+def openai_headers(target: UpstreamTarget) -> dict[str, str]:
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {target.api_key}"}
+
+
+def json_object(payload: JSON) -> dict[str, JSON]:
+    if not isinstance(payload, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return payload
+
+
+def body_model(payload: dict[str, JSON]) -> str:
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequestError("'model' is required and must be a string")
+    return model
+
+
+@dataclass(slots=True)
+class MediaJob:
+    route: RouteMatch
+    payload: dict[str, JSON] | None
+    used: Metered  # what the request itself says it will use (speech: its characters)
+
+    def release(self) -> None:
+        self.payload = None
+
+
+class RawStream:
+    """A ``RelayStream`` of bytes passed on as they came (binary audio)."""
+
+    __slots__ = ("content_type", "usage")
+
+    def __init__(self, content_type: str) -> None:
+        self.content_type = content_type
+        self.usage: Usage | None = None
+
+    def feed(self, raw: bytes) -> bytes:
+        return raw
+
+    def finish(self) -> bytes:
+        return b""
+
+    def error(self, err: GatewayError) -> bytes:
+        return b""  # audio has no in-band error: the stream just ends short
+
+
+class MediaExchange:
+    __slots__ = ("call", "upload", "replayable", "_kind", "_job", "_ctx")
+
+    def __init__(self, kind: MediaKind, job: MediaJob, target: UpstreamTarget, ctx: Ctx) -> None:
+        assert job.payload is not None
+        body = dict(job.payload)
+        body["model"] = target.model
+        self.call: UpstreamCall | None = UpstreamCall(
+            url=target.base_url + kind.path, headers=openai_headers(target), body=orjson.dumps(body)
+        )
+        self.upload: AsyncIterable[bytes] | None = None
+        self.replayable = True
+        self._kind = kind
+        self._job = job
+        self._ctx = ctx
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError:
+        return ADAPTERS["openai"].decode_error(status, raw)
+
+    def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        payload = upstream_json(raw)
+        if not isinstance(payload, dict):
+            raise UpstreamError("the upstream sent a reply that is not a JSON object")
+        used = self._kind.meter(payload, self._job.used)
+        if "model" in payload:
+            payload["model"] = self._ctx.model
+        return Reply(orjson.dumps(payload), JSON_TYPE, used)
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        return RawStream(headers.get("content-type", "application/octet-stream"))
+
+    def used(self, stream: RelayStream) -> Metered:
+        return self._job.used
+
+
+def images_used(reply: dict[str, JSON], asked: Metered) -> Metered:
+    usage = reply.get("usage")
+    if isinstance(usage, dict) and ("input_tokens" in usage or "output_tokens" in usage):
+        return Metered(
+            prompt_tokens=billable_tokens(usage.get("input_tokens")),
+            completion_tokens=billable_tokens(usage.get("output_tokens")),
+        )
+    data = reply.get("data")
+    return Metered(images=len(data) if isinstance(data, list) else 0)
+
+
+def _relevance(result: dict[str, JSON]) -> float:
+    score = result.get("relevance_score")
+    if isinstance(score, int | float) and not isinstance(score, bool):
+        return float(score)
+    return float("-inf")
+
+
+def rerank_used(reply: dict[str, JSON], asked: Metered) -> Metered:
+    results = reply.get("results")
+    if isinstance(results, list) and all(isinstance(r, dict) for r in results):
+        results.sort(key=_relevance, reverse=True)  # best first, whatever the upstream's order
+    usage = reply.get("usage")
+    tokens = 0
+    if isinstance(usage, dict):
+        tokens = billable_tokens(usage.get("prompt_tokens")) or billable_tokens(
+            usage.get("total_tokens")
+        )
+    return Metered(prompt_tokens=tokens)
+
+
+def speech_used(reply: dict[str, JSON], asked: Metered) -> Metered:
+    return asked
+
+
+def speech_asks(payload: dict[str, JSON]) -> Metered:
+    text = payload.get("input")
+    if not isinstance(text, str) or not text:
+        raise InvalidRequestError("'input' is required and must be a string")
+    return Metered(speech_chars=len(text))
+
+
+def nothing_asked(payload: dict[str, JSON]) -> Metered:
+    return Metered()
+
+
+class MediaKind:
+    """An openai-only kind whose request is a JSON object naming its model."""
+
+    billed = True
+
+    def __init__(
+        self,
+        name: str,
+        capability: str,
+        path: str,
+        meter: Callable[[dict[str, JSON], Metered], Metered],
+        asks: Callable[[dict[str, JSON]], Metered] = nothing_asked,
+        streams: bool = False,
+    ) -> None:
+        self.name = name
+        self.capability = capability
+        self.path = path
+        self.meter = meter
+        self.asks = asks
+        self.streams = streams  # the reply is always relayed as it arrives
+
+    def channel_types(self, protocol: str) -> frozenset[str]:
+        return OPENAI_ONLY if protocol == "openai" else NO_CHANNEL
+
+    async def read(self, incoming: Incoming) -> MediaJob:
+        raw = await read_body(
+            incoming.receive,
+            incoming.limits.max_request_bytes,
+            incoming.headers.get(b"content-length"),
+        )
+        payload = json_object(parse_json(raw))
+        route = RouteMatch(
+            protocol=incoming.spec.protocol,
+            capability=self.name,
+            model=body_model(payload),
+            stream=self.streams,
+        )
+        return MediaJob(route, payload, self.asks(payload))
+
+    def exchange(
+        self, job: MediaJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
+    ) -> MediaExchange:
+        return MediaExchange(self, job, target, ctx)
+
+
+IMAGES = MediaKind("images", "images", "/images/generations", images_used)
+RERANK = MediaKind("rerank", "rerank", "/rerank", rerank_used)
+SPEECH = MediaKind(
+    "audio_speech", "audio", "/audio/speech", speech_used, asks=speech_asks, streams=True
+)

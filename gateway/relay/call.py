@@ -1,0 +1,90 @@
+"""One request's usage record as it fills in, and the rules for billing and recording it.
+
+A record is handed to the usage writer exactly once per request that passed authentication;
+after that it is no longer changed (a stream is recorded before its last bytes leave, so a
+client that goes away in the last instant got, and pays for, the whole reply).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from gateway.billing import Metered, Rate, billable_tokens
+from gateway.store import KeyRecord, UsageRecord
+from gateway.store.writer import UsageWriter
+
+CLIENT_GONE = 499
+# a model name is the one text of a usage record that the client chooses, and an unknown one
+# is recorded too (its 404): kept to this many characters, so records stay small
+MAX_RECORDED_MODEL = 256
+_REQUEST_IDS = itertools.count(1)
+_PROCESS_TAG = os.urandom(4).hex()
+
+
+def new_request_id() -> str:
+    return f"{_PROCESS_TAG}{next(_REQUEST_IDS):08x}"
+
+
+@dataclass(slots=True)
+class Call(UsageRecord):
+    """One request's usage record as it fills in (metadata only), handed to the writer as it
+    is rather than copied into a separate record."""
+
+    started: float = 0.0  # perf_counter() when the request arrived
+    key: KeyRecord | None = None
+    responded: bool = False  # the response's status line has been sent
+    recorded: bool = False  # handed to the writer
+
+    @classmethod
+    def arriving(
+        cls, at: datetime, request_id: str, protocol: str, endpoint: str, ip_range: str
+    ) -> Call:
+        """A request's record as it arrives: no key, model, channel or tokens yet."""
+        return cls(
+            time=at,
+            request_id=request_id,
+            account="",  # the key's, once known
+            key_id="",
+            model="",
+            channel=None,
+            protocol=protocol,
+            endpoint=endpoint,
+            prompt_tokens=0,
+            completion_tokens=0,
+            cost=0,
+            status=200,
+            latency_ms=0,
+            ip_range=ip_range,
+            started=time.perf_counter(),
+        )
+
+    def set_status(self, status: int) -> None:
+        """The status the client saw, unless the record was handed to the writer already."""
+        if not self.recorded:
+            self.status = status
+
+    def bill(self, used: Metered, rate: Rate | None) -> None:
+        """Tokens and cost of what the request used (``rate`` None: not charged)."""
+        if self.recorded:
+            return  # handed to the writer: it is no longer changed
+        self.prompt_tokens = p = billable_tokens(used.prompt_tokens)
+        self.completion_tokens = c = billable_tokens(used.completion_tokens)
+        used.prompt_tokens, used.completion_tokens = p, c
+        self.cost = rate.cost_of(used) if rate is not None else 0
+
+    def record(self, writer: UsageWriter) -> None:
+        """Hand the record to the writer; once per request, a no-op after that."""
+        key = self.key
+        if key is None or self.recorded:
+            return
+        self.recorded = True
+        if len(self.model) > MAX_RECORDED_MODEL:
+            self.model = self.model[:MAX_RECORDED_MODEL]
+        self.account = key.account
+        self.key_id = key.id
+        self.latency_ms = int((time.perf_counter() - self.started) * 1000)
+        writer.submit(self)

@@ -1,0 +1,278 @@
+"""The hot path: one request pipeline for every endpoint kind and client protocol.
+
+Authenticate (401), let the route's kind read the body (413, 400), check the balance (402),
+choose the channels (404, 503), then try them in order: a failure before the first byte
+reaches the client moves on to the next channel (``attempt.open_attempt`` classifies it and
+keeps channel health). The reply is relayed whole or as a stream, billed from what the
+upstream reported, and recorded: every request that passed authentication leaves exactly one
+usage record, handed to the writer without awaiting.
+
+A second task watches for the client going away (``asgi.Watchlist``, after a short delay so
+that quick replies never pay for it) and cancels the request, whose upstream response is then
+closed at once; what was generated until then is billed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.asgi import (
+    ClientGone,
+    DisconnectWatch,
+    Watchlist,
+    forwarded_headers,
+    request_headers,
+    send_error,
+)
+from gateway.auth import check_key, extract_key, key_hash
+from gateway.billing import ClientAddress, Metered, Rate
+from gateway.config import Channel, Model, Settings
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    InsufficientBalanceError,
+    InternalError,
+    UpstreamUnavailableError,
+)
+from gateway.health import ChannelHealth
+from gateway.kinds import KINDS
+from gateway.kinds.base import Exchange, Incoming, Kind
+from gateway.protocols import ADAPTERS
+from gateway.protocols.base import Ctx, RelayStream, UpstreamTarget
+from gateway.relay.attempt import open_attempt
+from gateway.relay.call import CLIENT_GONE, Call, new_request_id
+from gateway.relay.stream import pump
+from gateway.routes import RouteSpec
+from gateway.routing import Catalogue, candidates
+from gateway.store import KeyRecord
+from gateway.store.cache import Cache
+from gateway.store.writer import UsageWriter
+from gateway.types import Receive, Scope, Send
+from gateway.upstream import Upstream, UpstreamResponse
+
+log = logging.getLogger("gateway.relay")
+
+# seconds before a request starts watching for its client going away (a watching task costs
+# far more than an entry in the watchlist); a stream's upstream is closed at most this late,
+# plus a watchlist tick, after its client left (streams that end sooner never start one)
+STREAM_WATCH_DELAY = 0.1
+REPLY_WATCH_DELAY = 1.0
+JSON_HEADER = (b"content-type", b"application/json")
+
+
+class Relay:
+    """Shared by every route: the process's catalogue, cache, writer and upstream pool."""
+
+    def __init__(
+        self, settings: Settings, cache: Cache, writer: UsageWriter, upstream: Upstream
+    ) -> None:
+        self.settings = settings
+        self.catalogue = Catalogue(settings)
+        self.cache = cache
+        self.writer = writer
+        self.upstream = upstream
+        self.address = ClientAddress(settings.trusted_proxies)
+        self.rates = {m.name: Rate.from_price(m.price) for m in settings.models}
+        self.health = ChannelHealth(settings.upstream.cooldown_seconds)
+        self.rng = random.Random()
+        self.watchlist = Watchlist()
+        self.retries = settings.upstream.retries
+
+    def authenticate(
+        self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
+    ) -> KeyRecord:
+        """The caller's key record (401 when missing, unknown, disabled or expired)."""
+        secret = extract_key(
+            headers, scope.get("query_string", b""), allow_query=spec.protocol == "gemini"
+        )
+        if secret is None:
+            raise AuthenticationError("Missing API key.")
+        return check_key(self.cache.key(key_hash(secret)), now)
+
+    async def handle(
+        self, spec: RouteSpec, path_model: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        kind: Kind[Any] = KINDS[spec.kind]
+        headers = request_headers(scope)
+        call = Call.arriving(
+            datetime.now(UTC),
+            new_request_id(),
+            spec.protocol,
+            kind.name,
+            self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
+        )
+        try:
+            call.key = self.authenticate(spec, scope, headers, call.time)
+            incoming = Incoming(spec, path_model, scope, receive, headers, self.settings.limits)
+            job = await kind.read(incoming)
+            call.model = job.route.model or ""
+            balance = self.cache.balance(call.key.account)
+            if balance is None or balance <= 0:
+                raise InsufficientBalanceError(
+                    "Your account balance is exhausted; top it up to continue."
+                )
+            channels = candidates(
+                self.catalogue,
+                call.key.group,
+                call.model,
+                kind.capability,
+                kind.channel_types(spec.protocol),
+                self.rng,
+                self.health.cooling,
+                time.monotonic(),
+            )[: 1 + self.retries]
+            await self._attempts(kind, job, channels, headers, call, receive, send)
+        except GatewayError as err:
+            call.set_status(err.status)
+            if not call.responded:
+                await send_error(send, ADAPTERS[spec.protocol], err)
+        except ClientGone:
+            call.set_status(CLIENT_GONE)
+        except asyncio.CancelledError:
+            call.set_status(CLIENT_GONE)
+            raise
+        except Exception:
+            log.exception("relay.unexpected request_id=%s", call.request_id)
+            call.set_status(500)
+            if not call.responded:
+                await send_error(send, ADAPTERS[spec.protocol], InternalError("internal error"))
+        finally:
+            call.record(self.writer)  # once per request: a no-op if already recorded
+
+    async def _attempts(
+        self,
+        kind: Kind[Any],
+        job: Any,
+        channels: list[Channel],
+        headers: dict[bytes, bytes],
+        call: Call,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Try the channels in order until one answers, and relay its reply."""
+        model = self.catalogue.models[call.model]
+        rate = self.rates.get(call.model) if kind.billed else None
+        stream = bool(job.route.stream)
+        ctx = Ctx(
+            request_id=call.request_id,
+            model=call.model,
+            created=int(time.time()),
+            include_usage=job.route.include_usage,
+        )
+        client_headers = forwarded_headers(headers)
+        watch = self.watchlist.watch(receive, STREAM_WATCH_DELAY if stream else REPLY_WATCH_DELAY)
+        try:
+            last: GatewayError | None = None
+            for i, channel in enumerate(channels):
+                target = self._target(channel, model, stream, client_headers, call.model)
+                exchange = kind.exchange(job, channel, target, ctx, i == len(channels) - 1)
+                call.channel = channel.name
+                if exchange.call is None:  # answered without the upstream
+                    await self._reply_local(exchange, call, rate, send)
+                    return
+                try:
+                    resp = await open_attempt(self.upstream, exchange, channel.name, self.health)
+                except GatewayError as err:
+                    last = err
+                    if err.retryable and exchange.replayable:
+                        continue
+                    raise
+                job.release()  # no further attempt
+                try:
+                    if stream:
+                        await self._stream(resp, exchange, call, rate, watch, send)
+                    else:
+                        await self._reply(resp, exchange, call, rate, send)
+                finally:
+                    resp.close()
+                return
+            raise last if last is not None else UpstreamUnavailableError("no channel answered")
+        except asyncio.CancelledError:
+            if not watch.client_gone():
+                raise
+            raise ClientGone() from None
+        finally:
+            watch.stop()
+
+    @staticmethod
+    def _target(
+        channel: Channel, model: Model, stream: bool, client_headers: dict[str, str], name: str
+    ) -> UpstreamTarget:
+        return UpstreamTarget(
+            channel=channel.name,
+            base_url=channel.base_url,
+            api_key=channel.api_key,
+            model=channel.upstream_model(name),
+            default_max_tokens=model.default_max_tokens,
+            stream=stream,
+            client_headers=client_headers,
+        )
+
+    async def _reply(
+        self, resp: UpstreamResponse, exchange: Exchange, call: Call, rate: Rate | None, send: Send
+    ) -> None:
+        raw = await resp.read()
+        reply = exchange.reply(raw, resp.headers)
+        await self._send_reply(reply.body, reply.content_type, reply.used, call, rate, send)
+
+    async def _reply_local(
+        self, exchange: Exchange, call: Call, rate: Rate | None, send: Send
+    ) -> None:
+        call.channel = None
+        reply = exchange.reply(b"", {})
+        await self._send_reply(reply.body, reply.content_type, reply.used, call, rate, send)
+
+    async def _send_reply(
+        self,
+        body: bytes,
+        content_type: bytes,
+        used: Metered,
+        call: Call,
+        rate: Rate | None,
+        send: Send,
+    ) -> None:
+        call.bill(used, rate)
+        call.record(self.writer)
+        call.responded = True
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", content_type),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(
+        self,
+        resp: UpstreamResponse,
+        exchange: Exchange,
+        call: Call,
+        rate: Rate | None,
+        watch: DisconnectWatch,
+        send: Send,
+    ) -> None:
+        stream: RelayStream = exchange.stream(resp.headers)
+
+        def settle(status: int) -> None:
+            call.bill(exchange.used(stream), rate)  # what was generated, even when cut short
+            call.set_status(status)
+            call.record(self.writer)
+
+        call.responded = True
+        try:
+            err = await pump(resp, stream, send, settle)
+        except asyncio.CancelledError:
+            if watch.gone:
+                call.bill(exchange.used(stream), rate)
+            raise
+        if err is not None:
+            log.warning("relay.stream_error channel=%s status=%d", call.channel, err.status)
