@@ -55,8 +55,9 @@ class EmbeddingsAdapter(Protocol):
     ) -> JSON: ...
 
     # upstream side
-    def embeddings_request(self, req: EmbeddingsRequest, target: UpstreamTarget) -> UpstreamCall:
-        ...
+    def embeddings_request(
+        self, req: EmbeddingsRequest, target: UpstreamTarget
+    ) -> UpstreamCall: ...
 
     def decode_embeddings_response(
         self, payload: JSON, req: EmbeddingsRequest
