@@ -90,9 +90,9 @@ class GatewayApp:
                 await send_error(send, ADAPTERS[protocol_of_path(scope["path"])], err)
                 return
             if found is not None:
-                spec = found.spec
+                spec, model = found
                 handler = self.lists if spec.kind in LIST_KINDS else self.relay
-                await handler.handle(spec, found.model, scope, receive, send)
+                await handler.handle(spec, model, scope, receive, send)
                 return
         await self.inner(scope, receive, send)
 

@@ -62,14 +62,10 @@ class Rate:
 
     def cost_of(self, used: Metered) -> int:
         """Micro-units for everything a request used, rounded half up once."""
-        pico = (
-            used.prompt_tokens * self.input
-            + used.completion_tokens * self.output
-            + self.request
-            + used.images * self.image
-            + round(used.audio_seconds * self.audio_second)
-            + used.speech_chars * self.speech_char
-        )
+        pico = used.prompt_tokens * self.input + used.completion_tokens * self.output
+        pico += self.request + used.images * self.image + used.speech_chars * self.speech_char
+        if used.audio_seconds:
+            pico += round(used.audio_seconds * self.audio_second)
         return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
 
 

@@ -56,12 +56,6 @@ ROUTES: tuple[RouteSpec, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class RouteFound:
-    spec: RouteSpec
-    model: str | None  # the ``{model}`` of the path
-
-
 class Router:
     """Matches a request to its route: exact paths by a dict lookup; ``{model}`` paths by
     their prefix and action."""
@@ -79,9 +73,9 @@ class Router:
             else:
                 self._exact.setdefault(spec.path, {})[spec.method] = spec
 
-    def match(self, method: str, path: str) -> RouteFound | None:
-        """The route of a request; None for a path outside the client surface (admin,
-        health, unknown: the caller decides). Raises MethodNotAllowedError for a known path
+    def match(self, method: str, path: str) -> tuple[RouteSpec, str | None] | None:
+        """The route of a request and the ``{model}`` of its path; None for a path outside
+        the client surface (admin, health, unknown: the caller decides). Raises MethodNotAllowedError for a known path
         and another method, UnknownURLError for an unknown generate-content action."""
         by_method = self._exact.get(path)
         model = None
@@ -99,7 +93,7 @@ class Router:
                 f"Method {method} is not allowed on {path}; use {', '.join(allowed)}.",
                 allow=tuple(allowed),
             )
-        return RouteFound(spec, model)
+        return spec, model
 
     def _with_model(self, path: str) -> tuple[dict[str, RouteSpec], str] | None:
         for prefix in GENERATE_PREFIXES:

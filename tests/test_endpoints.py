@@ -5,6 +5,7 @@ back what the upstream produced, bill as the catalogue says and leave one usage 
 from __future__ import annotations
 
 import base64
+import io
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +15,7 @@ import openai
 import pytest
 
 from bench.fake import media
+from bench.fake.routes import multipart as fake_multipart
 from bench.fake_upstream import FakeUpstream
 from tests.plugins.servers import KEYS, ServedGateway, make_config
 from tests.test_sdk_matrix import GENAI_AIOHTTP_WARNING, genai_client, usage_record
@@ -27,6 +29,7 @@ MEDIA_MODELS = [
     {"name": "image-small", "capabilities": ["images"], "price": {"image": 0.04}},
     {"name": "tts-small", "capabilities": ["audio"], "price": {"speech_char": 15.0}},
     {"name": "rerank-small", "capabilities": ["rerank"], "price": {"input": 1.0, "request": 0.001}},
+    {"name": "whisper-small", "capabilities": ["audio"], "price": {"audio_second": 0.0001}},
 ]
 MEDIA_CHANNELS = [
     {
@@ -35,8 +38,12 @@ MEDIA_CHANNELS = [
         "base_url": "{up}/v1",
         "api_key": "upstream-key",
         "groups": ["default"],
-        "models": ["embed-small", "image-small", "tts-small", "rerank-small"],
-        "model_map": {"embed-small": "demo-embed", "rerank-small": "demo-rerank"},
+        "models": ["embed-small", "image-small", "tts-small", "rerank-small", "whisper-small"],
+        "model_map": {
+            "embed-small": "demo-embed",
+            "rerank-small": "demo-rerank",
+            "whisper-small": "demo-whisper",
+        },
     },
     {
         "name": "gm-embed",
@@ -198,6 +205,113 @@ async def test_openai_sdk_speech_is_streamed_back(gw: ServedGateway) -> None:
         status=200,
         cost=len(text) * 15.0 / 1e6,
     )
+
+
+# ---------------------------------------------------------------------------- transcription
+def wav(seconds: float, rate: int = 16_000) -> bytes:
+    """A silent 16-bit mono WAV file of that length."""
+    pcm = bytes(int(rate * seconds) * 2)
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(pcm))
+        + b"WAVEfmt "
+        + fmt
+        + b"data"
+        + (struct.pack("<I", len(pcm)) + pcm)
+    )
+
+
+def uploaded_file(fake: FakeUpstream) -> tuple[dict[str, str], bytes]:
+    """The text fields and the file bytes of the last upload the upstream received."""
+    sent = fake.requests[-1]
+    form, files = fake_multipart(sent.headers["content-type"], sent.body)
+    return form, files["file"]
+
+
+@pytest.mark.parametrize("response_format", ["json", "verbose_json", "text", "srt"])
+async def test_openai_sdk_transcription(
+    gw: ServedGateway, fake: FakeUpstream, response_format: str
+) -> None:
+    audio = wav(3.0)
+    async with oa(gw) as client:
+        res = await client.audio.transcriptions.create(
+            model="whisper-small",
+            file=("speech.wav", audio, "audio/wav"),
+            response_format=response_format,  # type: ignore[arg-type]
+            language="en",
+        )
+    text = res if isinstance(res, str) else res.text
+    assert "demo transcription" in text
+    form, sent = uploaded_file(fake)
+    assert form["model"] == "demo-whisper"  # renamed on the way out, nothing else changed
+    assert (form["response_format"], form["language"]) == (response_format, "en")
+    assert sent == audio
+    seconds = 3 if response_format in ("json", "verbose_json") else 0  # text reports none
+    await check_record(
+        gw,
+        model="whisper-small",
+        channel="oa-media",
+        endpoint="audio_transcription",
+        status=200,
+        cost=seconds * 0.0001,
+    )
+
+
+async def test_transcription_with_the_model_after_the_file(
+    gw: ServedGateway, fake: FakeUpstream
+) -> None:
+    """Some clients send the file first: the fields after it are still found and renamed."""
+    audio = wav(70.0)  # over the spool's memory: the part before the model goes to disk
+    form = aiohttp.FormData()
+    form.add_field("file", io.BytesIO(audio), filename="a.wav", content_type="audio/wav")
+    form.add_field("model", "whisper-small")
+    form.add_field("response_format", "verbose_json")
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+        async with s.post(gw.v1 + "/audio/transcriptions", data=form, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            payload = await r.json()
+    assert payload["duration"] == 70.0
+    fields, sent = uploaded_file(fake)
+    assert fields["model"] == "demo-whisper" and sent == audio
+    await check_record(gw, endpoint="audio_transcription", status=200, cost=70 * 0.0001)
+
+
+async def test_an_upload_over_the_limit_is_413_before_it_is_read(
+    fake: FakeUpstream, store_url: str
+) -> None:
+    from gateway.config import parse_settings
+    from tests.plugins.servers import serve_app
+
+    cfg = media_config(fake.url, store_url)
+    cfg["limits"] = {"max_upload_bytes": 100_000, "max_request_bytes": 1000}
+    async with serve_app(parse_settings(cfg)) as gw:
+        async with oa(gw) as client:
+            # under the upload limit, far over the JSON body limit: served
+            await client.audio.transcriptions.create(
+                model="whisper-small", file=("a.wav", wav(1.0), "audio/wav")
+            )
+            with pytest.raises(openai.APIStatusError) as caught:
+                await client.audio.transcriptions.create(
+                    model="whisper-small", file=("a.wav", wav(10.0), "audio/wav")
+                )
+        assert caught.value.status_code == 413
+        assert len([r for r in fake.requests if r.path.endswith("transcriptions")]) == 1
+
+        async def drip() -> AsyncIterator[bytes]:  # no Content-Length: counted as it comes
+            yield b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-small'
+            yield b'\r\n--b\r\nContent-Disposition: form-data; name="file"; filename="a"\r\n\r\n'
+            for _ in range(40):
+                yield bytes(10_000)
+
+        async with aiohttp.ClientSession() as s:
+            headers = {
+                "Authorization": f"Bearer {KEYS['alice']}",
+                "Content-Type": "multipart/form-data; boundary=b",
+            }
+            async with s.post(gw.v1 + "/audio/transcriptions", data=drip(), headers=headers) as r:
+                assert r.status == 413  # the upload was cut short once past the limit
 
 
 # ---------------------------------------------------------------------------- rerank

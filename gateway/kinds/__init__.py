@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.kinds.audio import TRANSCRIPTION
 from gateway.kinds.base import Kind
 from gateway.kinds.chat import ChatKind, CountKind
 from gateway.kinds.embeddings import EmbeddingsKind
@@ -16,6 +17,7 @@ KINDS: dict[str, Kind[Any]] = {
     "images": IMAGES,
     "rerank": RERANK,
     "audio_speech": SPEECH,
+    "audio_transcription": TRANSCRIPTION,
 }
 
 __all__ = ["KINDS", "Kind"]

@@ -36,11 +36,7 @@ class Incoming:
     receive: Receive
     headers: Headers  # the headers the relay reads (``asgi.RELAY_HEADERS``)
     limits: Limits
-
-    @property
-    def query(self) -> bytes:
-        query: bytes = self.scope.get("query_string", b"")
-        return query
+    query: bytes  # the query string
 
 
 class Job(Protocol):
@@ -68,7 +64,11 @@ class Exchange(Protocol):
 
     call: UpstreamCall | None  # None: answered without the upstream (``reply(b"", {})``)
     upload: AsyncIterable[bytes] | None  # a body streamed as it arrives instead of call.body
-    replayable: bool  # whether another channel may still be tried after this one failed
+
+    @property
+    def replayable(self) -> bool:
+        """Whether another channel may still be tried after this attempt failed."""
+        ...
 
     def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
 

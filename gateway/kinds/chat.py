@@ -35,6 +35,12 @@ from gateway.tokens import estimate_prompt_tokens
 from gateway.types import JSON, ChatRequest, Usage
 
 CHANNEL_TYPES = frozenset(ADAPTERS)
+# the optional abilities, looked up once: isinstance() against a Protocol walks its members
+PASSTHROUGH: dict[str, Passthrough] = {
+    name: a for name, a in ADAPTERS.items() if isinstance(a, Passthrough)
+}
+COUNTING: dict[str, Counting] = {n: a for n, a in ADAPTERS.items() if isinstance(a, Counting)}
+COUNTERS: dict[str, Counter] = {n: a for n, a in ADAPTERS.items() if isinstance(a, Counter)}
 
 
 @dataclass(slots=True)
@@ -157,28 +163,31 @@ class ChatKind:
     def exchange(
         self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> PassthroughChat | ConvertedChat:
-        upstream = ADAPTERS[channel.type]
-        if channel.type == job.route.protocol and isinstance(upstream, Passthrough):
-            return PassthroughChat(upstream, job, ctx, target, last)
-        return ConvertedChat(upstream, job, ctx, target)
+        if channel.type == job.route.protocol:
+            same = PASSTHROUGH.get(channel.type)
+            if same is not None:
+                return PassthroughChat(same, job, ctx, target, last)
+        return ConvertedChat(ADAPTERS[channel.type], job, ctx, target)
 
 
 class Count:
     """One count: asked of a channel that can count, else the local estimate."""
 
-    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_ctx")
+    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_counter", "_ctx")
 
     def __init__(
         self,
         client: Counting,
         upstream: Adapter,
+        counter: Counter | None,
         req: ChatRequest,
         ctx: Ctx,
         target: UpstreamTarget,
     ) -> None:
         self.call: UpstreamCall | None = (
-            upstream.count_request(req, target) if isinstance(upstream, Counter) else None
+            counter.count_request(req, target) if counter is not None else None
         )
+        self._counter = counter
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self._client = client
@@ -190,8 +199,8 @@ class Count:
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         tokens = self._ctx.prompt_tokens_estimate
-        if self.call is not None and isinstance(self._upstream, Counter):
-            tokens = self._upstream.decode_count(upstream_json(raw))
+        if self._counter is not None:
+            tokens = self._counter.decode_count(upstream_json(raw))
         body = orjson.dumps(self._client.encode_count(tokens, self._ctx))
         return Reply(body, JSON_TYPE, Metered(prompt_tokens=tokens))
 
@@ -208,7 +217,7 @@ class CountKind:
     billed = False
 
     def channel_types(self, protocol: str) -> frozenset[str]:
-        return CHANNEL_TYPES if isinstance(ADAPTERS[protocol], Counting) else frozenset()
+        return CHANNEL_TYPES if protocol in COUNTING else frozenset()
 
     async def read(self, incoming: Incoming) -> ChatJob:
         job = await read_chat(incoming, self.name)
@@ -218,6 +227,12 @@ class CountKind:
     def exchange(
         self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> Count:
-        client = job.client
-        assert isinstance(client, Counting)  # channel_types() admits no other client
-        return Count(client, ADAPTERS[channel.type], job.decoded(ctx), ctx, target)
+        client = COUNTING[job.route.protocol]  # channel_types() admits no other client
+        return Count(
+            client,
+            ADAPTERS[channel.type],
+            COUNTERS.get(channel.type),
+            job.decoded(ctx),
+            ctx,
+            target,
+        )

@@ -108,7 +108,15 @@ class Relay:
         )
         try:
             call.key = self.authenticate(spec, scope, headers, call.time)
-            incoming = Incoming(spec, path_model, scope, receive, headers, self.settings.limits)
+            incoming = Incoming(
+                spec,
+                path_model,
+                scope,
+                receive,
+                headers,
+                self.settings.limits,
+                scope.get("query_string", b""),
+            )
             job = await kind.read(incoming)
             call.model = job.route.model or ""
             balance = self.cache.balance(call.key.account)
