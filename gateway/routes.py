@@ -75,8 +75,9 @@ class Router:
 
     def match(self, method: str, path: str) -> tuple[RouteSpec, str | None] | None:
         """The route of a request and the ``{model}`` of its path; None for a path outside
-        the client surface (admin, health, unknown: the caller decides). Raises MethodNotAllowedError for a known path
-        and another method, UnknownURLError for an unknown generate-content action."""
+        the client surface (admin, health, unknown: the caller decides). Raises
+        MethodNotAllowedError for a known path and another method, UnknownURLError for an
+        unknown generate-content action."""
         by_method = self._exact.get(path)
         model = None
         if by_method is None:

@@ -34,8 +34,8 @@ from openai.types import CreateEmbeddingResponse
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest
-from gateway.protocols.gemini_embeddings import GEMINI_EMBEDDINGS
-from gateway.protocols.openai_embeddings import (
+from gateway.protocols.gemini.embeddings import GEMINI_EMBEDDINGS
+from gateway.protocols.openai.embeddings import (
     OPENAI_EMBEDDINGS,
     decode_float32,
     encode_float32,

@@ -4,6 +4,7 @@ a Gemini client parses with the official google-genai types."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -461,3 +462,65 @@ def test_any_with_several_allowed_names_narrows_the_tools() -> None:
     req = G.decode_request(payload, CHAT)
     assert req["tool_choice"] == "required"
     assert [t["function"]["name"] for t in req["tools"]] == ["a", "c"]
+
+
+# --- base64 as google-genai writes it -------------------------------------------------------
+
+IMAGE = bytes(range(200, 256)) + b"\xf8\xf8\xfb\xf8\x00"  # both changed characters, a pad
+URLSAFE = base64.urlsafe_b64encode(IMAGE).decode().rstrip("=")
+STANDARD = base64.b64encode(IMAGE).decode()
+
+
+@pytest.mark.parametrize(
+    ("mime", "where"),
+    [("image/png", "image_url"), ("audio/wav", "input_audio"), ("application/pdf", "file")],
+)
+def test_inline_data_is_decoded_to_standard_base64(mime: str, where: str) -> None:
+    """google-genai sends bytes URL-safe, maybe unpadded; the chat shape (and with it every
+    other channel) gets the standard alphabet, padded."""
+    payload = {"contents": [{"parts": [{"inline_data": {"mime_type": mime, "data": URLSAFE}}]}]}
+    part = G.decode_request(payload, CHAT)["messages"][0]["content"][0]
+    assert STANDARD in orjson.dumps(part[where]).decode()
+
+
+def test_thought_signatures_are_decoded_to_standard_base64() -> None:
+    """A signature another upstream issued (standard base64) comes back from google-genai
+    URL-safe: restored, so that upstream recognises it."""
+    payload = {
+        "contents": [
+            {"role": "user", "parts": [{"text": "hi"}]},
+            {
+                "role": "model",
+                "parts": [
+                    {"text": "ok", "thought_signature": URLSAFE},
+                    {"function_call": {"name": "f", "args": {}}, "thoughtSignature": URLSAFE},
+                ],
+            },
+        ]
+    }
+    msg = G.decode_request(payload, CHAT)["messages"][1]
+    assert msg["reasoning_signature"] == STANDARD
+    assert msg["tool_calls"][0]["thought_signature"] == STANDARD
+
+
+def test_standard_base64_goes_to_gemini_unchanged() -> None:
+    """From other clients (data URLs, standard already) the bytes reach Gemini as they were;
+    a pass-through body's URL-safe inline data is made standard too."""
+    req: Any = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{STANDARD}"}}
+                ],
+            }
+        ],
+    }
+    parts = body_of(G.encode_request(req, target()))["contents"][0]["parts"]
+    assert parts == [{"inlineData": {"mimeType": "image/png", "data": STANDARD}}]
+    payload = {
+        "contents": [{"parts": [{"inlineData": {"mimeType": "image/png", "data": URLSAFE}}]}]
+    }
+    sent = body_of(G.passthrough_request(payload, CHAT, target()))
+    assert sent["contents"][0]["parts"][0]["inlineData"]["data"] == STANDARD

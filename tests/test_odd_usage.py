@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gateway.protocols.anthropic import AnthropicAdapter
-from gateway.protocols.anthropic_stream import encode_usage as anthropic_encode_usage
+from gateway.protocols.anthropic.reply import encode_usage as anthropic_encode_usage
 from gateway.protocols.base import count
 from gateway.protocols.gemini import GeminiAdapter
-from gateway.protocols.gemini_stream import encode_usage as gemini_encode_usage
+from gateway.protocols.gemini.reply import encode_usage as gemini_encode_usage
 
 ODD = ["12", None, True, float("nan"), float("inf"), [3], {"n": 3}]
 

@@ -229,3 +229,36 @@ async def test_error_mid_stream_raises_after_the_text_so_far(
     assert "".join(texts) == "one two "
     assert exc.value.body["error"]["type"] in ("overloaded_error", "api_error")  # type: ignore[index]
     assert (await usage_record(gateway))["status"] >= 500
+
+
+@target_param
+@stream_param
+async def test_system_message_mid_conversation(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    """Claude Code sends ``role: "system"`` messages inside ``messages``: a chat-completions
+    channel gets a system message where it stood, a Gemini channel the text in its
+    systemInstruction (its one place for system text), an anthropic channel the body as sent."""
+    note = "The user switched to plan mode."
+    messages: list[Any] = [
+        {"role": "user", "content": "List the files."},
+        {"role": "assistant", "content": "a.py and b.py."},
+        {"role": "system", "content": [{"type": "text", "text": note}]},
+        {"role": "user", "content": "[[fake text='a plan' chunks=2]] Plan the change."},
+    ]
+    answer = await ask(gateway, target.model, messages, stream, system="You code.")
+    assert answer.text == "a plan"
+    sent = chat_request(fake, target, stream)
+    assert sent.last_user_text.endswith("Plan the change.")
+    body = fake.requests[-1].json
+    if target.type == "openai":
+        assert sent.system == "You code." + note
+        assert [m["role"] for m in body["messages"]] == [
+            "system", "user", "assistant", "system", "user"
+        ]  # fmt: skip
+        assert body["messages"][3]["content"] == note
+    elif target.type == "gemini":
+        assert [p["text"] for p in body["systemInstruction"]["parts"]] == ["You code.", note]
+        assert [c["role"] for c in body["contents"]] == ["user", "model", "user"]
+    else:
+        assert body["messages"] == messages and body["system"] == "You code."

@@ -31,6 +31,8 @@ from tests.test_sdk_matrix import (
 )
 
 pytestmark = GENAI_AIOHTTP_WARNING
+# an image whose base64 holds both characters the URL-safe alphabet changes (+ and /) and a pad
+URLSAFE_PNG = media.PNG + b"\xf8\xf8\xfb\xf8"
 version_param = pytest.mark.parametrize("api_version", [None, "v1beta"], ids=["v1", "v1beta"])
 TOOL = gtypes.Tool(
     function_declarations=[
@@ -172,6 +174,27 @@ async def test_inline_image_reaches_the_upstream(
     images = chat_request(fake, target, stream).images
     assert [(mime, base64.b64decode(data)) for mime, data in images] == [("image/png", media.PNG)]
     assert images[0][1] == PNG_B64
+
+
+@target_param
+@stream_param
+async def test_urlsafe_image_bytes_reach_every_upstream_as_standard_base64(
+    gateway: ServedGateway, fake: FakeUpstream, target: Target, stream: bool
+) -> None:
+    """google-genai writes inline bytes URL-safe (``-``, ``_``); Gemini takes that, but the
+    other APIs take only the standard alphabet: every channel gets standard base64, padded."""
+    image = URLSAFE_PNG
+    assert set(base64.urlsafe_b64encode(image)) >= set(b"-_=")  # the SDK's form differs
+    parts = [
+        gtypes.Part(text="[[fake image]] what is this?"),
+        gtypes.Part.from_bytes(data=image, mime_type="image/png"),
+    ]
+    contents = [gtypes.Content(role="user", parts=parts)]
+    answer = await ask(gateway, None, target.model, contents, stream)
+    assert answer.text == "I received 1 image part: image/png."
+    images = chat_request(fake, target, stream).images
+    assert images == [("image/png", base64.b64encode(image).decode())]
+    assert base64.b64decode(images[0][1], validate=True) == image
 
 
 async def _call(

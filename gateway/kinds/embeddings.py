@@ -23,8 +23,8 @@ from gateway.kinds.base import JSON_TYPE, Incoming, Reply
 from gateway.kinds.chat import upstream_json
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest
-from gateway.protocols.gemini_embeddings import GEMINI_EMBEDDINGS
-from gateway.protocols.openai_embeddings import OPENAI_EMBEDDINGS
+from gateway.protocols.gemini.embeddings import GEMINI_EMBEDDINGS
+from gateway.protocols.openai.embeddings import OPENAI_EMBEDDINGS
 from gateway.tokens import CHARS_PER_TOKEN
 from gateway.types import JSON
 

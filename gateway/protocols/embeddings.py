@@ -8,9 +8,10 @@ when the channel answered floats. Adapters are pure, like the chat ones.
 
 from __future__ import annotations
 
+from array import array
 from typing import ClassVar, NotRequired, Protocol, TypedDict
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.types import JSON
 
@@ -73,3 +74,25 @@ class EmbeddingsAdapter(Protocol):
     def embeddings_passthrough_response(
         self, payload: JSON, ctx: Ctx
     ) -> tuple[JSON, EmbeddingsUsage | None]: ...
+
+
+def vector(value: JSON, what: str) -> list[float]:
+    """An upstream's vector, checked to be an array of numbers (kept as it came)."""
+    if not isinstance(value, list):
+        raise UpstreamError(f"upstream sent a malformed embedding ({what})")
+    try:
+        array("d", value)  # one pass in C: every item a number
+    except (TypeError, OverflowError):
+        raise UpstreamError(f"upstream sent a malformed embedding ({what})") from None
+    return value
+
+
+def check_order(data: list[Embedding], inputs: int) -> list[Embedding]:
+    """The embeddings sorted by index, one per input, indices 0..n-1; else UpstreamError."""
+    data.sort(key=lambda e: e["index"])
+    if len(data) != inputs:
+        raise UpstreamError(f"upstream sent {len(data)} embeddings for {inputs} inputs")
+    for position, item in enumerate(data):
+        if item["index"] != position:
+            raise UpstreamError("upstream sent embeddings with duplicate or missing indices")
+    return data

@@ -42,8 +42,10 @@ from gateway.protocols.embeddings import (
     EmbeddingsRequest,
     EmbeddingsResponse,
     EmbeddingsUsage,
+    check_order,
+    vector,
 )
-from gateway.protocols.openai import OpenAIAdapter
+from gateway.protocols.openai.reply import decode_error
 from gateway.types import JSON
 
 ENCODING_FORMATS = ("float", "base64")
@@ -52,8 +54,6 @@ INPUT_SHAPES = (
     "'input' must be a string, an array of strings, an array of integers "
     "or an array of integer arrays"
 )
-
-_CHAT = OpenAIAdapter()  # for its decode_error: one reading of openai error bodies
 
 
 # --- vectors ---------------------------------------------------------------------------
@@ -80,28 +80,6 @@ def decode_float32(text: str) -> list[float]:
     if BIG_ENDIAN:
         packed.byteswap()
     return packed.tolist()
-
-
-def vector(value: JSON, what: str) -> list[float]:
-    """An upstream's vector, checked to be an array of numbers (kept as it came)."""
-    if not isinstance(value, list):
-        raise UpstreamError(f"upstream sent a malformed embedding ({what})")
-    try:
-        array("d", value)  # one pass in C: every item a number
-    except (TypeError, OverflowError):
-        raise UpstreamError(f"upstream sent a malformed embedding ({what})") from None
-    return value
-
-
-def check_order(data: list[Embedding], inputs: int) -> list[Embedding]:
-    """The embeddings sorted by index, one per input, indices 0..n-1; else UpstreamError."""
-    data.sort(key=lambda e: e["index"])
-    if len(data) != inputs:
-        raise UpstreamError(f"upstream sent {len(data)} embeddings for {inputs} inputs")
-    for position, item in enumerate(data):
-        if item["index"] != position:
-            raise UpstreamError("upstream sent embeddings with duplicate or missing indices")
-    return data
 
 
 # --- client body -----------------------------------------------------------------------
@@ -248,7 +226,7 @@ class OpenAIEmbeddings:
         return resp
 
     def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return _CHAT.decode_error(status, raw)
+        return decode_error(status, raw)
 
     # passthrough -------------------------------------------------------------------------
     def embeddings_passthrough(

@@ -51,10 +51,11 @@ from gateway.protocols.embeddings import (
     EmbeddingsRequest,
     EmbeddingsResponse,
     EmbeddingsUsage,
+    check_order,
+    vector,
 )
-from gateway.protocols.gemini_request import json_fields
-from gateway.protocols.gemini_stream import error_from_payload
-from gateway.protocols.openai_embeddings import check_order, vector
+from gateway.protocols.gemini.dialect import json_fields
+from gateway.protocols.gemini.reply import error_from_payload
 from gateway.types import JSON
 
 JSON_HEADERS = {"content-type": "application/json"}

@@ -1,80 +1,16 @@
-"""The `anthropic` protocol: the Messages API (``/v1/messages``, ``/v1/messages/count_tokens``).
-
-Client side, a Messages request is decoded into the chat-completions shape and replies are
-encoded back (the event stream lives in ``anthropic_stream``); upstream side, a chat request
-becomes a Messages request to ``{base_url}/v1/messages``. Passthrough changes only ``model``.
-
-Mappings worth knowing:
-
-- ``system`` (string or text blocks) <-> leading ``system`` message; ``system``/``developer``
-  messages anywhere in a chat conversation are hoisted into the top-level ``system``.
-- ``tool_result`` blocks <-> ``tool`` messages (consecutive ones grouped into one user turn);
-  consecutive same-role messages are merged, as the Messages API requires.
-- ``tool_choice`` auto/any/none/tool <-> auto/required/none/function;
-  ``disable_parallel_tool_use`` <-> ``parallel_tool_calls: false``.
-- ``stop_reason`` end_turn/stop_sequence/pause_turn -> stop, max_tokens -> length,
-  tool_use -> tool_calls, refusal -> content_filter (and back: stop -> end_turn).
-- ``thinking`` <-> ``reasoning_effort``: effort low/medium/high (minimal counts as low) sends
-  ``budget_tokens`` 1024/4096/16384, capped below ``max_tokens`` (thinking is left off when
-  fewer than 1024 tokens remain); a budget up to 2048 reads as low, up to 8192 medium, above
-  high; ``adaptive`` reads as medium. Thinking blocks + signature <-> ``reasoning_content`` +
-  ``reasoning_signature``; ``redacted_thinking`` <-> ``redacted_reasoning``.
-- usage: ``prompt_tokens`` = input + cache read + cache creation; cache reads are
-  ``prompt_tokens_details.cached_tokens``, cache writes ``cache_creation_tokens``.
-- ``metadata.user_id`` <-> ``user``; images: base64 source <-> ``data:`` URL, url source <-> URL;
-  a base64 PDF ``document`` <-> a chat ``file`` part with ``file_data``.
-- A tool call's ``thought_signature`` (Gemini) is shown to Messages clients as a thinking block
-  with empty text and that signature, so it comes back as ``reasoning_signature``.
-- Errors for clients: 400 invalid_request_error, 401 authentication_error, 402 billing_error,
-  403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
-  500/502 api_error, 503/529 overloaded_error, 504 timeout_error (the type Anthropic's own API
-  and SDK use for a gateway timeout). From an anthropic channel, the error type refines the
-  status: overloaded_error -> 503, timeout_error -> 504, rate_limit_error -> 429, and
-  authentication/permission/billing errors are the channel's fault (502, cooled down).
-- Replies carry ``msg_{request_id}`` and the client's model name; an empty text block is left
-  out of replies and out of requests (the Messages API rejects empty text blocks and turns).
-
-Not carried across (dropped on purpose); "out" is Messages -> others, "in" others -> Messages:
-
-| field                                                   | dir | why                             |
-|---------------------------------------------------------|-----|---------------------------------|
-| ``cache_control`` (system, blocks, tools)               | out | no cache breakpoints elsewhere  |
-| ``tool_result.is_error``                                | out | chat tool messages lack it      |
-| server tools (web search, bash, ...), their blocks      | out | run by Anthropic; no equivalent |
-| citations, ``search_result``, ``container_upload``      | out | no counterpart                  |
-| ``stop_sequence`` (which sequence matched)              | out | finish_reason is only "stop"    |
-| ``service_tier``, ``container``, ``mcp_servers``,       | out | Anthropic-only                  |
-| ``context_management``                                  |     |                                 |
-| ``redacted_thinking`` in streams                        | out | stream deltas have no field     |
-| ``response_format`` (JSON mode, json_schema)            | in  | no field in 2023-06-01; not     |
-|                                                         |     | emulated with a forced tool     |
-| ``n``, ``seed``, ``logprobs``, ``logit_bias``,          | in  | no counterpart                  |
-| ``presence_penalty``, ``frequency_penalty``             |     |                                 |
-| tool ``strict``, message ``name``                       | in  | no counterpart                  |
-| ``reasoning_content`` without a signature               | in  | unsigned thinking is rejected   |
-| audio input parts                                       | in  | Messages takes no audio (400)   |
+"""Messages API requests, both ways: a client's Messages request decoded into the
+chat-completions shape, and a chat request encoded for an anthropic channel
+(``{base_url}/v1/messages``, and ``/v1/messages/count_tokens`` for a count).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import orjson
 
-from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
-from gateway.protocols.anthropic_stream import (
-    AnthropicPassthrough,
-    AnthropicStreamDecoder,
-    AnthropicStreamEncoder,
-    decode_assistant_blocks,
-    decode_error_payload,
-    decode_message,
-    decode_usage,
-    encode_message,
-    error_body,
-)
-from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
-from gateway.types import JSON, ChatMessage, ChatRequest, ChatResponse, Usage
+from gateway.errors import GatewayError, InvalidRequestError
+from gateway.protocols.anthropic.reply import assistant_blocks, decode_assistant_blocks
+from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.types import JSON, ChatMessage, ChatRequest
 
 DEFAULT_VERSION = "2023-06-01"
 EFFORT_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
@@ -95,6 +31,16 @@ def _text_of(blocks: JSON, where: str) -> list[str]:
             raise InvalidRequestError(f"{where}.{i}: must be a text block")
         texts.append(block["text"])
     return texts
+
+
+def _decode_system(blocks: JSON, where: str) -> list[ChatMessage]:
+    """System text (a string or text blocks) -> one chat system message; none when empty."""
+    texts = _text_of(blocks, where)
+    if len(texts) == 1:
+        return [{"role": "system", "content": texts[0]}]
+    if texts:
+        return [{"role": "system", "content": [{"type": "text", "text": t} for t in texts]}]
+    return []
 
 
 def _decode_media(block: dict[str, JSON], where: str) -> JSON:
@@ -211,12 +157,7 @@ def decode_messages_request(payload: JSON, route: RouteMatch) -> ChatRequest:
     req: ChatRequest = {"model": model}
     messages: list[ChatMessage] = []
     if payload.get("system") is not None:
-        texts = _text_of(payload["system"], "system")
-        if len(texts) == 1:
-            messages.append({"role": "system", "content": texts[0]})
-        elif texts:
-            parts = [{"type": "text", "text": t} for t in texts]
-            messages.append({"role": "system", "content": parts})
+        messages.extend(_decode_system(payload["system"], "system"))
     for i, m in enumerate(raw_messages):
         where = f"messages.{i}"
         if not isinstance(m, dict):
@@ -229,8 +170,10 @@ def decode_messages_request(payload: JSON, route: RouteMatch) -> ChatRequest:
             messages.extend(_decode_user(content, f"{where}.content"))
         elif role == "assistant":
             messages.append(decode_assistant_blocks(content, f"{where}.content"))
+        elif role == "system":  # mid-conversation (Claude Code): kept where it stands
+            messages.extend(_decode_system(content, f"{where}.content"))
         else:
-            raise InvalidRequestError(f"{where}.role: must be 'user' or 'assistant'")
+            raise InvalidRequestError(f"{where}.role: must be 'user', 'assistant' or 'system'")
     req["messages"] = messages
     if route.capability == "chat":
         max_tokens = payload.get("max_tokens")
@@ -329,39 +272,16 @@ def _encode_content(content: JSON, where: str) -> list[JSON]:
 
 
 def _encode_assistant(msg: ChatMessage, where: str) -> list[JSON]:
-    blocks: list[JSON] = []
+    """An assistant message of the history -> its blocks. Thinking goes only with its
+    signature: the Messages API refuses unsigned thinking."""
     signature = msg.get("reasoning_signature")
-    if signature:
-        blocks.append(
-            {
-                "type": "thinking",
-                "thinking": msg.get("reasoning_content") or "",
-                "signature": signature,
-            }  # fmt: skip
-        )
-    for data in msg.get("redacted_reasoning") or ():
-        blocks.append({"type": "redacted_thinking", "data": data})
-    blocks.extend(_encode_content(msg.get("content"), f"{where}.content"))
-    if msg.get("refusal"):
-        blocks.append({"type": "text", "text": msg["refusal"]})
-    for k, call in enumerate(msg.get("tool_calls") or ()):
-        function = call.get("function") or {}
-        arguments = function.get("arguments") or "{}"
-        try:
-            args = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            raise InvalidRequestError(
-                f"{where}.tool_calls.{k}.function.arguments: not valid JSON"
-            ) from None
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
-                "input": args if isinstance(args, dict) else {},
-            }  # fmt: skip
-        )
-    return blocks
+
+    def bad_arguments(k: int) -> GatewayError:
+        return InvalidRequestError(f"{where}.tool_calls.{k}.function.arguments: not valid JSON")
+
+    content = _encode_content(msg.get("content"), f"{where}.content")
+    thinking = msg.get("reasoning_content") if signature else None
+    return assistant_blocks(msg, content, thinking, signature, bad_arguments)
 
 
 def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]]:
@@ -474,7 +394,7 @@ def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, 
     return body
 
 
-def _headers(target: UpstreamTarget) -> dict[str, str]:
+def upstream_headers(target: UpstreamTarget) -> dict[str, str]:
     headers = {
         "x-api-key": target.api_key,
         "anthropic-version": target.client_headers.get("anthropic-version") or DEFAULT_VERSION,
@@ -486,84 +406,24 @@ def _headers(target: UpstreamTarget) -> dict[str, str]:
     return headers
 
 
-def _url(target: UpstreamTarget, count: bool = False) -> str:
+def upstream_url(target: UpstreamTarget, count: bool = False) -> str:
     base = target.base_url.rstrip("/")
     return f"{base}/v1/messages/count_tokens" if count else f"{base}/v1/messages"
 
 
-class AnthropicAdapter:
-    name: ClassVar[str] = "anthropic"
-    capabilities: ClassVar[frozenset[str]] = frozenset({"chat", "count_tokens"})
+def encode_request(req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
+    body = encode_messages_body(req, target)
+    return UpstreamCall(
+        url=upstream_url(target), headers=upstream_headers(target), body=orjson.dumps(body)
+    )
 
-    # client side -------------------------------------------------------------------------
-    def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
-        return decode_messages_request(payload, route)
 
-    def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON:
-        return encode_message(resp, ctx)
-
-    def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> AnthropicStreamEncoder:
-        return AnthropicStreamEncoder(ctx)
-
-    def encode_error(self, err: GatewayError) -> tuple[int, JSON]:
-        return err.status, error_body(err)
-
-    def encode_count(self, tokens: int, ctx: Ctx) -> JSON:
-        return {"input_tokens": tokens}
-
-    # upstream side -----------------------------------------------------------------------
-    def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
-        body = encode_messages_body(req, target)
-        return UpstreamCall(url=_url(target), headers=_headers(target), body=orjson.dumps(body))
-
-    def decode_response(self, payload: JSON) -> ChatResponse:
-        return decode_message(payload)
-
-    def stream_decoder(self, ctx: Ctx) -> AnthropicStreamDecoder:
-        return AnthropicStreamDecoder(ctx)
-
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            payload = None
-        return decode_error_payload(status, payload)
-
-    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall | None:
-        full = encode_messages_body(req, target)
-        body = {k: full[k] for k in COUNT_FIELDS if k in full}
-        return UpstreamCall(
-            url=_url(target, count=True), headers=_headers(target), body=orjson.dumps(body)
-        )
-
-    def decode_count(self, payload: JSON) -> int:
-        tokens = payload.get("input_tokens") if isinstance(payload, dict) else None
-        if not isinstance(tokens, int):
-            raise UpstreamError("upstream sent a malformed token count")
-        return tokens
-
-    # passthrough -------------------------------------------------------------------------
-    def passthrough_request(
-        self, payload: JSON, route: RouteMatch, target: UpstreamTarget
-    ) -> UpstreamCall:
-        if not isinstance(payload, dict):
-            raise InvalidRequestError("the request body must be a JSON object")
-        payload["model"] = target.model
-        return UpstreamCall(
-            url=_url(target, count=route.capability == "count_tokens"),
-            headers=_headers(target),
-            body=orjson.dumps(payload),
-        )
-
-    def passthrough_response(self, payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-        if not isinstance(payload, dict):
-            raise UpstreamError("upstream sent a malformed message")
-        if "model" in payload:
-            payload["model"] = ctx.model
-        usage = payload.get("usage")
-        return payload, decode_usage(usage) if isinstance(usage, dict) else None
-
-    def passthrough_stream(
-        self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
-    ) -> AnthropicPassthrough:
-        return AnthropicPassthrough(ctx)
+def count_request(req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
+    """The count request: the fields ``count_tokens`` takes of the Messages request."""
+    full = encode_messages_body(req, target)
+    body = {k: full[k] for k in COUNT_FIELDS if k in full}
+    return UpstreamCall(
+        url=upstream_url(target, count=True),
+        headers=upstream_headers(target),
+        body=orjson.dumps(body),
+    )

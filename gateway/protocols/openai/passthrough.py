@@ -1,37 +1,18 @@
-"""The `openai` protocol: chat completions, which is also the internal shape.
-
-Client side, decoding is nearly the identity (the body is checked, not copied); upstream side,
-the request loses the gateway's extension fields (``gateway.types``) and gains
-``stream_options.include_usage`` so every stream can be billed; the usage chunk is dropped on
-the way back unless the client asked for it.
-
-Not carried toward an openai channel (dropped on purpose):
-
-| field                                   | why                                            |
-|-----------------------------------------|------------------------------------------------|
-| ``top_k``                               | chat completions has no such parameter         |
-| ``reasoning_signature``, ``redacted_reasoning`` | other providers' opaque data       |
-| tool call ``thought_signature``         | Gemini's opaque data                           |
-| tool message ``is_error``               | chat completions has no failed-tool flag       |
-| ``reasoning_content`` on input messages | OpenAI does not take reasoning back as input   |
-| ``usage.cache_creation_tokens``         | no field for it in chat completions usage      |
+"""openai client, openai channel: the request with only its model renamed (and the usage
+chunk asked for), the reply and its stream as they came, usage read on the way.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import orjson
 
-from gateway.errors import (
-    GatewayError,
-    InvalidRequestError,
-    UpstreamError,
-    error_for_status,
-)
+from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.openai.reply import error_body, stream_error
+from gateway.protocols.openai.request import headers, usage_wanted, with_usage
+from gateway.protocols.openai.stream import EVENT_STREAM, load_chunk
 from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
-from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
+from gateway.types import JSON, Usage
 
 DONE_TAIL = 256  # bytes at a stream's end where its [DONE] is looked for (trailing comments)
 # a final "data: [DONE]" event and its blank line, with room for CRs and the LFs around it:
@@ -42,152 +23,24 @@ LAST_EVENT_MIN = 20
 SMALL_BLOCK = 1024
 USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and spaces)
 
-EVENT_STREAM = "text/event-stream"
-DROP_UPSTREAM = ("top_k",)
-MESSAGE_EXTENSIONS = ("reasoning_signature", "redacted_reasoning", "reasoning_content", "is_error")
-ERROR_CODES = {
-    400: "invalid_request_error",
-    401: "invalid_api_key",
-    402: "insufficient_quota",
-    403: "permission_denied",
-    404: "model_not_found",
-    413: "request_too_large",
-    429: "rate_limit_exceeded",
-    500: "internal_error",
-    502: "upstream_error",
-    503: "service_unavailable",
-    504: "upstream_timeout",
-}
+
+def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
+    payload["model"] = target.model
+    if target.stream and not usage_wanted(payload):
+        payload["stream_options"] = with_usage(payload.get("stream_options"))
+    return UpstreamCall(
+        url=target.base_url + "/chat/completions",
+        headers=headers(target),
+        body=orjson.dumps(payload),
+    )
 
 
-def error_body(err: GatewayError) -> JSON:
-    return {
-        "error": {
-            "message": err.message,
-            "type": err.type,
-            "param": None,
-            "code": ERROR_CODES.get(err.status, err.type),
-        }
-    }
-
-
-def check_chat_request(payload: JSON) -> None:
+def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
     if not isinstance(payload, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequestError("'model' is required and must be a string")
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError("'messages' must be a non-empty array")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequestError(f"messages[{i}] must be an object with a 'role'")
-    stream = payload.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequestError("'stream' must be a boolean")
-
-
-def usage_wanted(payload: JSON) -> bool:
-    """Whether a chat-completions client asked for the usage chunk of its stream."""
-    opts = payload.get("stream_options")
-    return isinstance(opts, dict) and opts.get("include_usage") is True
-
-
-def _strip_extensions(messages: list[JSON]) -> list[JSON]:
-    out: list[JSON] = []
-    for m in messages:
-        if any(k in m for k in MESSAGE_EXTENSIONS) or (
-            m.get("tool_calls") and any("thought_signature" in tc for tc in m["tool_calls"])
-        ):
-            m = {k: v for k, v in m.items() if k not in MESSAGE_EXTENSIONS}
-            if m.get("tool_calls"):
-                m["tool_calls"] = [
-                    {k: v for k, v in tc.items() if k != "thought_signature"}
-                    for tc in m["tool_calls"]
-                ]
-        out.append(m)
-    return out
-
-
-def _headers(target: UpstreamTarget) -> dict[str, str]:
-    headers = {"Content-Type": "application/json"}
-    if target.api_key:
-        headers["Authorization"] = f"Bearer {target.api_key}"
-    return headers
-
-
-class OpenAIStreamEncoder:
-    """Chat chunks -> chat-completions SSE, ``[DONE]`` last; usage only when asked for."""
-
-    __slots__ = ("content_type", "_model", "_include_usage")
-
-    def __init__(self, ctx: Ctx) -> None:
-        self.content_type = EVENT_STREAM
-        self._model = ctx.model
-        self._include_usage = ctx.include_usage
-
-    def encode(self, chunk: ChatChunk) -> bytes:
-        if chunk.get("usage") is not None:
-            if not self._include_usage:
-                if not chunk.get("choices"):
-                    return b""
-                chunk = {k: v for k, v in chunk.items() if k != "usage"}  # type: ignore[assignment]
-        elif self._include_usage and "usage" not in chunk:
-            chunk["usage"] = None
-        chunk["model"] = self._model
-        return frame(orjson.dumps(chunk))
-
-    def finish(self, usage: Usage | None) -> bytes:
-        return DONE
-
-    def error(self, err: GatewayError) -> bytes:
-        return frame(orjson.dumps(error_body(err)))
-
-
-class OpenAIStreamDecoder:
-    """chat-completions SSE -> chat chunks (already the internal shape)."""
-
-    __slots__ = ("_done", "_finished")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._finished = False
-
-    def feed(self, event: SSEEvent) -> list[ChatChunk]:
-        data = event.data
-        if data == b"[DONE]":
-            self._done = True
-            return []
-        chunk = _chunk(data)
-        if "error" in chunk:
-            raise _stream_error(chunk)
-        if not self._finished:
-            for c in chunk.get("choices") or ():
-                if c.get("finish_reason"):
-                    self._finished = True
-        return [chunk]
-
-    def close(self) -> list[ChatChunk]:
-        if not (self._done or self._finished):
-            raise UpstreamError("upstream stream ended before it was complete")
-        return []
-
-
-def _stream_error(payload: JSON) -> GatewayError:
-    err = payload.get("error")
-    message = "upstream error"
-    status = 502
-    if isinstance(err, dict):
-        message = str(err.get("message") or message)
-        code = err.get("code")
-        if isinstance(code, int) and 400 <= code < 600:
-            status = code
-        elif err.get("type") in ("rate_limit_error", "rate_limit_exceeded"):
-            status = 429
-    mapped = error_for_status(status, message)
-    mapped.retryable = False  # bytes were already sent
-    return mapped
+        raise UpstreamError("upstream sent a malformed chat completion")
+    if "model" in payload:
+        payload["model"] = ctx.model
+    return payload, payload.get("usage")
 
 
 class OpenAIPassthrough:
@@ -301,7 +154,7 @@ class OpenAIPassthrough:
                     if event is None:
                         return
                     data = event.data
-                usage = _chunk(data).get("usage")
+                usage = load_chunk(data).get("usage")
                 if usage:
                     self.usage = usage
                 return
@@ -340,9 +193,9 @@ class OpenAIPassthrough:
         if data.startswith(b'{"error"') or (
             not data.endswith(b'"usage":null}') and b'"usage"' in data
         ):
-            chunk = _chunk(data)
+            chunk = load_chunk(data)
             if "error" in chunk:
-                raise _stream_error(chunk)
+                raise stream_error(chunk)
             usage = chunk.get("usage")
             if usage:
                 self.usage = usage
@@ -392,7 +245,7 @@ class OpenAIPassthrough:
             return out
         events = SSEParser().feed(self._last)
         if events:
-            last = _chunk(events[-1].data)
+            last = load_chunk(events[-1].data)
             if last.get("usage") or any(c.get("finish_reason") for c in last.get("choices") or ()):
                 return out + DONE  # an upstream that ends without [DONE], but ended properly
         raise UpstreamError("upstream stream ended before it was complete")
@@ -436,118 +289,3 @@ def _usage_set(block: bytes, key: int) -> bool:
     """Whether the ``"usage"`` key at ``key`` has a value other than null (an object, or
     something odd that deserves a look)."""
     return block[key + 7 : key + 7 + USAGE_GAP].lstrip(b" :")[:1] != b"n"
-
-
-def _chunk(data: bytes) -> JSON:
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise UpstreamError("upstream sent a malformed stream chunk") from None
-    if not isinstance(chunk, dict):
-        raise UpstreamError("upstream sent a malformed stream chunk")
-    return chunk
-
-
-class OpenAIAdapter:
-    name: ClassVar[str] = "openai"
-    capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"chat", "embeddings", "images", "audio", "rerank"}
-    )
-
-    # client side -------------------------------------------------------------------------
-    def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
-        check_chat_request(payload)
-        return payload  # type: ignore[no-any-return]
-
-    def encode_response(self, resp: ChatResponse, ctx: Ctx) -> JSON:
-        """A reply converted from another protocol gets a chat-completions id and time."""
-        resp["id"] = f"chatcmpl-{ctx.request_id}"
-        resp["object"] = "chat.completion"
-        resp["created"] = ctx.created
-        resp["model"] = ctx.model
-        return resp
-
-    def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> OpenAIStreamEncoder:
-        return OpenAIStreamEncoder(ctx)
-
-    def encode_error(self, err: GatewayError) -> tuple[int, JSON]:
-        return err.status, error_body(err)
-
-    def encode_count(self, tokens: int, ctx: Ctx) -> JSON:
-        return {"object": "count", "prompt_tokens": tokens}
-
-    # upstream side -----------------------------------------------------------------------
-    def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
-        body: dict[str, JSON] = {k: v for k, v in req.items() if k not in DROP_UPSTREAM}
-        body["model"] = target.model
-        body["messages"] = _strip_extensions(body.get("messages") or [])
-        if target.stream:
-            body["stream"] = True
-            opts = body.get("stream_options")
-            body["stream_options"] = {
-                **(opts if isinstance(opts, dict) else {}),
-                "include_usage": True,
-            }
-        else:
-            body.pop("stream", None)
-            body.pop("stream_options", None)
-        return UpstreamCall(
-            url=target.base_url + "/chat/completions",
-            headers=_headers(target),
-            body=orjson.dumps(body),
-        )
-
-    def decode_response(self, payload: JSON) -> ChatResponse:
-        if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
-            raise UpstreamError("upstream sent a malformed chat completion")
-        return payload  # type: ignore[return-value]
-
-    def stream_decoder(self, ctx: Ctx) -> OpenAIStreamDecoder:
-        return OpenAIStreamDecoder()
-
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        message = f"upstream returned HTTP {status}"
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            payload = None
-        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-            message = str(payload["error"].get("message") or message)
-        elif isinstance(payload, dict) and isinstance(payload.get("message"), str):
-            message = payload["message"]
-        return error_for_status(status, message)
-
-    def count_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall | None:
-        return None  # chat completions has no token-counting endpoint: estimated locally
-
-    def decode_count(self, payload: JSON) -> int:
-        raise UpstreamError("the openai protocol has no token count reply")
-
-    # passthrough -------------------------------------------------------------------------
-    def passthrough_request(
-        self, payload: JSON, route: RouteMatch, target: UpstreamTarget
-    ) -> UpstreamCall:
-        payload["model"] = target.model
-        if target.stream and not usage_wanted(payload):
-            opts = payload.get("stream_options")
-            payload["stream_options"] = {
-                **(opts if isinstance(opts, dict) else {}),
-                "include_usage": True,
-            }
-        return UpstreamCall(
-            url=target.base_url + "/chat/completions",
-            headers=_headers(target),
-            body=orjson.dumps(payload),
-        )
-
-    def passthrough_response(self, payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-        if not isinstance(payload, dict):
-            raise UpstreamError("upstream sent a malformed chat completion")
-        if "model" in payload:
-            payload["model"] = ctx.model
-        return payload, payload.get("usage")
-
-    def passthrough_stream(
-        self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
-    ) -> OpenAIPassthrough:
-        return OpenAIPassthrough(ctx, target)

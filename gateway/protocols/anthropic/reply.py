@@ -1,0 +1,304 @@
+"""Messages API replies, whole, both ways, and the mappings replies and streams share: stop
+reasons, usage, error types (by status and Anthropic's error type, never by message), and an
+assistant turn's blocks (built here for replies and for requests' histories alike).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from gateway.errors import (
+    GatewayError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+    error_for_status,
+)
+from gateway.protocols.base import Ctx, count, field_of
+from gateway.types import JSON, ChatMessage, ChatResponse, ToolCall, Usage
+
+FINISH_REASONS = {  # Anthropic stop_reason -> chat finish_reason
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+STOP_REASONS = {  # chat finish_reason -> Anthropic stop_reason
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+ERROR_TYPES = {  # gateway status -> Anthropic error type (what its SDKs raise on)
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+# mappings -----------------------------------------------------------------------------------
+def finish_reason(stop_reason: JSON) -> str:
+    return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
+
+
+def stop_reason(finish: str | None) -> str:
+    return STOP_REASONS.get(finish or "stop", "end_turn")
+
+
+def decode_usage(usage: JSON) -> Usage:
+    """Anthropic usage -> chat usage; prompt tokens include cache reads and cache writes."""
+    if not isinstance(usage, dict):
+        return {}
+    fresh = count(usage.get("input_tokens"))
+    read = count(usage.get("cache_read_input_tokens"))
+    created = count(usage.get("cache_creation_input_tokens"))
+    output = count(usage.get("output_tokens"))
+    out: Usage = {
+        "prompt_tokens": fresh + read + created,
+        "completion_tokens": output,
+        "total_tokens": fresh + read + created + output,
+    }
+    if read:
+        out["prompt_tokens_details"] = {"cached_tokens": read}
+    if created:
+        out["cache_creation_tokens"] = created
+    return out
+
+
+def encode_usage(usage: Usage | None, input_estimate: int = 0) -> dict[str, int]:
+    """Chat usage -> Anthropic usage (input tokens exclude cache reads and writes)."""
+    if not usage:
+        return {
+            "input_tokens": input_estimate,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 0,
+        }
+    read = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
+    created = count(usage.get("cache_creation_tokens"))
+    prompt = count(usage.get("prompt_tokens"))
+    return {
+        "input_tokens": max(prompt - read - created, 0),
+        "cache_creation_input_tokens": created,
+        "cache_read_input_tokens": read,
+        "output_tokens": count(usage.get("completion_tokens")),
+    }
+
+
+def error_body(err: GatewayError) -> JSON:
+    etype = ERROR_TYPES.get(err.status)
+    if etype is None:
+        etype = "invalid_request_error" if 400 <= err.status < 500 else "api_error"
+    return {"type": "error", "error": {"type": etype, "message": err.message}}
+
+
+def decode_error_payload(status: int | None, payload: JSON) -> GatewayError:
+    """An Anthropic error body (HTTP reply, or an in-stream ``error`` event when ``status`` is
+    None) -> the gateway error. By status, adjusted by Anthropic's error type; never by message.
+    """
+    etype = None
+    message = f"upstream returned HTTP {status}" if status else "upstream stream error"
+    err = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(err, dict):
+        etype = err.get("type")
+        if isinstance(err.get("message"), str) and err["message"]:
+            message = err["message"]
+    if etype in ("authentication_error", "permission_error", "billing_error"):
+        return UpstreamError(
+            f"upstream rejected the channel's credentials ({status or etype})", channel_fault=True
+        )
+    if etype == "overloaded_error":
+        return UpstreamUnavailableError(message)
+    if etype == "rate_limit_error":
+        return RateLimitError(message)
+    if etype == "timeout_error":
+        return UpstreamTimeoutError(message)
+    if status is not None:
+        return error_for_status(status, message)
+    if etype == "invalid_request_error":
+        return InvalidRequestError(message)
+    if etype == "not_found_error":
+        return NotFoundError(message)
+    if etype == "request_too_large":
+        return PayloadTooLargeError(message)
+    return UpstreamError(message)
+
+
+def decode_error(status: int, raw: bytes) -> GatewayError:
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        payload = None
+    return decode_error_payload(status, payload)
+
+
+def stream_error(data: bytes) -> GatewayError:
+    """An ``error`` event inside a stream -> the gateway error (never retried: bytes were
+    sent)."""
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        payload = None
+    err = decode_error_payload(None, payload)
+    err.retryable = False
+    return err
+
+
+# whole replies ---------------------------------------------------------------------------
+def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    texts: list[str] = []
+    thinking: list[str] = []
+    signature = None
+    redacted: list[str] = []
+    calls: list[ToolCall] = []
+    for j, block in enumerate(content):
+        btype = block.get("type") if isinstance(block, dict) else None
+        if btype == "text":
+            texts.append(block.get("text") or "")
+        elif btype == "tool_use":
+            calls.append(
+                {
+                    "id": str(block.get("id") or ""),
+                    "type": "function",
+                    "function": {
+                        "name": str(block.get("name") or ""),
+                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
+                    },
+                }
+            )
+        elif btype == "thinking":
+            thinking.append(block.get("thinking") or "")
+            if block.get("signature"):
+                signature = block["signature"]
+        elif btype == "redacted_thinking":
+            redacted.append(str(block.get("data") or ""))
+        elif btype is None:
+            raise InvalidRequestError(f"{where}.{j}: must be a content block with a type")
+    msg: ChatMessage = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        msg["tool_calls"] = calls
+    if any(thinking):
+        msg["reasoning_content"] = "".join(thinking)
+    if signature:
+        msg["reasoning_signature"] = signature
+    if redacted:
+        msg["redacted_reasoning"] = redacted
+    if msg["content"] is None and not calls:
+        msg["content"] = ""
+    return msg
+
+
+def decode_message(payload: JSON) -> ChatResponse:
+    if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
+        raise UpstreamError("upstream sent a malformed message")
+    msg = decode_assistant_blocks(payload["content"], "content")
+    if msg.get("content") == "" and msg.get("tool_calls"):
+        msg["content"] = None
+    return {
+        "id": str(payload.get("id") or ""),
+        "object": "chat.completion",
+        "created": 0,
+        "model": str(payload.get("model") or ""),
+        "choices": [
+            {"index": 0, "message": msg, "finish_reason": finish_reason(payload.get("stop_reason"))}
+        ],
+        "usage": decode_usage(payload.get("usage")),
+    }
+
+
+def _call_signature(calls: list[ToolCall] | None) -> str | None:
+    """A Gemini thoughtSignature on a function call has no place on a tool_use block; it rides
+    in a thinking block (empty text) so that it comes back as ``reasoning_signature``."""
+    for call in calls or ():
+        if call.get("thought_signature"):
+            return call["thought_signature"]
+    return None
+
+
+def assistant_blocks(
+    msg: ChatMessage,
+    content: list[JSON],
+    thinking: str | None,
+    signature: str | None,
+    bad_arguments: Callable[[int], GatewayError],
+) -> list[JSON]:
+    """An assistant turn's blocks in the order Messages gives them: thinking (when it has text
+    or a signature), redacted thinking, ``content`` (its text, media), the refusal, tool uses.
+    ``bad_arguments(k)`` is raised when tool call ``k``'s arguments are not JSON."""
+    blocks: list[JSON] = []
+    if thinking or signature:
+        blocks.append(
+            {"type": "thinking", "thinking": thinking or "", "signature": signature or ""}
+        )
+    for data in msg.get("redacted_reasoning") or ():
+        blocks.append({"type": "redacted_thinking", "data": data})
+    blocks.extend(content)
+    if msg.get("refusal"):
+        blocks.append({"type": "text", "text": msg["refusal"]})
+    for k, call in enumerate(msg.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        try:
+            args = orjson.loads(function.get("arguments") or "{}")
+        except orjson.JSONDecodeError:
+            raise bad_arguments(k) from None
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": function.get("name") or "",
+                "input": args if isinstance(args, dict) else {},
+            }  # fmt: skip
+        )
+    return blocks
+
+
+def _bad_reply_arguments(k: int) -> GatewayError:
+    return UpstreamError("upstream returned tool arguments that are not JSON")
+
+
+def encode_message(resp: ChatResponse, ctx: Ctx) -> JSON:
+    choices = resp.get("choices") or []
+    if not choices:
+        raise UpstreamError("upstream sent a reply without choices")
+    msg = choices[0].get("message") or {}
+    text = msg.get("content")
+    if isinstance(text, list):
+        text = "".join(p.get("text") or "" for p in text if isinstance(p, dict))
+    content = assistant_blocks(
+        msg,
+        [{"type": "text", "text": text}] if text else [],
+        msg.get("reasoning_content"),
+        msg.get("reasoning_signature") or _call_signature(msg.get("tool_calls")),
+        _bad_reply_arguments,
+    )
+    return {
+        "id": f"msg_{ctx.request_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": ctx.model,
+        "content": content,
+        "stop_reason": stop_reason(choices[0].get("finish_reason")),
+        "stop_sequence": None,
+        "usage": encode_usage(resp.get("usage"), ctx.prompt_tokens_estimate),
+    }

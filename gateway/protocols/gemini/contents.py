@@ -1,0 +1,374 @@
+"""Gemini contents <-> chat messages, both ways, for requests and replies alike: a client's
+contents (with systemInstruction) become chat messages and chat messages become contents
+toward a gemini channel; a candidate's parts become chat deltas and an assistant message
+becomes model parts. Call ids, signatures and tool results are paired here (the mapping
+notes are in the package's docstring).
+"""
+
+from __future__ import annotations
+
+import mimetypes
+
+import orjson
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
+from gateway.protocols.gemini.dialect import json_fields, require_dict, standard_base64
+from gateway.types import JSON, ChatMessage, Delta, ToolCall
+
+# --- a client's contents -> chat messages -------------------------------------------------
+
+
+def _merged_contents(contents: JSON) -> list[tuple[str, list[JSON]]]:
+    if not isinstance(contents, list):
+        raise InvalidRequestError("contents must be a list")
+    merged: list[tuple[str, list[JSON]]] = []
+    for content in contents:
+        content = json_fields(content, "contents[]")
+        role = content.get("role") or "user"
+        if role not in ("user", "model", "function"):
+            raise InvalidRequestError(f"contents[].role: unknown role {role!r}")
+        role = "model" if role == "model" else "user"
+        parts = content.get("parts") or []
+        if not isinstance(parts, list):
+            raise InvalidRequestError("contents[].parts must be a list")
+        if merged and merged[-1][0] == role:
+            merged[-1][1].extend(parts)
+        else:
+            merged.append((role, list(parts)))
+    return merged
+
+
+def _data_part(blob: JSON) -> JSON:
+    blob = json_fields(blob, "inlineData")
+    mime = str(blob.get("mimeType") or "")
+    data = blob.get("data")
+    if not isinstance(data, str):
+        raise InvalidRequestError("inlineData.data must be a base64 string")
+    data = standard_base64(data)
+    if mime.startswith("audio/"):
+        return {"type": "input_audio", "input_audio": {"data": data, "format": mime[6:]}}
+    url = f"data:{mime};base64,{data}"
+    if mime.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": url}}
+    return {"type": "file", "file": {"file_data": url}}
+
+
+def _user_content(parts: list[JSON]) -> JSON:
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return parts[0]["text"]
+    return parts
+
+
+def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    system = payload.get("systemInstruction")
+    if system is not None:
+        system = json_fields(system, "systemInstruction")
+        lines = [p["text"] for p in system.get("parts") or () if isinstance(p.get("text"), str)]
+        if lines:
+            content: JSON = (
+                lines[0] if len(lines) == 1 else [{"type": "text", "text": t} for t in lines]
+            )
+            messages.append({"role": "system", "content": content})
+    unanswered: dict[str, list[str]] = {}  # function name -> call ids awaiting a response
+    counter = 0
+    for role, parts in _merged_contents(payload.get("contents")):
+        if role == "model":
+            texts: list[str] = []
+            thoughts: list[str] = []
+            calls: list[ToolCall] = []
+            signature = None
+            for part in parts:
+                part = json_fields(part, "parts[]")
+                call = part.get("functionCall")
+                if call is not None:
+                    call = json_fields(call, "functionCall")
+                    name = str(call.get("name") or "")
+                    call_id = call.get("id") or f"call_{counter}"
+                    counter += 1
+                    tool: ToolCall = {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {
+                            "name": name,
+                            "arguments": orjson.dumps(call.get("args") or {}).decode(),
+                        },
+                    }
+                    if isinstance(part.get("thoughtSignature"), str) and part["thoughtSignature"]:
+                        tool["thought_signature"] = standard_base64(part["thoughtSignature"])
+                    calls.append(tool)
+                    unanswered.setdefault(name, []).append(call_id)
+                    continue
+                if isinstance(part.get("thoughtSignature"), str) and part["thoughtSignature"]:
+                    signature = standard_base64(part["thoughtSignature"])
+                text = part.get("text")
+                if isinstance(text, str) and text:
+                    (thoughts if part.get("thought") else texts).append(text)
+            msg: ChatMessage = {"role": "assistant", "content": "".join(texts) or None}
+            if not texts and not calls:
+                msg["content"] = ""
+            if calls:
+                msg["tool_calls"] = calls
+            if thoughts:
+                msg["reasoning_content"] = "".join(thoughts)
+            if signature:
+                msg["reasoning_signature"] = signature
+            messages.append(msg)
+            continue
+        user_parts: list[JSON] = []
+        for part in parts:
+            part = json_fields(part, "parts[]")
+            response = part.get("functionResponse")
+            if response is not None:
+                response = json_fields(response, "functionResponse")
+                name = str(response.get("name") or "")
+                waiting = unanswered.get(name) or []
+                call_id = response.get("id")
+                if call_id:
+                    if call_id in waiting:
+                        waiting.remove(call_id)
+                elif waiting:
+                    call_id = waiting.pop(0)
+                else:  # a response to no call we saw: the upstream decides
+                    call_id = f"call_{counter}"
+                    counter += 1
+                body = response.get("response")
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call_id,
+                        "content": orjson.dumps(body if body is not None else {}).decode(),
+                    }
+                )
+            elif isinstance(part.get("text"), str):
+                user_parts.append({"type": "text", "text": part["text"]})
+            elif "inlineData" in part:
+                user_parts.append(_data_part(part["inlineData"]))
+            elif "fileData" in part:
+                uri = json_fields(part["fileData"], "fileData").get("fileUri")
+                user_parts.append({"type": "image_url", "image_url": {"url": uri}})
+        if user_parts:
+            messages.append({"role": "user", "content": _user_content(user_parts)})
+    return messages
+
+
+# --- chat messages -> contents toward a gemini channel ------------------------------------
+
+
+def text_of(content: JSON) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    raise InvalidRequestError("message content must be a string or a list of parts")
+
+
+def _url_part(url: JSON) -> JSON:
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError("image_url.url must be a string")
+    if url.startswith("data:"):
+        header, sep, data = url.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise InvalidRequestError("image_url: only base64 data URLs are supported")
+        return {"inlineData": {"mimeType": header[5:-7], "data": data}}
+    file_data: JSON = {"fileUri": url}
+    mime, _ = mimetypes.guess_type(url.split("?", 1)[0])
+    if mime:
+        file_data["mimeType"] = mime
+    return {"fileData": file_data}
+
+
+def _user_parts(content: JSON) -> list[JSON]:
+    if isinstance(content, str):
+        return [{"text": content}]
+    if not isinstance(content, list):
+        raise InvalidRequestError("message content must be a string or a list of parts")
+    parts: list[JSON] = []
+    for part in content:
+        part = require_dict(part, "content[]")
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"text": part.get("text", "")})
+        elif kind == "image_url":
+            parts.append(_url_part(require_dict(part.get("image_url"), "image_url").get("url")))
+        elif kind == "input_audio":
+            audio = require_dict(part.get("input_audio"), "input_audio")
+            mime = f"audio/{audio.get('format') or 'wav'}"
+            parts.append({"inlineData": {"mimeType": mime, "data": audio.get("data")}})
+        elif kind == "file":
+            data = require_dict(part.get("file"), "file").get("file_data")
+            parts.append(_url_part(data))
+        else:
+            raise InvalidRequestError(f"content part type {kind!r} is not supported by Gemini")
+    return parts
+
+
+def assistant_parts(msg: ChatMessage, *, upstream: bool) -> list[JSON]:
+    """An assistant message -> model parts. ``reasoning_signature`` goes where Gemini puts a
+    reply's signature: on the first functionCall when that call has none of its own (Gemini
+    signs a function-calling turn there and rejects a history whose first call is unsigned;
+    clients of other protocols bring the call's signature back this way); else on the text
+    part; without text, on the thought part; else on an empty thought part."""
+    parts: list[JSON] = []
+    signature = msg.get("reasoning_signature")
+    calls = msg.get("tool_calls") or ()
+    if calls and calls[0].get("thought_signature"):
+        pass  # the first call is signed: the reply's signature belongs to the text
+    elif calls:
+        calls = [{**calls[0], "thought_signature": signature}, *calls[1:]] if signature else calls
+        signature = None
+    thought: JSON = None
+    if msg.get("reasoning_content"):
+        thought = {"text": msg["reasoning_content"], "thought": True}
+        parts.append(thought)
+    text = text_of(msg.get("content"))
+    if text:
+        parts.append({"text": text})
+    if signature and (text or thought is not None):
+        parts[-1]["thoughtSignature"] = signature
+        signature = None
+    for call in calls:
+        function = call.get("function") or {}
+        own = call.get("thought_signature")
+        parts.append(
+            function_call_part(
+                call.get("id"),
+                function.get("name") or "",
+                function.get("arguments") or "",
+                own,
+                upstream=upstream,
+            )
+        )
+    if signature:
+        parts.append({"text": "", "thought": True, "thoughtSignature": signature})
+    return parts
+
+
+def _tool_response(content: JSON) -> JSON:
+    text = text_of(content)
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = None
+    return value if isinstance(value, dict) else {"result": text}
+
+
+def encode_contents(messages: JSON) -> tuple[list[JSON], list[JSON]]:
+    if not isinstance(messages, list):
+        raise InvalidRequestError("messages must be a list")
+    system: list[JSON] = []
+    contents: list[JSON] = []
+    names: dict[str, str] = {}  # tool call id -> function name
+
+    def add(role: str, parts: list[JSON]) -> None:
+        if not parts:
+            return
+        if contents and contents[-1]["role"] == role:
+            contents[-1]["parts"].extend(parts)
+        else:
+            contents.append({"role": role, "parts": parts})
+
+    for msg in messages:
+        msg = require_dict(msg, "messages[]")
+        role = msg.get("role")
+        if role in ("system", "developer"):  # wherever it stands (Gemini has one place)
+            content = msg.get("content")
+            # a part each: text parts of one message are not run together
+            for piece in [[p] for p in content] if isinstance(content, list) else [content]:
+                text = text_of(piece)
+                if text:
+                    system.append({"text": text})
+        elif role == "user":
+            add("user", _user_parts(msg.get("content")))
+        elif role == "assistant":
+            for call in msg.get("tool_calls") or ():
+                names[str(call.get("id"))] = (call.get("function") or {}).get("name") or ""
+            parts = assistant_parts(msg, upstream=True)  # type: ignore[arg-type]
+            add("model", parts)
+        elif role == "tool":
+            call_id = str(msg.get("tool_call_id"))
+            if call_id not in names:
+                raise InvalidRequestError(f"tool message {call_id!r} answers no earlier tool call")
+            response = {"name": names[call_id], "response": _tool_response(msg.get("content"))}
+            add("user", [{"functionResponse": response}])
+        else:
+            raise InvalidRequestError(f"messages[].role: unknown role {role!r}")
+    return system, contents
+
+
+# --- parts, in replies and streams --------------------------------------------------------
+
+
+def function_call_part(
+    call_id: str | None, name: str, arguments: str, signature: str | None, *, upstream: bool
+) -> JSON:
+    """One functionCall part with whole args. Toward an upstream the id is left out (Gemini
+    matches responses by name and order); toward a client it is kept so its reply can cite it."""
+    try:
+        args = orjson.loads(arguments) if arguments else {}
+    except orjson.JSONDecodeError as exc:
+        raise _args_error(upstream, name) from exc
+    if not isinstance(args, dict):
+        raise _args_error(upstream, name)
+    call: JSON = {"name": name, "args": args}
+    if call_id and not upstream:
+        call["id"] = call_id
+    part: JSON = {"functionCall": call}
+    if signature:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def _args_error(upstream: bool, name: str) -> GatewayError:
+    message = f"tool call {name!r}: arguments are not a JSON object"
+    return InvalidRequestError(message) if upstream else UpstreamError(message)
+
+
+def part_deltas(parts: JSON, ctx_calls: list[int], id_prefix: str) -> list[Delta]:
+    """One candidate's parts -> chat deltas, in order; adjacent text (or thought) parts merge.
+
+    ``ctx_calls`` is a one-element counter shared across the response, so that generated tool
+    call ids (``{id_prefix}{n}``) stay unique. A signature on a text or thought part becomes
+    ``reasoning_signature`` (emitted before that part's text); on a functionCall part, the
+    call's ``thought_signature``. Other part kinds (inlineData output, executableCode,
+    codeExecutionResult) are not carried.
+    """
+    if not isinstance(parts, list):
+        raise UpstreamError("upstream candidate parts is not a list")
+    deltas: list[Delta] = []
+    for part in parts:
+        if not isinstance(part, dict):
+            raise UpstreamError("upstream part is not an object")
+        signature = part.get("thoughtSignature")
+        call = part.get("functionCall")
+        if isinstance(call, dict):
+            tool: ToolCall = {
+                "id": call.get("id") or f"{id_prefix}{ctx_calls[0]}",
+                "type": "function",
+                "function": {
+                    "name": str(call.get("name", "")),
+                    "arguments": orjson.dumps(call.get("args") or {}).decode(),
+                },
+            }
+            ctx_calls[0] += 1
+            if signature:
+                tool["thought_signature"] = signature
+            if deltas and "tool_calls" in deltas[-1]:
+                deltas[-1]["tool_calls"].append(tool)
+            else:
+                deltas.append({"tool_calls": [tool]})
+            continue
+        if signature:
+            deltas.append({"reasoning_signature": signature})
+        text = part.get("text")
+        if not isinstance(text, str) or not text:
+            continue
+        key = "reasoning_content" if part.get("thought") else "content"
+        last = deltas[-1] if deltas else None
+        if last is not None and len(last) == 1 and key in last:
+            last[key] += text  # type: ignore[literal-required]
+        else:
+            deltas.append({key: text})  # type: ignore[misc]
+    return deltas
