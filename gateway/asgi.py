@@ -148,7 +148,7 @@ class DisconnectWatch:
 class Watchlist:
     """Starts the disconnect watch of each request that has lasted its delay. One timer looks
     at the requests in flight every ``WATCH_TICK`` seconds while there are any, instead of a
-    timer per request, set and then cancelled (~20k instructions a request). A watch starts
+    timer per request, set and then cancelled (which costs far more). A watch starts
     between its delay and a tick later; the watches of one delay end in the order they began."""
 
     __slots__ = ("_queues", "_timer", "_loop")

@@ -6,22 +6,22 @@ idle task sleeping ``keep_alive_timeout``. When the client closes an idle connec
 loop ends, but the idle task is only stopped in the ``finally`` that runs after the TaskGroup
 exits, and the TaskGroup waits for it: the socket stays in CLOSE_WAIT and the connection's
 objects (TaskGroup, tasks, StreamWriter, the tracebacks of its cancelled tasks) stay alive for
-the whole keep-alive. Measured with the gateway's 75 s: tracked objects grew 12.6k -> 71.7k
-over four rounds of 256-connection load and full collections took 45-75 ms, against
-6.5k-9.3k and 7-35 ms with a 5-s keep-alive, which lets them go 5 s later.
+the whole keep-alive (bench/RESULTS.md, "Garbage collection", has what that cost).
 
 The mend stops the idle task as soon as the read loop has ended. Nothing can arrive on the
 connection any more, so nothing is lost; a request still being answered is not touched (its
 stream was closed by the read loop, as before). A hypercorn without that read loop or idle task
-is left alone.
+is left alone, and says so in the log once.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+log = logging.getLogger("gateway.server")
 _MENDED = "_gateway_mended_idle_close"
 
 
@@ -37,6 +37,7 @@ def mend_hypercorn() -> bool:
         server_class, "_read_data", None
     )
     if read_data is None:
+        log.warning("server.hypercorn_not_mended reason=no_read_loop")
         return False
 
     async def _read_data(self: Any) -> None:

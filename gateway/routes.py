@@ -22,6 +22,7 @@ class RouteSpec:
     kind: str  # the endpoint kind: chat | count_tokens | embeddings | models | ...
     stream: bool | None = None  # fixed by the path (generate-content), else the body says
     action: str = ""  # a generate-content path's action
+    key_in_query: bool = False  # ``?key=`` is accepted too (Gemini's own clients send it)
 
 
 GENERATE_PREFIXES = ("/v1beta/models/", "/v1/models/")
@@ -46,10 +47,10 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/messages/count_tokens", "POST", "anthropic", "count_tokens"),
     RouteSpec("/v1/models", "GET", "openai", "models"),
     RouteSpec("/v1/models/{model}", "GET", "openai", "model"),
-    RouteSpec("/v1beta/models", "GET", "gemini", "models"),
-    RouteSpec("/v1beta/models/{model}", "GET", "gemini", "model"),
+    RouteSpec("/v1beta/models", "GET", "gemini", "models", key_in_query=True),
+    RouteSpec("/v1beta/models/{model}", "GET", "gemini", "model", key_in_query=True),
     *(
-        RouteSpec(f"{prefix}{MODEL}:{action}", "POST", "gemini", kind, stream, action)
+        RouteSpec(f"{prefix}{MODEL}:{action}", "POST", "gemini", kind, stream, action, True)
         for prefix in GENERATE_PREFIXES
         for action, kind, stream in GENERATE_ACTIONS
     ),

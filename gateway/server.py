@@ -55,8 +55,8 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
     cfg.backlog = BACKLOG
-    # no "server: hypercorn-h11": the gateway does not advertise its software, and h11
-    # validates a stream's header list three times over (~30k instructions a header)
+    # no "server: hypercorn-h11": the gateway does not advertise its software, and each
+    # header costs h11 a validation pass
     cfg.include_server_header = False
     if workers > 1:
         from hypercorn.run import run

@@ -31,8 +31,8 @@ from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
 
 
 # Built per request, so not frozen: a frozen dataclass's __init__ sets each field through
-# object.__setattr__, three times the cost of a plain one. Treated as read-only, but for
-# Upstream.open, which swaps a call's body for a right-sized copy.
+# object.__setattr__, which costs several times a plain one. Treated as read-only, but for
+# Upstream.request, which swaps a call's body for a right-sized copy.
 @dataclass(slots=True)
 class RouteMatch:
     """What the path says: the client's protocol, the capability, and path-borne parameters."""

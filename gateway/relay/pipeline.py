@@ -87,9 +87,7 @@ class Relay:
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
     ) -> KeyRecord:
         """The caller's key record (401 when missing, unknown, disabled or expired)."""
-        secret = extract_key(
-            headers, scope.get("query_string", b""), allow_query=spec.protocol == "gemini"
-        )
+        secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)
         if secret is None:
             raise AuthenticationError("Missing API key.")
         return check_key(self.cache.key(key_hash(secret)), now)
