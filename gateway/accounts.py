@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-from gateway.config import NAME_RE, Channel, ConfigError, Model, Settings, parse_time
+from gateway.config import NAME_RE, ConfigError, Settings, parse_time
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.store import (
     MICRO,
@@ -28,10 +28,13 @@ from gateway.store import (
     hash_key,
     key_hint,
 )
+from gateway.store.catalogue import channel_json as channel_json
+from gateway.store.catalogue import model_json as model_json
+from gateway.store.records import KEY_CHANGES, KEY_STATUSES, from_micro
+from gateway.store.records import format_time as format_time
+from gateway.store.records import usage_json as usage_json
 from gateway.types import JSON
 
-KEY_STATUSES = ("enabled", "disabled")
-KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
 MAX_AMOUNT = 10**12  # balance units; keeps micro-units well inside a signed 64-bit integer
 MAX_NAME_LEN = 200
 MAX_ID_LEN = 128
@@ -68,11 +71,6 @@ def to_micro(value: object, field: str) -> int:
     return int((dec * MICRO).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
-def from_micro(micro: int) -> float:
-    """Micro-units -> a JSON number in balance units (300000 -> 0.3, the nearest double)."""
-    return micro / MICRO
-
-
 def format_money(micro: int) -> str:
     """Micro-units as exact decimal text for people: 300000 -> '0.3', -5 * MICRO -> '-5'."""
     sign = "-" if micro < 0 else ""
@@ -80,17 +78,6 @@ def format_money(micro: int) -> str:
     if not frac:
         return f"{sign}{whole}"
     return f"{sign}{whole}.{frac:06d}".rstrip("0")
-
-
-def format_time(dt: datetime | None) -> str | None:
-    """RFC 3339 in UTC with a Z; milliseconds only when the time has them."""
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    dt = dt.astimezone(UTC)
-    spec = "seconds" if dt.microsecond == 0 else "milliseconds"
-    return dt.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
 def _time(value: object, field: str) -> datetime | None:
@@ -298,6 +285,8 @@ async def usage(
 
 
 # ---- JSON shapes ---------------------------------------------------------------------------
+# usage_json (store/records.py), model_json and channel_json (store/catalogue.py) are imported
+# above: the store writes the same shapes.
 
 
 def account_json(acct: Account) -> dict[str, JSON]:
@@ -318,53 +307,3 @@ def key_json(rec: KeyRecord, secret: str | None = None) -> dict[str, JSON]:
         hint=rec.hint,
     )
     return out
-
-
-def usage_json(rec: UsageRecord) -> dict[str, JSON]:
-    return {
-        "time": format_time(rec.time),
-        "request_id": rec.request_id,
-        "account": rec.account,
-        "key_id": rec.key_id,
-        "model": rec.model,
-        "channel": rec.channel,
-        "protocol": rec.protocol,
-        "endpoint": rec.endpoint,
-        "prompt_tokens": rec.prompt_tokens,
-        "completion_tokens": rec.completion_tokens,
-        "cost": from_micro(rec.cost),
-        "status": rec.status,
-        "latency_ms": rec.latency_ms,
-        "ip_range": rec.ip_range,
-    }
-
-
-def model_json(model: Model) -> dict[str, JSON]:
-    price = model.price
-    return {
-        "name": model.name,
-        "capabilities": sorted(model.capabilities),
-        "price": {
-            "input": price.input,
-            "output": price.output,
-            "request": price.request,
-            "image": price.image,
-            "audio_second": price.audio_second,
-            "speech_char": price.speech_char,
-        },
-        "default_max_tokens": model.default_max_tokens,
-    }
-
-
-def channel_json(ch: Channel) -> dict[str, JSON]:
-    """A channel as the console shows it: never its upstream api_key."""
-    return {
-        "name": ch.name,
-        "type": ch.type,
-        "base_url": ch.base_url,
-        "groups": list(ch.groups),
-        "models": list(ch.models),
-        "model_map": dict(ch.model_map),
-        "priority": ch.priority,
-        "weight": ch.weight,
-    }

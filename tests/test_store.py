@@ -564,15 +564,21 @@ async def test_cache_keeps_its_snapshot_while_the_store_is_down(
 ) -> None:
     await store.create_account("alice", MICRO)
     await store.create_key(key_rec("k-1", SECRET))
-    cache = Cache(store, interval=0.05)
+    counting = CountingStore(store)
+    cache = Cache(counting, interval=0.05)  # type: ignore[arg-type]
     await cache.start()
+
+    def failures() -> int:
+        return sum("cache.refresh_failed" in r.getMessage() for r in caplog.records)
+
     try:
         await store.close()
         with caplog.at_level(logging.WARNING, logger="gateway.store.cache"):
             await cache.refresh()
-            await asyncio.sleep(0.3)  # several failing ticks
-        failures = [r for r in caplog.records if "cache.refresh_failed" in r.getMessage()]
-        assert 1 <= len(failures) <= 2  # the explicit refresh, then one line for the streak
+            asked = counting.versions
+            # every tick asks for the version first: three more asks, two whole failing ticks
+            await eventually(lambda: counting.versions >= asked + 3)
+        assert failures() == 2  # the explicit refresh, and one line for the whole streak
         assert cache.key(hash_key(SECRET)) is not None
         assert cache.balance("alice") == MICRO
 
@@ -581,6 +587,21 @@ async def test_cache_keeps_its_snapshot_while_the_store_is_down(
         await eventually(lambda: cache.balance("alice") == MICRO + 1)
     finally:
         await cache.stop()
+
+
+class CountingStore:
+    """A store that counts the ``version()`` calls made on it (a cache asks on every tick)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.versions = 0
+
+    async def version(self) -> int:
+        self.versions += 1
+        return await self.inner.version()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 async def test_cache_balance_counts_writer_debits_before_and_after_flush(store: Store) -> None:
@@ -644,10 +665,8 @@ async def test_writer_flush_cuts_the_linger_short(
     await writer.start()
     try:
         writer.submit(usage_rec(1, cost=10))
-        if lingering:
-            for _ in range(5):  # the writer takes the record and starts to linger
-                await asyncio.sleep(0)
-            assert writer._waker is not None
+        if lingering:  # while this read awaits, the writer takes the record and lingers
+            assert await store.usage(limit=10) == []
         await asyncio.wait_for(writer.flush(), 30)
         assert [r.request_id for r in await store.usage(limit=10)] == ["req-alice-1"]
         writer.submit(usage_rec(2, cost=10))  # the next batch lingers, and is flushed, too
@@ -840,10 +859,7 @@ async def test_a_parked_record_is_written_once_the_store_takes_it(
         await asyncio.wait_for(writer.flush(), 30)
         assert len(await store.usage(limit=10)) == 7
         refusing.refused = set()
-        for _ in range(1_000):
-            if not writer.pending:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: not writer.pending)
         assert writer.pending == writer.parked == 0
         assert len(await store.usage(limit=10)) == 8
         got = await store.get_account("alice")

@@ -54,7 +54,9 @@ class KeyRecord:
     hint: str = ""  # "sk-…abcd": enough to recognise a key, never enough to use it
 
 
-@dataclass(slots=True)  # one per request: not frozen, which would triple its build cost
+# not frozen: one is built per request, and a frozen dataclass's __init__ sets every field
+# through the slower object.__setattr__; nothing hashes a record or uses one as a key
+@dataclass(slots=True)
 class UsageRecord:
     """Call metadata only: never a prompt, a reply or a full client IP."""
 

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Mapping
 
 from gateway.store import KeyRecord, Store
+from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 
 log = logging.getLogger("gateway.store.cache")
 
@@ -57,14 +58,8 @@ class Cache:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            if _cancelling():
-                raise
+        if task is not None:
+            await cancel_and_wait(task)
 
     async def refresh(self) -> None:
         """Reload keys and balances now (the admin API calls this after a change)."""
@@ -79,12 +74,12 @@ class Cache:
             try:
                 await self._reload(force=False)
             except Exception as exc:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 if not self._failing:
                     log.warning("cache.refresh_failed error=%s", type(exc).__name__)
                 self._failing = True
             else:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 if self._failing:
                     log.info("cache.refresh_recovered")
                 self._failing = False
@@ -143,15 +138,3 @@ class Cache:
     def version(self) -> int | None:
         """The store version of the keys in memory (None before the first load)."""
         return self._version
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _raise_if_cancelled() -> None:
-    """Some clients (redis-py's pipelines) swallow a cancellation that lands mid-command; a
-    task that was cancelled must still stop, so check after every store call."""
-    if _cancelling():
-        raise asyncio.CancelledError

@@ -20,21 +20,22 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
-import orjson
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from gateway.store import (
-    MICRO,
-    Account,
-    ConflictError,
-    KeyRecord,
-    MissingError,
-    UsageRecord,
+from gateway.store import MICRO, Account, ConflictError, KeyRecord, MissingError, UsageRecord
+from gateway.store.catalogue import catalogue_json
+from gateway.store.records import (
+    apply_key_changes,
+    decode_key,
+    decode_usage,
+    encode_key,
+    encode_usage,
+    seed_keys,
+    to_micros,
 )
-from gateway.store.sqlite import apply_key_changes, catalogue_json, seed_keys, to_micros
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -107,90 +108,6 @@ def usage_key(account: str) -> str:
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
-
-
-def _time_text(dt: datetime) -> str:
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _parse_time(v: Any) -> datetime | None:
-    return None if v is None else datetime.fromisoformat(v).astimezone(UTC)
-
-
-def encode_key(rec: KeyRecord) -> bytes:
-    return orjson.dumps(
-        {
-            "id": rec.id,
-            "key_hash": rec.key_hash,
-            "account": rec.account,
-            "group": rec.group,
-            "name": rec.name,
-            "status": rec.status,
-            "expires_at": None if rec.expires_at is None else _time_text(rec.expires_at),
-            "created_at": None if rec.created_at is None else _time_text(rec.created_at),
-            "hint": rec.hint,
-        }
-    )
-
-
-def decode_key(raw: bytes | str) -> KeyRecord:
-    d = orjson.loads(raw)
-    return KeyRecord(
-        id=d["id"],
-        key_hash=d["key_hash"],
-        account=d["account"],
-        group=d["group"],
-        name=d.get("name", ""),
-        status=d.get("status", "enabled"),
-        expires_at=_parse_time(d.get("expires_at")),
-        created_at=_parse_time(d.get("created_at")),
-        hint=d.get("hint", ""),
-    )
-
-
-def encode_usage(rec: UsageRecord) -> bytes:
-    return orjson.dumps(
-        {
-            "time": _time_text(rec.time),
-            "request_id": rec.request_id,
-            "account": rec.account,
-            "key_id": rec.key_id,
-            "model": rec.model,
-            "channel": rec.channel,
-            "protocol": rec.protocol,
-            "endpoint": rec.endpoint,
-            "prompt_tokens": rec.prompt_tokens,
-            "completion_tokens": rec.completion_tokens,
-            "cost": rec.cost,
-            "status": rec.status,
-            "latency_ms": rec.latency_ms,
-            "ip_range": rec.ip_range,
-        }
-    )
-
-
-def decode_usage(raw: bytes | str) -> UsageRecord:
-    d = orjson.loads(raw)
-    time = _parse_time(d["time"])
-    assert time is not None
-    return UsageRecord(
-        time=time,
-        request_id=d["request_id"],
-        account=d["account"],
-        key_id=d["key_id"],
-        model=d["model"],
-        channel=d["channel"],
-        protocol=d["protocol"],
-        endpoint=d["endpoint"],
-        prompt_tokens=d["prompt_tokens"],
-        completion_tokens=d["completion_tokens"],
-        cost=d["cost"],
-        status=d["status"],
-        latency_ms=d["latency_ms"],
-        ip_range=d["ip_range"],
-    )
 
 
 class RedisStore:

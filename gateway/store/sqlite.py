@@ -20,21 +20,22 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import orjson
-
-from gateway.store import (
-    MICRO,
-    Account,
-    ConflictError,
-    KeyRecord,
-    MissingError,
-    UsageRecord,
-    hash_key,
-    key_hint,
+from gateway.store import MICRO, Account, ConflictError, KeyRecord, MissingError, UsageRecord
+from gateway.store.catalogue import catalogue_json
+from gateway.store.records import (
+    KEY_FIELDS,
+    USAGE_FIELDS,
+    apply_key_changes,
+    key_from_row,
+    key_row,
+    seed_keys,
+    to_micros,
+    usage_from_row,
+    usage_row,
 )
 
 if TYPE_CHECKING:
@@ -42,10 +43,6 @@ if TYPE_CHECKING:
 
 URL_PREFIX = "sqlite:///"
 BUSY_TIMEOUT_MS = 30_000
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-ONE_MICROSECOND = timedelta(microseconds=1)
-KEY_STATUSES = ("enabled", "disabled")
-KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
@@ -82,9 +79,9 @@ CREATE TABLE IF NOT EXISTS usage (
     ip_range          TEXT NOT NULL
 );
 -- usage indexes ascend: each new row lands at their right edge, where SQLite splits a full
--- page cheaply and leaves it full, and the newest-first listings read them backwards. The
--- descending ones of earlier versions took new rows at their left edge (a fifth more time
--- per row, a quarter more pages) and are replaced once
+-- page cheaply and leaves it full, and the newest-first listings read them backwards. A file
+-- of an earlier version has descending ones, which took new rows at their left edge, where a
+-- split leaves two half-full pages: they are replaced once
 DROP INDEX IF EXISTS usage_account_time;
 DROP INDEX IF EXISTS usage_time;
 CREATE INDEX IF NOT EXISTS usage_by_account ON usage (account, time, seq);
@@ -101,120 +98,17 @@ CREATE TABLE IF NOT EXISTS meta (
 INSERT OR IGNORE INTO meta (id, version) VALUES (1, 0);
 """
 
-KEY_COLUMNS = "id, key_hash, account, grp, name, status, expires_at, created_at, hint"
-USAGE_COLUMNS = (
-    "time, request_id, account, key_id, model, channel, protocol, endpoint, prompt_tokens, "
-    "completion_tokens, cost, status, latency_ms, ip_range"
-)
+# the columns of records.key_row and records.usage_row, in their order (``group`` is a keyword
+# of SQL: its column is ``grp``)
+KEY_COLUMNS = ", ".join("grp" if name == "group" else name for name in KEY_FIELDS)
+USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
 # usage rows per INSERT statement: 64 x 14 values stays under SQLite's oldest limit of 999
-# variables; one statement of many rows costs ~7k instructions a row less than executemany
-# (~39k), which steps and resets a statement per row
+# variables. A batch goes in as a few statements of many rows, not through executemany, which
+# steps and resets a statement once per row
 ROWS_PER_INSERT = 64
 
 T = TypeVar("T")
-
-
-def to_micros(dt: datetime) -> int:
-    """Microseconds since the epoch, exactly (a naive time is taken as UTC)."""
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return (dt - EPOCH) // ONE_MICROSECOND
-
-
-def from_micros(us: int) -> datetime:
-    return EPOCH + timedelta(microseconds=us)
-
-
-def parse_expiry(value: object) -> datetime | None:
-    """``expires_at`` as given to ``update_key``: a datetime, an RFC 3339 string or None."""
-    if value is None or isinstance(value, datetime):
-        dt = value
-    elif isinstance(value, str):
-        dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
-    else:
-        raise ValueError("expires_at: must be an RFC 3339 time or null")
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC)
-
-
-def apply_key_changes(rec: KeyRecord, changes: dict[str, object]) -> KeyRecord:
-    """The key after ``changes`` (any of status, group, expires_at, name). Raises ValueError."""
-    unknown = set(changes) - KEY_CHANGES
-    if unknown:
-        raise ValueError(f"{sorted(unknown)[0]}: cannot be changed")
-    updates: dict[str, Any] = {}
-    if "status" in changes:
-        if changes["status"] not in KEY_STATUSES:
-            raise ValueError("status: must be enabled or disabled")
-        updates["status"] = changes["status"]
-    for name in ("group", "name"):
-        if name in changes:
-            value = changes[name]
-            if not isinstance(value, str) or (name == "group" and not value):
-                raise ValueError(f"{name}: must be a non-empty string")
-            updates[name] = value
-    if "expires_at" in changes:
-        updates["expires_at"] = parse_expiry(changes["expires_at"])
-    return replace(rec, **updates)
-
-
-def catalogue_json(settings: Settings) -> bytes:
-    """The config's groups, models and channels as saved by ``seed`` (no upstream api_key)."""
-    return orjson.dumps(
-        {
-            "groups": list(settings.groups),
-            "models": [
-                {
-                    "name": m.name,
-                    "capabilities": sorted(m.capabilities),
-                    "price": {
-                        "input": m.price.input,
-                        "output": m.price.output,
-                        "request": m.price.request,
-                        "image": m.price.image,
-                        "audio_second": m.price.audio_second,
-                        "speech_char": m.price.speech_char,
-                    },
-                    "default_max_tokens": m.default_max_tokens,
-                }
-                for m in settings.models
-            ],
-            "channels": [
-                {
-                    "name": c.name,
-                    "type": c.type,
-                    "base_url": c.base_url,
-                    "groups": list(c.groups),
-                    "models": list(c.models),
-                    "model_map": c.model_map,
-                    "priority": c.priority,
-                    "weight": c.weight,
-                }
-                for c in settings.channels
-            ],
-        }
-    )
-
-
-def seed_keys(settings: Settings, now: datetime) -> list[KeyRecord]:
-    return [
-        KeyRecord(
-            id=k.id,
-            key_hash=hash_key(k.key),
-            account=k.account,
-            group=k.group,
-            name=k.name,
-            status=k.status,
-            expires_at=k.expires_at,
-            created_at=now,
-            hint=key_hint(k.key),
-        )
-        for k in settings.keys
-    ]
 
 
 def db_path(url: str) -> str:
@@ -224,62 +118,11 @@ def db_path(url: str) -> str:
     return url[len(URL_PREFIX) :]
 
 
-def _key_row(rec: KeyRecord) -> tuple[object, ...]:
-    return (
-        rec.id,
-        rec.key_hash,
-        rec.account,
-        rec.group,
-        rec.name,
-        rec.status,
-        None if rec.expires_at is None else to_micros(rec.expires_at),
-        None if rec.created_at is None else to_micros(rec.created_at),
-        rec.hint,
-    )
-
-
-def _key_from_row(row: tuple[Any, ...]) -> KeyRecord:
-    return KeyRecord(
-        id=row[0],
-        key_hash=row[1],
-        account=row[2],
-        group=row[3],
-        name=row[4],
-        status=row[5],
-        expires_at=None if row[6] is None else from_micros(row[6]),
-        created_at=None if row[7] is None else from_micros(row[7]),
-        hint=row[8],
-    )
-
-
-def _usage_row(rec: UsageRecord) -> tuple[object, ...]:
-    return (
-        to_micros(rec.time),
-        rec.request_id,
-        rec.account,
-        rec.key_id,
-        rec.model,
-        rec.channel,
-        rec.protocol,
-        rec.endpoint,
-        rec.prompt_tokens,
-        rec.completion_tokens,
-        rec.cost,
-        rec.status,
-        rec.latency_ms,
-        rec.ip_range,
-    )
-
-
 @functools.cache
 def _insert_usage(rows: int) -> str:
     """One INSERT of ``rows`` usage rows (at most ``ROWS_PER_INSERT`` distinct texts)."""
     one = "(" + ",".join("?" * USAGE_COLUMNS.count(",")) + ",?)"
     return f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES " + ",".join([one] * rows)
-
-
-def _usage_from_row(row: tuple[Any, ...]) -> UsageRecord:
-    return UsageRecord(from_micros(row[0]), *row[1:])
 
 
 class SQLiteStore:
@@ -367,7 +210,7 @@ class SQLiteStore:
 
     async def seed(self, settings: Settings) -> None:
         accounts = [(a.id, round(a.balance * MICRO)) for a in settings.accounts]
-        keys = [_key_row(k) for k in seed_keys(settings, datetime.now(UTC))]
+        keys = [key_row(k) for k in seed_keys(settings, datetime.now(UTC))]
         catalogue = catalogue_json(settings).decode()
         now = to_micros(datetime.now(UTC))
 
@@ -411,7 +254,7 @@ class SQLiteStore:
     async def load_keys(self) -> list[KeyRecord]:
         def run(conn: sqlite3.Connection) -> list[KeyRecord]:
             rows = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys").fetchall()
-            return [_key_from_row(r) for r in rows]
+            return [key_from_row(r) for r in rows]
 
         return await self._run(run)
 
@@ -463,7 +306,7 @@ class SQLiteStore:
     async def create_key(self, rec: KeyRecord) -> None:
         if rec.created_at is None:
             rec = replace(rec, created_at=datetime.now(UTC))
-        row = _key_row(rec)
+        row = key_row(rec)
 
         def run(conn: sqlite3.Connection) -> None:
             if (
@@ -482,7 +325,7 @@ class SQLiteStore:
     async def get_key(self, key_id: str) -> KeyRecord | None:
         def run(conn: sqlite3.Connection) -> KeyRecord | None:
             row = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE id = ?", (key_id,)).fetchone()
-            return None if row is None else _key_from_row(row)
+            return None if row is None else key_from_row(row)
 
         return await self._run(run)
 
@@ -495,7 +338,7 @@ class SQLiteStore:
                 rows = conn.execute(
                     f"SELECT {KEY_COLUMNS} FROM keys WHERE account = ? {order}", (account,)
                 ).fetchall()
-            return [_key_from_row(r) for r in rows]
+            return [key_from_row(r) for r in rows]
 
         return await self._run(run)
 
@@ -504,8 +347,8 @@ class SQLiteStore:
             row = conn.execute(f"SELECT {KEY_COLUMNS} FROM keys WHERE id = ?", (key_id,)).fetchone()
             if row is None:
                 raise MissingError(f"no key {key_id!r}")
-            new = apply_key_changes(_key_from_row(row), changes)
-            values = _key_row(new)
+            new = apply_key_changes(key_from_row(row), changes)
+            values = key_row(new)
             conn.execute(
                 "UPDATE keys SET grp = ?, name = ?, status = ?, expires_at = ? WHERE id = ?",
                 (values[3], values[4], values[5], values[6], key_id),
@@ -537,7 +380,7 @@ class SQLiteStore:
         inserts = []
         for i in range(0, len(records), ROWS_PER_INSERT):
             part = records[i : i + ROWS_PER_INSERT]
-            inserts.append((_insert_usage(len(part)), [v for r in part for v in _usage_row(r)]))
+            inserts.append((_insert_usage(len(part)), [v for r in part for v in usage_row(r)]))
 
         def run(conn: sqlite3.Connection) -> None:
             conn.executemany("UPDATE accounts SET balance = balance - ? WHERE id = ?", debits)
@@ -559,6 +402,6 @@ class SQLiteStore:
                     f"SELECT {USAGE_COLUMNS} FROM usage WHERE account = ? {order}",
                     (account, limit),
                 )
-            return [_usage_from_row(r) for r in rows.fetchall()]
+            return [usage_from_row(r) for r in rows.fetchall()]
 
         return await self._run(run)

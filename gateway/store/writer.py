@@ -23,13 +23,14 @@ from collections.abc import Sequence
 
 from gateway.store import Store, UsageRecord
 from gateway.store.cache import Cache
+from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 
 log = logging.getLogger("gateway.store.writer")
 
 DEFAULT_BATCH = 256
-# how long the first record of a batch waits for company: one transaction per record costs
-# ~0.5 ms of CPU here, one per batch a fraction of that; the cache is debited at once anyway,
-# and flush() cuts the wait short
+# how long the first record of a batch waits for company, so that the store takes records one
+# transaction per batch rather than one per record; the cache is debited at once anyway, and
+# flush() cuts the wait short
 LINGER = 0.05
 RETRY_FIRST = 0.05  # seconds before the first retry, doubling each time
 RETRY_MAX = 5.0
@@ -112,14 +113,8 @@ class UsageWriter:
             pass  # the store stayed down: reported below
         self._task = None
         for running in (task, self._parked_task):
-            if running is None:
-                continue
-            running.cancel()
-            try:
-                await running
-            except asyncio.CancelledError:
-                if _cancelling():
-                    raise
+            if running is not None:
+                await cancel_and_wait(running)
         self._parked_task = None  # a task cancelled before it ran never reached its finally
         left = deadline - asyncio.get_running_loop().time()
         if self._parked and left > 0:
@@ -155,11 +150,11 @@ class UsageWriter:
             if self._queue.empty():
                 self._urgent = False
             await self._write(batch)
-            _raise_if_cancelled()
+            raise_if_cancelled()
 
     async def _linger(self) -> None:
-        """Wait ``LINGER`` seconds, or less if flush() is called: one future and one timer
-        (``asyncio.wait_for`` on an event made a task and cancelled it, every batch)."""
+        """Wait ``LINGER`` seconds, or less if flush() is called: one future that a timer or
+        flush() completes, so no task is made per batch."""
         loop = asyncio.get_running_loop()
         waker = self._waker = loop.create_future()
         timer = loop.call_later(LINGER, _wake, waker)
@@ -181,7 +176,7 @@ class UsageWriter:
                 await self._store.settle(batch)
                 break
             except Exception as exc:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 attempt += 1
                 log.warning(
                     "writer.settle_failed records=%d first_request_id=%s attempt=%d "
@@ -223,7 +218,7 @@ class UsageWriter:
         try:
             await self._store.version()
         except Exception:
-            _raise_if_cancelled()
+            raise_if_cancelled()
             return False
         return True
 
@@ -258,7 +253,7 @@ class UsageWriter:
             try:
                 await self._store.settle([rec])
             except Exception:
-                _raise_if_cancelled()
+                raise_if_cancelled()
                 continue
             self._parked.remove(rec)
             log.info("writer.unparked request_id=%s parked=%d", rec.request_id, len(self._parked))
@@ -268,15 +263,3 @@ class UsageWriter:
 def _wake(waker: asyncio.Future[None]) -> None:
     if not waker.done():
         waker.set_result(None)
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _raise_if_cancelled() -> None:
-    """Some clients (redis-py's pipelines) swallow a cancellation that lands mid-command; a
-    task that was cancelled must still stop, so check after every store call."""
-    if _cancelling():
-        raise asyncio.CancelledError

@@ -1,0 +1,253 @@
+"""The shapes records take outside memory, written once for both backends and the admin API.
+
+- A usage record is a row of ``USAGE_FIELDS`` in SQLite (its time in microseconds since the
+  epoch), a JSON object with the same fields in Redis (its time as exact RFC 3339 text), and a
+  JSON object for the admin API and the command line (time in RFC 3339 UTC, to the
+  millisecond at most; cost in balance units instead of micro-units).
+- A key record is a row of ``KEY_FIELDS`` in SQLite and a JSON object in Redis, its times
+  converted the same ways. (What the admin API shows of a key lives in ``accounts.key_json``:
+  it never shows the hash and shows the secret once.)
+- ``apply_key_changes`` and ``seed_keys`` are the two ways a key record is made from input,
+  the same for both backends.
+
+Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import fields, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.store import MICRO, KeyRecord, UsageRecord, hash_key, key_hint
+from gateway.types import JSON
+
+if TYPE_CHECKING:
+    from gateway.config import Settings
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+ONE_MICROSECOND = timedelta(microseconds=1)
+USAGE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))  # time comes first
+KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(KeyRecord))
+KEY_STATUSES = ("enabled", "disabled")
+KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
+
+
+# -- times and money -------------------------------------------------------------------------
+
+
+def to_micros(dt: datetime) -> int:
+    """Microseconds since the epoch, exactly (a naive time is taken as UTC)."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - EPOCH) // ONE_MICROSECOND
+
+
+def from_micros(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=us)
+
+
+def time_text(dt: datetime) -> str:
+    """Exact RFC 3339 text in UTC with a Z (microseconds kept), as Redis stores times."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time_text(text: str) -> datetime:
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+def format_time(dt: datetime | None) -> str | None:
+    """RFC 3339 in UTC with a Z, as people and the admin API see times; milliseconds only when
+    the time has them."""
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    dt = dt.astimezone(UTC)
+    spec = "seconds" if dt.microsecond == 0 else "milliseconds"
+    return dt.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
+
+
+def from_micro(micro: int) -> float:
+    """Micro-units -> a JSON number in balance units (300000 -> 0.3, the nearest double)."""
+    return micro / MICRO
+
+
+# -- usage records ---------------------------------------------------------------------------
+
+
+def _usage_fields(rec: UsageRecord, time: str | None, cost: float) -> dict[str, JSON]:
+    """The record's fields in ``USAGE_FIELDS`` order, with its time and cost as given."""
+    return {
+        "time": time,
+        "request_id": rec.request_id,
+        "account": rec.account,
+        "key_id": rec.key_id,
+        "model": rec.model,
+        "channel": rec.channel,
+        "protocol": rec.protocol,
+        "endpoint": rec.endpoint,
+        "prompt_tokens": rec.prompt_tokens,
+        "completion_tokens": rec.completion_tokens,
+        "cost": cost,
+        "status": rec.status,
+        "latency_ms": rec.latency_ms,
+        "ip_range": rec.ip_range,
+    }
+
+
+def usage_row(rec: UsageRecord) -> tuple[object, ...]:
+    """The record as a row of ``USAGE_FIELDS``, its time in microseconds since the epoch.
+    (Written out rather than taken from ``_usage_fields``: every record settled goes
+    through here.)"""
+    return (
+        to_micros(rec.time),
+        rec.request_id,
+        rec.account,
+        rec.key_id,
+        rec.model,
+        rec.channel,
+        rec.protocol,
+        rec.endpoint,
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        rec.cost,
+        rec.status,
+        rec.latency_ms,
+        rec.ip_range,
+    )
+
+
+def usage_from_row(row: tuple[Any, ...]) -> UsageRecord:
+    return UsageRecord(from_micros(row[0]), *row[1:])
+
+
+def encode_usage(rec: UsageRecord) -> bytes:
+    """The record as Redis stores it. The same record always gives the same bytes, which is
+    what lets Redis recognise a record it already holds."""
+    return orjson.dumps(_usage_fields(rec, time_text(rec.time), rec.cost))
+
+
+def decode_usage(raw: bytes | str) -> UsageRecord:
+    d = orjson.loads(raw)
+    return UsageRecord(parse_time_text(d["time"]), *[d[name] for name in USAGE_FIELDS[1:]])
+
+
+def usage_json(rec: UsageRecord) -> dict[str, JSON]:
+    """The record as the admin API and the command line show it."""
+    return _usage_fields(rec, format_time(rec.time), from_micro(rec.cost))
+
+
+# -- key records -----------------------------------------------------------------------------
+
+
+def _key_fields(rec: KeyRecord, time: Callable[[datetime], object]) -> dict[str, object]:
+    """The record's fields in ``KEY_FIELDS`` order, its times written by ``time``."""
+    return {
+        "id": rec.id,
+        "key_hash": rec.key_hash,
+        "account": rec.account,
+        "group": rec.group,
+        "name": rec.name,
+        "status": rec.status,
+        "expires_at": None if rec.expires_at is None else time(rec.expires_at),
+        "created_at": None if rec.created_at is None else time(rec.created_at),
+        "hint": rec.hint,
+    }
+
+
+def _key_from_fields(d: Mapping[str, Any], time: Callable[[Any], datetime]) -> KeyRecord:
+    expires_at, created_at = d.get("expires_at"), d.get("created_at")
+    return KeyRecord(
+        id=d["id"],
+        key_hash=d["key_hash"],
+        account=d["account"],
+        group=d["group"],
+        name=d.get("name", ""),
+        status=d.get("status", "enabled"),
+        expires_at=None if expires_at is None else time(expires_at),
+        created_at=None if created_at is None else time(created_at),
+        hint=d.get("hint", ""),
+    )
+
+
+def key_row(rec: KeyRecord) -> tuple[object, ...]:
+    """The record as a row of ``KEY_FIELDS``, its times in microseconds since the epoch."""
+    return tuple(_key_fields(rec, to_micros).values())
+
+
+def key_from_row(row: tuple[Any, ...]) -> KeyRecord:
+    return _key_from_fields(dict(zip(KEY_FIELDS, row, strict=True)), from_micros)
+
+
+def encode_key(rec: KeyRecord) -> bytes:
+    """The record as Redis stores it."""
+    return orjson.dumps(_key_fields(rec, time_text))
+
+
+def decode_key(raw: bytes | str) -> KeyRecord:
+    """A record Redis stores; one written before ``name``, ``status`` or ``hint`` existed
+    gets their defaults."""
+    return _key_from_fields(orjson.loads(raw), parse_time_text)
+
+
+# -- key records made from input -------------------------------------------------------------
+
+
+def parse_expiry(value: object) -> datetime | None:
+    """``expires_at`` as given to ``update_key``: a datetime, an RFC 3339 string or None."""
+    if value is None or isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str):
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    else:
+        raise ValueError("expires_at: must be an RFC 3339 time or null")
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
+
+
+def apply_key_changes(rec: KeyRecord, changes: Mapping[str, object]) -> KeyRecord:
+    """The key after ``changes`` (any of status, group, expires_at, name). Raises ValueError."""
+    unknown = set(changes) - KEY_CHANGES
+    if unknown:
+        raise ValueError(f"{sorted(unknown)[0]}: cannot be changed")
+    updates: dict[str, Any] = {}
+    if "status" in changes:
+        if changes["status"] not in KEY_STATUSES:
+            raise ValueError("status: must be enabled or disabled")
+        updates["status"] = changes["status"]
+    for name in ("group", "name"):
+        if name in changes:
+            value = changes[name]
+            if not isinstance(value, str) or (name == "group" and not value):
+                raise ValueError(f"{name}: must be a non-empty string")
+            updates[name] = value
+    if "expires_at" in changes:
+        updates["expires_at"] = parse_expiry(changes["expires_at"])
+    return replace(rec, **updates)
+
+
+def seed_keys(settings: Settings, now: datetime) -> list[KeyRecord]:
+    """The config file's keys, as ``seed`` creates those that are absent."""
+    return [
+        KeyRecord(
+            id=k.id,
+            key_hash=hash_key(k.key),
+            account=k.account,
+            group=k.group,
+            name=k.name,
+            status=k.status,
+            expires_at=k.expires_at,
+            created_at=now,
+            hint=key_hint(k.key),
+        )
+        for k in settings.keys
+    ]
