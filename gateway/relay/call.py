@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,15 +77,16 @@ class Call(UsageRecord):
         used.prompt_tokens, used.completion_tokens = p, c
         self.cost = rate.cost_of(used) if rate is not None else 0
 
-    def record(self, writer: UsageWriter) -> None:
-        """Hand the record to the writer; once per request, a no-op after that."""
+    def record(self, writer: UsageWriter) -> Awaitable[None] | None:
+        """Hand the record to the writer; once per request, a no-op after that. Returns what
+        to await for the record to be durable (``UsageWriter.submit``)."""
         key = self.key
         if key is None or self.recorded:
-            return
+            return None
         self.recorded = True
         if len(self.model) > MAX_RECORDED_MODEL:
             self.model = self.model[:MAX_RECORDED_MODEL]
         self.account = key.account
         self.key_id = key.id
         self.latency_ms = int((time.perf_counter() - self.started) * 1000)
-        writer.submit(self)
+        return writer.submit(self)

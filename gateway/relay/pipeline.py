@@ -18,6 +18,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -243,7 +244,9 @@ class Relay:
         send: Send,
     ) -> None:
         call.bill(used, rate)
-        call.record(self.writer)
+        durable = call.record(self.writer)
+        if durable is not None:
+            await durable  # the record survives the process before the reply is complete
         call.responded = True
         await send(
             {
@@ -268,10 +271,10 @@ class Relay:
     ) -> None:
         stream: RelayStream = exchange.stream(resp.headers)
 
-        def settle(status: int) -> None:
+        def settle(status: int) -> Awaitable[None] | None:
             call.bill(exchange.used(stream), rate)  # what was generated, even when cut short
             call.set_status(status)
-            call.record(self.writer)
+            return call.record(self.writer)
 
         call.responded = True
         try:

@@ -10,7 +10,7 @@ client protocol's form, after what was converted before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
@@ -25,11 +25,12 @@ async def pump(
     resp: UpstreamResponse,
     stream: RelayStream,
     send: Send,
-    settle: Callable[[int], None],
+    settle: Callable[[int], Awaitable[None] | None],
 ) -> GatewayError | None:
     """Relay the upstream's stream to the client through ``stream``; ``settle(status)`` is
-    called once, before the last bytes are sent. Returns the error that ended the stream
-    early (already sent to the client in its protocol's form), or None."""
+    called once, and what it returns awaited, before the last bytes are sent. Returns the
+    error that ended the stream early (already sent to the client in its protocol's form),
+    or None."""
     await send(
         {
             "type": "http.response.start",
@@ -49,10 +50,14 @@ async def pump(
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         out += stream.finish()
     except GatewayError as err:
-        settle(err.status)
+        durable = settle(err.status)
+        if durable is not None:
+            await durable
         tail = stream.error(err)
         await send({"type": "http.response.body", "body": out + tail, "more_body": False})
         return err
-    settle(200)
+    durable = settle(200)
+    if durable is not None:
+        await durable
     await send({"type": "http.response.body", "body": out, "more_body": False})
     return None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from gateway.store import Store, UsageRecord
 from gateway.store.cache import Cache
@@ -56,12 +56,15 @@ class UsageWriter:
         self._urgent = False  # a flush() is waiting: no lingering
         self._waker: asyncio.Future[None] | None = None  # ends the current linger early
 
-    def submit(self, rec: UsageRecord) -> None:
-        """Queue a record and debit its cost from the cache; sync, never blocks."""
+    def submit(self, rec: UsageRecord) -> Awaitable[None] | None:
+        """Queue a record and debit its cost from the cache; sync, never blocks. Returns what
+        to await before the reply's last bytes go out for the record to survive the process
+        dying, or None when there is nothing to wait for."""
         self._submitted += 1
         self._queue.put_nowait(rec)
         if self._cache is not None:
             self._cache.debit(rec.account, rec.cost)
+        return None
 
     @property
     def pending(self) -> int:
