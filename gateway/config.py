@@ -102,6 +102,11 @@ class UpstreamSettings:
     pool_size_per_host: int = 0  # 0: no per-host cap beyond pool_size
     retries: int = 2  # further channels tried after the first fails (before any byte is sent)
     cooldown_seconds: float = 30.0
+    # the longest wait for a reply's status and, for a stream, its first output, before the
+    # next channel is tried; None: only read_timeout applies
+    first_byte_timeout: float | None = None
+    # a stream quiet this long gets its protocol's keep-alive (SSE comment, messages ping)
+    stream_keepalive_seconds: float = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,5 +495,13 @@ def _upstream(v: Any) -> UpstreamSettings:
         retries=_int(d.get("retries", base.retries), "upstream.retries"),
         cooldown_seconds=_num(
             d.get("cooldown_seconds", base.cooldown_seconds), "upstream.cooldown_seconds"
+        ),
+        first_byte_timeout=None
+        if d.get("first_byte_timeout") is None
+        else _num(d["first_byte_timeout"], "upstream.first_byte_timeout", minimum=0.001),
+        stream_keepalive_seconds=_num(
+            d.get("stream_keepalive_seconds", base.stream_keepalive_seconds),
+            "upstream.stream_keepalive_seconds",
+            minimum=0.01,
         ),
     )

@@ -130,7 +130,7 @@ def transcription_used(reply: object) -> Metered:
 
 
 class TranscriptionExchange:
-    __slots__ = ("call", "upload", "_job")
+    __slots__ = ("call", "upload", "keepalive", "_job")
 
     def __init__(self, job: TranscriptionJob, target: UpstreamTarget) -> None:
         self.call: UpstreamCall | None = UpstreamCall(
@@ -142,6 +142,7 @@ class TranscriptionExchange:
             body=b"",
         )
         self.upload: AsyncIterable[bytes] | None = job.upload(target.model)
+        self.keepalive = b""
         self._job = job
 
     @property

@@ -64,6 +64,7 @@ class Exchange(Protocol):
 
     call: UpstreamCall | None  # None: answered without the upstream (``reply(b"", {})``)
     upload: AsyncIterable[bytes] | None  # a body streamed as it arrives instead of call.body
+    keepalive: bytes  # what a quiet stream sends its client now and then (b"": nothing)
 
     @property
     def replayable(self) -> bool:

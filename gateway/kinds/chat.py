@@ -35,6 +35,16 @@ from gateway.tokens import estimate_prompt_tokens
 from gateway.types import JSON, ChatRequest, Usage
 
 CHANNEL_TYPES = frozenset(ADAPTERS)
+# what a quiet stream sends, by the client's protocol (and, for generate-content, its framing):
+# an SSE comment for chat completions; the messages protocol's own ping event; for
+# generate-content a blank line, which an SSE parser reads as no event and the JSON-array
+# framing as whitespace (google-genai fails on an SSE comment)
+KEEPALIVES = {
+    ("openai", True): b": keep-alive\n\n",
+    ("anthropic", True): b'event: ping\ndata: {"type": "ping"}\n\n',
+    ("gemini", True): b"\n",
+    ("gemini", False): b"\n",
+}
 # the optional abilities, looked up once: isinstance() against a Protocol walks its members
 PASSTHROUGH: dict[str, Passthrough] = {
     name: a for name, a in ADAPTERS.items() if isinstance(a, Passthrough)
@@ -88,7 +98,7 @@ def upstream_json(raw: bytes) -> JSON:
 class PassthroughChat:
     """Client protocol == channel type: the body and the reply go through, model renamed."""
 
-    __slots__ = ("call", "upload", "replayable", "_adapter", "_job", "_ctx", "_target")
+    __slots__ = ("call", "upload", "replayable", "keepalive", "_adapter", "_job", "_ctx", "_target")
 
     def __init__(
         self, adapter: Passthrough, job: ChatJob, ctx: Ctx, target: UpstreamTarget, last: bool
@@ -97,6 +107,7 @@ class PassthroughChat:
         self.call: UpstreamCall | None = adapter.passthrough_request(payload, job.route, target)
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
+        self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")
         self._adapter = adapter
         self._job = job
         self._ctx = ctx
@@ -119,12 +130,22 @@ class PassthroughChat:
 class ConvertedChat:
     """Client protocol != channel type: through the chat-completions shape both ways."""
 
-    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_job", "_ctx")
+    __slots__ = (
+        "call",
+        "upload",
+        "replayable",
+        "keepalive",
+        "_client",
+        "_upstream",
+        "_job",
+        "_ctx",
+    )
 
     def __init__(self, upstream: Adapter, job: ChatJob, ctx: Ctx, target: UpstreamTarget) -> None:
         self.call: UpstreamCall | None = upstream.encode_request(job.decoded(ctx), target)
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
+        self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")
         self._client = job.client
         self._upstream = upstream
         self._job = job
@@ -173,7 +194,16 @@ class ChatKind:
 class Count:
     """One count: asked of a channel that can count, else the local estimate."""
 
-    __slots__ = ("call", "upload", "replayable", "_client", "_upstream", "_counter", "_ctx")
+    __slots__ = (
+        "call",
+        "upload",
+        "replayable",
+        "keepalive",
+        "_client",
+        "_upstream",
+        "_counter",
+        "_ctx",
+    )
 
     def __init__(
         self,
@@ -188,6 +218,7 @@ class Count:
             counter.count_request(req, target) if counter is not None else None
         )
         self._counter = counter
+        self.keepalive = b""
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self._client = client

@@ -58,7 +58,7 @@ class EmbeddingsJob:
 class EmbeddingsExchange:
     """One attempt: through the body as it is (same protocol) or converted."""
 
-    __slots__ = ("call", "upload", "replayable", "_job", "_upstream", "_ctx", "_same")
+    __slots__ = ("call", "upload", "replayable", "keepalive", "_job", "_upstream", "_ctx", "_same")
 
     def __init__(
         self,
@@ -78,6 +78,7 @@ class EmbeddingsExchange:
             self.call = upstream.embeddings_request(job.req, target)
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
+        self.keepalive = b""
         self._job = job
         self._upstream = upstream
         self._ctx = ctx

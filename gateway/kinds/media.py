@@ -81,7 +81,7 @@ class RawStream:
 
 
 class MediaExchange:
-    __slots__ = ("call", "upload", "replayable", "_kind", "_job", "_ctx")
+    __slots__ = ("call", "upload", "replayable", "keepalive", "_kind", "_job", "_ctx")
 
     def __init__(self, kind: MediaKind, job: MediaJob, target: UpstreamTarget, ctx: Ctx) -> None:
         assert job.payload is not None
@@ -92,6 +92,7 @@ class MediaExchange:
         )
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
+        self.keepalive = b""
         self._kind = kind
         self._job = job
         self._ctx = ctx

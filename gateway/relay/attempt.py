@@ -1,23 +1,44 @@
-"""One upstream attempt: send the exchange's call, and classify a failure before the first
-byte reached the client, keeping the channel's health (``health.ChannelHealth``)."""
+"""One upstream attempt, up to the point where something can reach the client.
+
+Everything that goes wrong before then is the channel's failure, and another channel may still
+be tried: the upstream unreachable or answering an error status, no first byte within the
+first-byte timeout, a reply that is not what its protocol says (not JSON, empty, malformed),
+a stream that is garbage, ends, or reports an error before its first output. Each such failure
+is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
+the upstream reports (a 4xx) is not, and is not retried.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import ChannelHealth
-from gateway.kinds.base import Exchange
+from gateway.kinds.base import Exchange, Reply
+from gateway.protocols.base import RelayStream
 from gateway.upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.relay")
 
 
+@dataclass(slots=True)
+class Answer:
+    """What an attempt that succeeded holds: a whole reply, or a stream and its first output."""
+
+    resp: UpstreamResponse
+    reply: Reply | None = None
+    stream: RelayStream | None = None
+    first: bytes = b""  # the stream's first output for the client
+    ended: bool = False  # the stream ended with it
+    failure: GatewayError | None = None  # the error the stream ended with, in ``first``
+
+
 async def open_attempt(
     upstream: Upstream, exchange: Exchange, channel: str, health: ChannelHealth
 ) -> UpstreamResponse:
-    """The upstream's response once its status is known and is a success. A failure raises
-    the gateway error for it (``retryable`` says whether another channel may be tried)."""
+    """The upstream's response once its status is known and is a success."""
     assert exchange.call is not None
     try:
         resp = await upstream.request(exchange.call, exchange.upload)
@@ -25,7 +46,6 @@ async def open_attempt(
         health.failed(channel, err)
         raise
     if resp.status < 400:
-        health.succeeded(channel)
         return resp
     try:
         raw = await resp.read()
@@ -41,3 +61,85 @@ async def open_attempt(
         except ValueError:
             pass
     raise failure
+
+
+async def first_output(
+    resp: UpstreamResponse, exchange: Exchange, stream: RelayStream
+) -> tuple[bytes, bool, GatewayError | None]:
+    """Read the upstream's stream until it gives the client something: (bytes, ended, the
+    error it ended with). An error before any output raises; one that came after output in
+    the same read is part of the stream: the output, then the error in the stream."""
+    while True:
+        try:
+            raw = await resp.chunk()
+            if not raw:
+                return stream.finish(), True, None
+            out = stream.feed(raw)
+        except GatewayError as err:
+            tail = stream.error(err)
+            if tail == exchange.stream(resp.headers).error(err):
+                raise  # nothing came before it
+            return tail, True, err
+        if out:
+            return out, False, None
+
+
+async def attempt(
+    upstream: Upstream,
+    exchange: Exchange,
+    channel: str,
+    health: ChannelHealth,
+    stream: bool,
+    first_byte_timeout: float | None,
+    quiet_after: float,
+) -> Answer:
+    """Send the exchange's call and read until there is something for the client: the whole
+    reply, or a stream's first output. Raises the gateway error of a failure before then.
+
+    A stream whose upstream answered but stays quiet for ``quiet_after`` seconds (and less
+    than the first-byte timeout) is taken as it is, with nothing to send yet: its client then
+    gets keep-alives instead of a load balancer cutting it, and no other channel is tried."""
+    loop = asyncio.get_running_loop()
+    deadline = None if first_byte_timeout is None else loop.time() + first_byte_timeout
+    resp: UpstreamResponse | None = None
+    relay_stream: RelayStream | None = None
+    committing = False  # the deadline now running is the quiet one, not the first byte's
+    try:
+        async with asyncio.timeout_at(deadline) as timeout:
+            resp = await open_attempt(upstream, exchange, channel, health)
+            if stream:
+                relay_stream = exchange.stream(resp.headers)
+                quiet_at = loop.time() + quiet_after
+                if deadline is None or quiet_at < deadline:
+                    timeout.reschedule(quiet_at)
+                    committing = True
+                first, ended, failure = await first_output(resp, exchange, relay_stream)
+                answer = Answer(resp, None, relay_stream, first, ended, failure)
+        if not stream:
+            answer = Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
+    except TimeoutError:
+        if committing and resp is not None and relay_stream is not None:
+            health.succeeded(channel)
+            return Answer(resp, stream=relay_stream)  # quiet, not failed
+        if resp is not None:
+            resp.close()
+        failure = UpstreamTimeoutError(
+            f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
+        )
+        health.failed(channel, failure)
+        raise failure from None
+    except GatewayError as err:
+        if resp is None:
+            raise  # counted by open_attempt
+        resp.close()
+        if err.status >= 500:
+            err.retryable = True  # nothing reached the client yet
+            log.warning("relay.upstream_bad_reply channel=%s status=%d", channel, err.status)
+        health.failed(channel, err)
+        raise
+    except BaseException:
+        if resp is not None:
+            resp.close()
+        raise
+    health.succeeded(channel)
+    return answer

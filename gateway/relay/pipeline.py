@@ -44,17 +44,17 @@ from gateway.health import ChannelHealth
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind
 from gateway.protocols import ADAPTERS
-from gateway.protocols.base import Ctx, RelayStream, UpstreamTarget
-from gateway.relay.attempt import open_attempt
+from gateway.protocols.base import Ctx, UpstreamTarget
+from gateway.relay.attempt import Answer, attempt
 from gateway.relay.call import CLIENT_GONE, Call, new_request_id
-from gateway.relay.stream import pump
+from gateway.relay.stream import KeepAlive, pump
 from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
 from gateway.store import KeyRecord
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.relay")
 
@@ -83,6 +83,8 @@ class Relay:
         self.rng = random.Random()
         self.watchlist = Watchlist()
         self.retries = settings.upstream.retries
+        self.first_byte_timeout = settings.upstream.first_byte_timeout
+        self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
 
     def authenticate(
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
@@ -183,7 +185,15 @@ class Relay:
                     await self._reply_local(exchange, call, rate, send)
                     return
                 try:
-                    resp = await open_attempt(self.upstream, exchange, channel.name, self.health)
+                    answer = await attempt(
+                        self.upstream,
+                        exchange,
+                        channel.name,
+                        self.health,
+                        stream,
+                        self.first_byte_timeout,
+                        self.keepalive.interval,
+                    )
                 except GatewayError as err:
                     last = err
                     if err.retryable and exchange.replayable:
@@ -191,12 +201,15 @@ class Relay:
                     raise
                 job.release()  # no further attempt
                 try:
-                    if stream:
-                        await self._stream(resp, exchange, call, rate, watch, send)
+                    if answer.reply is not None:
+                        reply = answer.reply
+                        await self._send_reply(
+                            reply.body, reply.content_type, reply.used, call, rate, send
+                        )
                     else:
-                        await self._reply(resp, exchange, call, rate, send)
+                        await self._stream(answer, exchange, call, rate, watch, send)
                 finally:
-                    resp.close()
+                    answer.resp.close()
                 return
             raise last if last is not None else UpstreamUnavailableError("no channel answered")
         except asyncio.CancelledError:
@@ -219,13 +232,6 @@ class Relay:
             stream=stream,
             client_headers=client_headers,
         )
-
-    async def _reply(
-        self, resp: UpstreamResponse, exchange: Exchange, call: Call, rate: Rate | None, send: Send
-    ) -> None:
-        raw = await resp.read()
-        reply = exchange.reply(raw, resp.headers)
-        await self._send_reply(reply.body, reply.content_type, reply.used, call, rate, send)
 
     async def _reply_local(
         self, exchange: Exchange, call: Call, rate: Rate | None, send: Send
@@ -262,14 +268,15 @@ class Relay:
 
     async def _stream(
         self,
-        resp: UpstreamResponse,
+        answer: Answer,
         exchange: Exchange,
         call: Call,
         rate: Rate | None,
         watch: DisconnectWatch,
         send: Send,
     ) -> None:
-        stream: RelayStream = exchange.stream(resp.headers)
+        stream = answer.stream
+        assert stream is not None
 
         def settle(status: int) -> Awaitable[None] | None:
             call.bill(exchange.used(stream), rate)  # what was generated, even when cut short
@@ -277,11 +284,23 @@ class Relay:
             return call.record(self.writer)
 
         call.responded = True
+        quiet = self.keepalive.open(send, exchange.keepalive)
         try:
-            err = await pump(resp, stream, send, settle)
+            err = await pump(
+                answer.resp,
+                stream,
+                answer.first,
+                answer.ended,
+                answer.failure,
+                send,
+                settle,
+                quiet,
+            )
         except asyncio.CancelledError:
             if watch.gone:
                 call.bill(exchange.used(stream), rate)
             raise
+        finally:
+            self.keepalive.close(quiet)
         if err is not None:
             log.warning("relay.stream_error channel=%s status=%d", call.channel, err.status)

@@ -1,4 +1,5 @@
-"""The one stream loop: upstream chunks -> a ``RelayStream`` -> ``send``.
+"""The one stream loop: upstream chunks -> a ``RelayStream`` -> ``send``, and the keep-alives
+of quiet streams.
 
 One loop in the request's task, no queue, no read-ahead: a slow client blocks ``send``, the
 loop stops reading, and aiohttp pauses the upstream socket. The stream's last read goes out
@@ -6,10 +7,17 @@ with the end of the response (one send less per stream). The request is settled 
 recorded) before the last bytes leave, so a client that reads its balance right after the
 stream ends sees the cost; a failure after the stream started is sent inside it, in the
 client protocol's form, after what was converted before it.
+
+A stream that has sent its client nothing for ``interval`` seconds (an upstream thinking)
+gets its protocol's keep-alive (an SSE comment, the messages protocol's ``ping`` event), so a
+load balancer's idle timeout does not cut it. One timer looks at every open stream
+(``KeepAlive``); a stream pays one clock read per send.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from gateway.errors import GatewayError
@@ -21,16 +29,101 @@ from gateway.upstream import UpstreamResponse
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 
 
+class Quiet:
+    """One open stream as the keep-alive timer sees it."""
+
+    __slots__ = ("send", "data", "last", "sending", "ping", "done")
+
+    def __init__(self, send: Send, data: bytes) -> None:
+        self.send = send
+        self.data = data  # the protocol's keep-alive
+        self.last = time.monotonic()  # when the client was last sent something
+        self.sending = False  # the stream's own send is under way
+        self.ping: asyncio.Task[None] | None = None  # a keep-alive under way
+        self.done = False  # the stream sent its last bytes: nothing more may follow
+
+
+class KeepAlive:
+    """Sends a keep-alive on every open stream quiet for ``interval`` seconds; one timer,
+    ticking a quarter of the interval, while any stream is open."""
+
+    __slots__ = ("interval", "_open", "_timer")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._open: set[Quiet] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def open(self, send: Send, data: bytes) -> Quiet | None:
+        if not data:
+            return None  # a stream without keep-alives (binary audio)
+        quiet = Quiet(send, data)
+        self._open.add(quiet)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
+        return quiet
+
+    def close(self, quiet: Quiet | None) -> None:
+        if quiet is not None:
+            quiet.done = True
+            self._open.discard(quiet)
+
+    def _tick(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        for quiet in self._open:
+            if now - quiet.last >= self.interval and not quiet.sending and quiet.ping is None:
+                quiet.ping = asyncio.create_task(self._ping(quiet))
+        if self._open:
+            self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
+
+    @staticmethod
+    async def _ping(quiet: Quiet) -> None:
+        try:
+            if not quiet.done:
+                await quiet.send(
+                    {"type": "http.response.body", "body": quiet.data, "more_body": True}
+                )
+        except OSError:
+            pass  # the client is gone: the stream's own send will find out
+        finally:
+            quiet.last = time.monotonic()
+            quiet.ping = None
+
+
+async def _send(send: Send, quiet: Quiet | None, body: bytes, more: bool) -> None:
+    """The stream's own send, never at once with a keep-alive."""
+    if quiet is None:
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+        return
+    if quiet.ping is not None:
+        await quiet.ping
+    if not more:
+        quiet.done = True
+    quiet.sending = True
+    try:
+        await send({"type": "http.response.body", "body": body, "more_body": more})
+    finally:
+        quiet.sending = False
+        quiet.last = time.monotonic()
+
+
 async def pump(
     resp: UpstreamResponse,
     stream: RelayStream,
+    first: bytes,
+    ended: bool,
+    failure: GatewayError | None,
     send: Send,
     settle: Callable[[int], Awaitable[None] | None],
+    quiet: Quiet | None = None,
 ) -> GatewayError | None:
-    """Relay the upstream's stream to the client through ``stream``; ``settle(status)`` is
+    """Relay the upstream's stream to the client through ``stream``, whose ``first`` output
+    (and whether the stream ``ended`` with it, and with which ``failure``) was read already;
+    ``settle(status)`` is
     called once, and what it returns awaited, before the last bytes are sent. Returns the
     error that ended the stream early (already sent to the client in its protocol's form),
-    or None."""
+    or None. ``quiet``: the stream's entry in the keep-alive timer, if it has one."""
     await send(
         {
             "type": "http.response.start",
@@ -38,26 +131,28 @@ async def pump(
             "headers": [(b"content-type", stream.content_type.encode()), *STREAM_HEADERS],
         }
     )
-    out = b""  # converted, not yet sent: the last read's goes out with the end
+    out = first  # converted, not yet sent: the last read's goes out with the end
     try:
-        while True:
-            raw = await resp.chunk()
-            if not raw:
-                break
-            out += stream.feed(raw)
+        if failure is not None:
+            raise failure
+        while not ended:
             if out and not resp.at_eof():
                 body, out = out, b""
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-        out += stream.finish()
+                await _send(send, quiet, body, True)
+            raw = await resp.chunk()
+            if not raw:
+                out += stream.finish()
+                break
+            out += stream.feed(raw)
     except GatewayError as err:
         durable = settle(err.status)
         if durable is not None:
             await durable
-        tail = stream.error(err)
-        await send({"type": "http.response.body", "body": out + tail, "more_body": False})
+        tail = stream.error(err) if err is not failure else b""  # in ``first`` already
+        await _send(send, quiet, out + tail, False)
         return err
     durable = settle(200)
     if durable is not None:
         await durable
-    await send({"type": "http.response.body", "body": out, "more_body": False})
+    await _send(send, quiet, out, False)
     return None
