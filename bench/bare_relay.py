@@ -2,6 +2,7 @@
 
 Raw ASGI; orjson parses the body and rewrites ``model``; one shared aiohttp ClientSession posts
 upstream; the reply goes back chunk by chunk. BARE_UPSTREAMS maps model -> upstream base URL.
+``/v1/embeddings`` goes to ``{base}/embeddings``, every other path to ``{base}/chat/completions``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import aiohttp
 import orjson
 
 UPSTREAMS: dict[str, str] = orjson.loads(os.environ.get("BARE_UPSTREAMS", "{}"))
+# the client's path -> the path under the upstream's base URL (chat for any other path)
+PATHS = {"/v1/chat/completions": "/chat/completions", "/v1/embeddings": "/embeddings"}
 HEADERS = {"content-type": "application/json", "authorization": "Bearer sk-upstream-bench"}
 session: aiohttp.ClientSession | None = None
 
@@ -35,7 +38,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         msg = await receive()
         body, more = body + msg.get("body", b""), msg.get("more_body", False)
     payload = orjson.loads(body)
-    url = UPSTREAMS[payload["model"]] + "/chat/completions"
+    url = UPSTREAMS[payload["model"]] + PATHS.get(scope["path"], "/chat/completions")
     payload["model"] = "upstream-model"
     async with session.post(url, data=orjson.dumps(payload), headers=HEADERS) as resp:
         ctype = resp.headers.get("content-type", "application/json").encode()

@@ -60,12 +60,16 @@ def paced_location(first_ms: int, delay_ms: int) -> str:
 
 
 def upstream_conf(tmp: Path, port: int, echo: bool, first_ms: int, delay_ms: int) -> str:
-    """Locations /json/v1/..., /sse/v1/... and (with echo) /paced/v1/chat/completions.
+    """Locations /json/v1/..., /sse/v1/..., /embeddings/v1/embeddings and (with echo)
+    /paced/v1/chat/completions.
 
-    The SSE reply is longer than an nginx config token, so it is a static file behind an
-    ``error_page`` redirect (which turns the POST into a GET the static module serves)."""
+    The SSE and embeddings replies are longer than an nginx config token, so each is a static
+    file behind an ``error_page`` redirect (which turns the POST into a GET the static module
+    serves)."""
     sse_file = tmp / "sse-reply.txt"
     sse_file.write_bytes(payloads.sse_reply())
+    embed_file = tmp / "embeddings-reply.json"
+    embed_file.write_bytes(payloads.embeddings_reply())
     load = f"load_module {ECHO_MODULE};\n" if echo else ""
     paced = ""
     if echo:
@@ -84,7 +88,9 @@ http {{
             return 200 {_quote(payloads.json_reply())};
         }}
         location = /sse/v1/chat/completions {{ error_page 405 =200 /_sse; return 405; }}
-        location = /_sse {{ internal; default_type text/event-stream; alias {sse_file}; }}{paced}
+        location = /_sse {{ internal; default_type text/event-stream; alias {sse_file}; }}
+        location = /embeddings/v1/embeddings {{ error_page 405 =200 /_emb; return 405; }}
+        location = /_emb {{ internal; default_type application/json; alias {embed_file}; }}{paced}
         location = /healthz {{ return 200 'ok'; }}
     }}
 }}
@@ -92,8 +98,8 @@ http {{
 
 
 def relay_conf(tmp: Path, port: int, upstream_port: int, paced: tuple[int, str]) -> str:
-    """proxy_pass relay: /json/ and /sse/ to the nginx upstream, /pacedrelay/ to the paced upstream
-    (port, base path), with upstream keep-alive and unbuffered streams."""
+    """proxy_pass relay: /json/, /sse/ and /embeddings/ to the nginx upstream, /pacedrelay/ to
+    the paced upstream (port, base path), with upstream keep-alive and unbuffered streams."""
     paced_port, paced_path = paced
     proxy = """proxy_http_version 1.1;
             proxy_set_header Connection "";"""
@@ -106,6 +112,7 @@ http {{
         listen 127.0.0.1:{port} backlog=8192;
         location /json/ {{ proxy_pass http://up; {proxy} }}
         location /sse/ {{ proxy_pass http://up; proxy_buffering off; {proxy} }}
+        location /embeddings/ {{ proxy_pass http://up; {proxy} }}
         location /pacedrelay/ {{
             proxy_pass http://paced{paced_path.rstrip("/")}/; proxy_buffering off; {proxy}
         }}

@@ -1,25 +1,37 @@
 """The fixed bodies of the benchmark: client requests, upstream replies, and what a reply must hold.
 
 The upstream replies are served verbatim by nginx, so every byte here is on the wire: the JSON
-reply is exactly 827 bytes, the SSE reply is 20 content chunks, a usage chunk and ``[DONE]``.
+reply is exactly 827 bytes, the SSE reply is 20 content chunks, a usage chunk and ``[DONE]``,
+the embeddings reply 2 vectors of 256 floats with usage.
 """
 
 from __future__ import annotations
+
+import random
 
 import orjson
 
 UPSTREAM_MODEL = "upstream-model"
 # model names the relays are configured with, one per upstream kind
-MODEL = {"json": "bench-json", "sse": "bench-sse", "paced": "bench-paced"}
+MODEL = {
+    "json": "bench-json",
+    "sse": "bench-sse",
+    "paced": "bench-paced",
+    "embeddings": "bench-embeddings",
+}
 BENCH_KEY = "sk-bench-0000000000000001"
 UPSTREAM_KEY = "sk-upstream-bench"
 JSON_REPLY_BYTES = 827
 SSE_CHUNKS = 20
+EMBED_INPUTS, EMBED_DIMS = 2, 256
+# the last value of the last vector: a reply holding it went through whole
+EMBED_MARK = -0.0271828183
 # what each reply must contain to count as a success (checked on every reply by wrk's Lua)
 EXPECT = {
     "json": ["BENCH-REPLY-OK"],
     "sse": ["tok19", "[DONE]"],
     "messages": ["message_stop"],
+    "embeddings": [repr(EMBED_MARK)],
 }
 
 _MESSAGES = [
@@ -35,6 +47,49 @@ def chat_request(kind: str, stream: bool) -> bytes:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return orjson.dumps(body)
+
+
+def request(kind: str) -> bytes:
+    """The body a client posts for one kind: a chat request (streaming for sse) or, for
+    embeddings, an embeddings request."""
+    if kind == "embeddings":
+        return embeddings_request()
+    return chat_request(kind, kind == "sse")
+
+
+def embeddings_request() -> bytes:
+    """The OpenAI embeddings body: two short texts, floats asked for (what the fixed reply is)."""
+    return orjson.dumps(
+        {
+            "model": MODEL["embeddings"],
+            "input": [
+                "Load testing measures how a service behaves under pressure.",
+                "A relay should add as little as it can to every request.",
+            ],
+            "encoding_format": "float",
+        }
+    )
+
+
+def embeddings_reply() -> bytes:
+    """An OpenAI embeddings reply: EMBED_INPUTS vectors of EMBED_DIMS floats (fixed seed, values
+    of the size and precision text-embedding-3 sends), ``usage`` included; the last value of
+    the last vector is EMBED_MARK."""
+    rng = random.Random(1700000000)
+    data = []
+    for i in range(EMBED_INPUTS):
+        values = [round(rng.gauss(0.0, 0.0625), 10) for _ in range(EMBED_DIMS)]
+        if i == EMBED_INPUTS - 1:
+            values[-1] = EMBED_MARK
+        data.append({"object": "embedding", "index": i, "embedding": values})
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": data,
+            "model": UPSTREAM_MODEL,
+            "usage": {"prompt_tokens": 23, "total_tokens": 23},
+        }
+    )
 
 
 def messages_request(kind: str) -> bytes:

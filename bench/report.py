@@ -9,7 +9,7 @@ import platform
 import statistics
 from typing import Any
 
-from bench import instructions
+from bench import instructions, payloads
 
 NGINX = "nginx-relay"
 LITELLM = "litellm"
@@ -129,9 +129,26 @@ def _verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("**PASS**" if ok else "**FAIL**")
 
 
-def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int]) -> list[str]:
+# the wrk scenarios: (scenario, label, the kind instructions.py counts for it, if any)
+WRK_SCENARIOS = (
+    ("a", "non-stream", KINDS[0]),
+    ("b", "stream", KINDS[1]),
+    ("f", "embeddings", None),
+)
+
+
+def _targets(
+    results: dict[str, Any],
+    conns: list[int],
+    stream_conns: list[int],
+    embed_conns: list[int] | None = None,
+) -> list[str]:
     rows = ["| target | cell | measured | verdict |", "|---|---|---|---|"]
-    for scen, label, cs in (("a", "non-stream", conns), ("b", "stream", stream_conns)):
+    by_scen = {"a": conns, "b": stream_conns, "f": embed_conns or []}
+    for scen, label, kind in WRK_SCENARIOS:
+        cs = by_scen[scen]
+        if scen == "f" and not results.get("f"):
+            continue  # not run: no rows
         cells = results.get(scen, {})
         gw, bare = cells.get(GATEWAY, {}), cells.get(bare_for(GATEWAY), {})
         for c in cs:
@@ -144,8 +161,7 @@ def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int])
                 )
             else:
                 rows.append(f"| throughput vs bare relay | ({scen}) {label}, {c} conns | – | n/a |")
-        kind = KINDS[0] if scen == "a" else KINDS[1]
-        counted = results.get("e_instructions", {})
+        counted = results.get("e_instructions", {}) if kind else {}
         gi, bi = counted.get(GATEWAY, {}).get(kind), counted.get(bare_for(GATEWAY), {}).get(kind)
         if gi and bi:
             counted_share = bi / gi
@@ -202,7 +218,9 @@ def _targets(results: dict[str, Any], conns: list[int], stream_conns: list[int])
 
 def _cpu_model() -> str:
     try:
-        for line in open("/proc/cpuinfo").read().splitlines():
+        with open("/proc/cpuinfo") as info:
+            lines = info.read().splitlines()
+        for line in lines:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -217,6 +235,7 @@ def render(
     conns: list[int],
     stream_conns: list[int],
     converted_n: int,
+    embed_conns: list[int] | None = None,
 ) -> str:
     mode = "QUICK smoke run (BENCH_QUICK=1)" if settings.quick else "full run"
     out = [
@@ -239,7 +258,10 @@ def render(
         "checks every reply).",
         "- Upstream: nginx `return 200` with a fixed 827-byte chat.completion (JSON) and a "
         "static 20-chunk SSE reply with a usage chunk and `[DONE]`; paced streams wait 200 ms "
-        "before the first chunk, then 25 ms between chunks.",
+        "before the first chunk, then 25 ms between chunks. Embeddings: a static "
+        f"{len(payloads.embeddings_reply()):,}-byte reply of {payloads.EMBED_INPUTS} vectors "
+        f"× {payloads.EMBED_DIMS} floats with usage, to a request of "
+        f"{payloads.EMBED_INPUTS} short texts asking for floats.",
         "- Relays rewrite `model` (`bench-json` → `upstream-model`). The bare relay is "
         "`bench/bare_relay.py` (raw ASGI, orjson, one aiohttp session, unlimited pool).",
         "- CPU µs/req: utime+stime of the target's process tree over the cell, divided by "
@@ -253,7 +275,7 @@ def render(
     if settings.notes:
         out += ["Notes:", ""] + [f"- {n}" for n in settings.notes] + [""]
     out += ["## Targets for the gateway", ""]
-    out += _targets(results, conns, stream_conns) + [""]
+    out += _targets(results, conns, stream_conns, embed_conns) + [""]
     out += ["## (a) Non-streaming chat", ""]
     out += _wrk_table(results.get("a", {}), conns) + [""]
     out += ["## (b) Streaming chat, 20 chunks", ""]
@@ -308,7 +330,25 @@ def render(
     for name, note in results.get("e", {}).items():
         out.append(f"- py-spy profile of {name}: {note}")
     out.append("")
+    out += _embeddings_section(results.get("f", {}), embed_conns or [])
     return "\n".join(out)
+
+
+def _embeddings_section(cells: dict[str, Any], embed_conns: list[int]) -> list[str]:
+    out = ["## (f) Embeddings, 2 inputs × 256 floats", ""]
+    if not cells:
+        return out + ["Not run.", ""]
+    out += [
+        "`POST /v1/embeddings` (direct: the nginx upstream's `/embeddings/v1/embeddings`), "
+        "measured as (a): wrk cells in turns, each gateway beside its bare relay. The bare "
+        "relay posts the body to the upstream's `/embeddings` with the model renamed; the "
+        "gateway serves the model from an openai channel (body through, model renamed both "
+        "ways). Targets: " + ", ".join(cells) + ". By default only direct, bare-hypercorn, "
+        "gateway-hypercorn-1w and LiteLLM, to keep the run short (`BENCH_EMBED_TARGETS=all` "
+        "runs every target); a target that fails the kind is left out with a note above.",
+        "",
+    ]
+    return out + _wrk_table(cells, embed_conns) + [""]
 
 
 def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:

@@ -8,9 +8,12 @@ bench/RESULTS.md. Settings (environment):
     BENCH_DURATION=S      seconds per wrk cell (default 4; quick 2)
     BENCH_REPS=N          repetitions per cell, medians reported (default 3; quick 1)
     BENCH_TARGETS=a,b     only targets whose name contains one of these
-    BENCH_SCENARIOS=abcde which scenarios to run
+    BENCH_SCENARIOS=abcdef which scenarios to run
     BENCH_STREAMS=256,1000,10000   paced-stream counts of scenario (c)
     BENCH_PACED=python    paced streams from bench.fake_upstream even when nginx echo exists
+    BENCH_EMBED_CONNS=1,64  connection counts of the embeddings cell (f)
+    BENCH_EMBED_TARGETS=a,b targets of the embeddings cell (f), by name as BENCH_TARGETS, or
+                          `all` (default: direct, bare-hypercorn, gateway-hypercorn-1w, litellm)
     BENCH_NO_INSTALL=1    install nothing
     BENCH_OUT=path        where to write the report (default bench/RESULTS.md)
 """
@@ -39,9 +42,13 @@ HERE = Path(__file__).resolve().parent
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
 DURATION = float(os.environ.get("BENCH_DURATION", "2" if QUICK else "4"))
 REPS = int(os.environ.get("BENCH_REPS", "1" if QUICK else "3"))
-SCENARIOS = os.environ.get("BENCH_SCENARIOS", "abcde")
+SCENARIOS = os.environ.get("BENCH_SCENARIOS", "abcdef")
 CONNS = [1, 16, 64, 256]
 STREAM_CONNS = [1, 64]
+EMBED_CONNS = [int(n) for n in os.environ.get("BENCH_EMBED_CONNS", "1,64").split(",")]
+# the embeddings cell (f) runs on these only, to keep `make bench` under 30 minutes: each
+# target costs it ~30 s (2 connection counts x 3 repetitions of 4 s, plus settling)
+EMBED_TARGETS = ("direct", "bare-hypercorn", "gateway-hypercorn-1w", "litellm")
 STREAMS = [int(n) for n in os.environ.get("BENCH_STREAMS", "256,1000,10000").split(",")]
 CONVERTED_STREAMS = 64
 FIRST_MS, DELAY_MS = 200, 25
@@ -132,15 +139,42 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------- the cells
 
 
-def wrk_lua(tmp: Path, target: Target, kind: str, stream: bool) -> Path:
+def wrk_lua(tmp: Path, target: Target, kind: str) -> Path:
+    """The wrk script of a kind: json (chat reply), sse (chat stream) or embeddings."""
     return wrk.script(
         tmp,
         f"{target.name}-{kind}",
         target.paths[kind],
-        payloads.chat_request(kind, stream),
+        payloads.request(kind),
         payloads.BENCH_KEY,
-        payloads.EXPECT["sse" if stream else "json"],
+        payloads.EXPECT[kind],
     )
+
+
+def embed_wanted(name: str, chosen: str | None = None) -> bool:
+    """Whether a target is in the embeddings cell (f): BENCH_EMBED_TARGETS as BENCH_TARGETS
+    (names containing one of the comma-separated parts), `all`, or by default EMBED_TARGETS."""
+    chosen = os.environ.get("BENCH_EMBED_TARGETS", "") if chosen is None else chosen
+    parts = [s for s in chosen.split(",") if s]
+    if not parts:
+        return name in EMBED_TARGETS
+    return "all" in parts or any(s in name for s in parts)
+
+
+def embed_ready(tmp: Path, target: Target, settings: Settings) -> bool:
+    """Whether a target joins the embeddings cell: chosen, serving the kind (one correct
+    reply), then warmed up with a short run; a target that is chosen but fails is left out of
+    the cell with a note."""
+    if "f" not in SCENARIOS or "embeddings" not in target.paths or not embed_wanted(target.name):
+        return False
+    problem = targets.check_kind(target, "embeddings")
+    if problem is not None:
+        settings.notes.append(f"{target.name}: left out of the embeddings cell (f): {problem}")
+        print(f"  ! {target.name} left out of the embeddings cell: {problem}", flush=True)
+        return False
+    wrk.run(target.port, wrk_lua(tmp, target, "embeddings"), 16, 1)
+    settle(target)
+    return True
 
 
 def wrk_rep(target: Target, lua: Path, conns: int, seconds: float) -> tuple[wrk.WrkResult, float]:
@@ -186,30 +220,43 @@ def turn_order(live: list[Target], turn: int) -> list[Target]:
     return order
 
 
+def wrk_cells() -> list[tuple[str, str, int]]:
+    """The wrk cells of the run, in order: (scenario, kind, connections)."""
+    cells = [("a", "json", c) for c in CONNS if "a" in SCENARIOS]
+    cells += [("b", "sse", c) for c in STREAM_CONNS if "b" in SCENARIOS]
+    cells += [("f", "embeddings", c) for c in EMBED_CONNS if "f" in SCENARIOS]
+    return cells
+
+
 def wrk_interleaved(
-    tmp: Path, live: list[Target], results: dict[str, Any], settings: Settings
+    tmp: Path,
+    live: list[Target],
+    results: dict[str, Any],
+    settings: Settings,
+    embed: list[Target] | None = None,
 ) -> None:
-    """Scenarios (a) and (b) with the repetitions of one cell taken in turns across all
+    """Scenarios (a), (b) and (f) with the repetitions of one cell taken in turns across all
     targets (target 1, 2, ..., then again), so a machine that slows down or speeds up during
     the run moves every target alike and the ratios, taken turn by turn, stay fair. The targets not
     being measured are paused (SIGSTOP), so their timers and background work stay out of
-    the measured one's core and tails."""
-    cells = [("a", "json", False, c) for c in CONNS if "a" in SCENARIOS]
-    cells += [("b", "sse", True, c) for c in STREAM_CONNS if "b" in SCENARIOS]
+    the measured one's core and tails. The embeddings cell (f) runs on `embed` only."""
     try:
         for target in live:
             pause(target, True)
-        for scenario, kind, stream, conns in cells:
-            runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in live}
-            luas = {t.name: wrk_lua(tmp, t, kind, stream) for t in live}
+        for scenario, kind, conns in wrk_cells():
+            cell_live = live if kind != "embeddings" else (embed or [])
+            if not cell_live:
+                continue
+            runs: dict[str, list[tuple[wrk.WrkResult, float]]] = {t.name: [] for t in cell_live}
+            luas = {t.name: wrk_lua(tmp, t, kind) for t in cell_live}
             for turn in range(settings.reps):
-                for target in turn_order(live, turn):
+                for target in turn_order(cell_live, turn):
                     pause(target, False)
                     runs[target.name].append(
                         wrk_rep(target, luas[target.name], conns, settings.duration)
                     )
                     pause(target, True)
-            _report_cells(scenario, conns, live, runs, results)
+            _report_cells(scenario, conns, cell_live, runs, results)
     finally:
         for target in live:
             pause(target, False)
@@ -380,7 +427,7 @@ def main() -> int:
     def wanted(name: str) -> bool:
         return not selected or any(s in name for s in selected)
 
-    results: dict[str, Any] = {k: {} for k in "abcde"}
+    results: dict[str, Any] = {k: {} for k in "abcdef"}
     results["e_instructions"] = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-"))
     try:
@@ -388,8 +435,8 @@ def main() -> int:
         settings.notes.append(f"paced streams served by the {up.paced_by}")
         print(f"upstream: nginx on :{up.port}, paced streams by {up.paced_by} on :{up.paced_port}")
         steps = [(name, start) for name, start in plan(tmp, up, settings) if wanted(name)]
-        if "a" in SCENARIOS or "b" in SCENARIOS:
-            live = []
+        if set(SCENARIOS) & set("abf"):
+            live, embed = [], []
             for name, start in steps:
                 print(f"== starting {name}", flush=True)
                 target = start()
@@ -398,8 +445,10 @@ def main() -> int:
                     continue
                 warm_up(tmp, target)
                 live.append(target)
+                if embed_ready(tmp, target, settings):
+                    embed.append(target)
             try:
-                wrk_interleaved(tmp, live, results, settings)
+                wrk_interleaved(tmp, live, results, settings, embed)
             finally:
                 for target in live:
                     stop_target(target)
@@ -429,7 +478,9 @@ def main() -> int:
     raw = HERE / "results"
     raw.mkdir(exist_ok=True)
     (raw / "last.json").write_text(json.dumps(results, indent=1, default=str))
-    text = report.render(results, settings, STREAMS, CONNS, STREAM_CONNS, CONVERTED_STREAMS)
+    text = report.render(
+        results, settings, STREAMS, CONNS, STREAM_CONNS, CONVERTED_STREAMS, EMBED_CONNS
+    )
     out = Path(os.environ.get("BENCH_OUT", str(HERE / "RESULTS.md")))
     out.write_text(text)
     print()

@@ -1,7 +1,7 @@
 """The things under test and how to start each: direct, nginx relay, bare relay, LiteLLM, gateway.
 
 Every target is a running process (or none, for direct) with a port and, per upstream kind
-(json, sse, paced), the path a client posts to. Relay targets are pinned to core 0.
+(json, sse, paced, embeddings), the path a client posts to. Relay targets are pinned to core 0.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from bench import nginx, payloads, peers, procs
 RELAY_CORE = 0
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("hypercorn", "uvicorn", "granian")
+# the upstream kinds every relay is configured with: one model name and upstream base URL each
+KINDS = ("json", "sse", "paced", "embeddings")
+CHAT_PATH, EMBED_PATH = "/v1/chat/completions", "/v1/embeddings"
 
 
 @dataclass
@@ -43,7 +46,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Upstream:
-    port: int  # the nginx upstream: /json/v1 and /sse/v1
+    port: int  # the nginx upstream: /json/v1, /sse/v1 and /embeddings/v1
     proc: subprocess.Popen[bytes]
     paced_port: int
     paced_path: str  # base path of the paced upstream, e.g. /paced/v1 or /v1
@@ -71,6 +74,18 @@ def post(
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def check_kind(target: Target, kind: str) -> str | None:
+    """One request of a kind through the target: None when the reply is right, else what was
+    wrong (a status, a body without the expected content, a socket error)."""
+    try:
+        status, raw = post(target.port, target.paths[kind], payloads.request(kind))
+    except OSError as exc:
+        return f"{kind}: {exc}"
+    if status == 200 and all(e.encode() in raw for e in payloads.EXPECT[kind]):
+        return None
+    return f"{kind} reply {status}: {raw[:200]!r}"
 
 
 def _ready(target: Target, timeout: float) -> bool:
@@ -133,6 +148,7 @@ def start_upstream(tmp: Path, first_ms: int, delay_ms: int) -> Upstream:
 def direct(up: Upstream) -> Target:
     paths = {k: f"/{k}/v1/chat/completions" for k in ("json", "sse")}
     paths["paced"] = up.paced_path + "/chat/completions"
+    paths["embeddings"] = "/embeddings/v1/embeddings"
     t = Target("direct", "direct", "nginx", up.port, None, paths)
     t.proc = up.proc  # measured: the upstream itself
     t.baseline_rss_kib = procs.rss_kib(t.pids())
@@ -147,6 +163,7 @@ def nginx_relay(tmp: Path, up: Upstream) -> Target | None:
     proc = procs.start(cmd, tmp / "relay.log")
     paths = {k: f"/{k}/v1/chat/completions" for k in ("json", "sse")}
     paths["paced"] = "/pacedrelay/chat/completions"
+    paths["embeddings"] = "/embeddings/v1/embeddings"
     return _settle(Target("nginx-relay", "nginx", "nginx", port, proc, paths), 10)
 
 
@@ -171,14 +188,11 @@ def asgi_command(server: str, app: str, port: int, workers: int = 1) -> list[str
 def bare_relay(tmp: Path, up: Upstream, server: str) -> Target | None:
     port = procs.free_port()
     env = {
-        "BARE_UPSTREAMS": orjson.dumps(
-            {payloads.MODEL[k]: up.base_url(k) for k in ("json", "sse", "paced")}
-        ).decode()
+        "BARE_UPSTREAMS": orjson.dumps({payloads.MODEL[k]: up.base_url(k) for k in KINDS}).decode()
     }
     cmd = procs.pinned(asgi_command(server, "bench.bare_relay:app", port), RELAY_CORE)
     proc = procs.start(cmd, tmp / f"bare-{server}.log", env=env, cwd=str(ROOT))
-    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
-    return _settle(Target(f"bare-{server}", "bare", server, port, proc, paths), 30)
+    return _settle(Target(f"bare-{server}", "bare", server, port, proc, relay_paths()), 30)
 
 
 def litellm(tmp: Path, up: Upstream) -> Target | None:
@@ -186,7 +200,7 @@ def litellm(tmp: Path, up: Upstream) -> Target | None:
         return None
     conf = tmp / "litellm.yaml"
     lines = ["model_list:"]
-    for kind in ("json", "sse", "paced"):
+    for kind in KINDS:
         lines += [
             f"  - model_name: {payloads.MODEL[kind]}",
             "    litellm_params:",
@@ -210,8 +224,14 @@ def litellm(tmp: Path, up: Upstream) -> Target | None:
     )  # fmt: skip
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
     proc = procs.start(cmd, tmp / "litellm.log", env=env, cwd=str(tmp))
-    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
-    return _settle(Target("litellm", "litellm", "uvicorn", port, proc, paths), 120)
+    return _settle(Target("litellm", "litellm", "uvicorn", port, proc, relay_paths()), 120)
+
+
+def relay_paths() -> dict[str, str]:
+    """What a client of an OpenAI-compatible relay posts to, per kind."""
+    paths = dict.fromkeys(("json", "sse", "paced"), CHAT_PATH)
+    paths["embeddings"] = EMBED_PATH
+    return paths
 
 
 def gateway_binary() -> str | None:
@@ -240,14 +260,15 @@ def gateway_config(tmp: Path, up: Upstream, name: str = "gateway") -> Path:
         "groups: [default]",
         "models:",
     ]
-    for kind in ("json", "sse", "paced"):
+    for kind in KINDS:
+        embeddings = kind == "embeddings"
         lines += [
             f"  - name: {payloads.MODEL[kind]}",
-            "    capabilities: [chat]",
-            "    price: {input: 0.5, output: 1.5}",
+            f"    capabilities: [{'embeddings' if embeddings else 'chat'}]",
+            "    price: " + ("{input: 0.02}" if embeddings else "{input: 0.5, output: 1.5}"),
         ]
     lines.append("channels:")
-    for kind in ("json", "sse", "paced"):
+    for kind in KINDS:
         model = payloads.MODEL[kind]
         lines += [
             f"  - name: up-{kind}",
@@ -290,6 +311,7 @@ def gateway(
     proc = procs.start(
         procs.pinned(cmd, RELAY_CORE if pinned else None), tmp / f"{name}.log", cwd=str(tmp)
     )
-    paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
-    target = Target(name, "gateway", server or "hypercorn", port, proc, paths, pinned=pinned)
+    target = Target(
+        name, "gateway", server or "hypercorn", port, proc, relay_paths(), pinned=pinned
+    )
     return _settle(target, 60)
