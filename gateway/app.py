@@ -25,7 +25,7 @@ from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.gc_tuning import collect_periodically, tune_gc
 from gateway.model_list import ModelLists
-from gateway.protocols import ADAPTERS
+from gateway.protocols import CLIENTS
 from gateway.relay import Relay
 from gateway.routes import Router, protocol_of_path
 from gateway.store import Store, open_store
@@ -65,7 +65,7 @@ class NotFoundApp:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
         err = UnknownURLError(f"Unknown request URL: {scope.get('method', '')} {path}")
-        await send_error(send, ADAPTERS[protocol_of_path(path)], err)
+        await send_error(send, CLIENTS[protocol_of_path(path)], err)
 
 
 class GatewayApp:
@@ -87,7 +87,7 @@ class GatewayApp:
             try:
                 found = self.router.match(scope["method"], scope["path"])
             except GatewayError as err:
-                await send_error(send, ADAPTERS[protocol_of_path(scope["path"])], err)
+                await send_error(send, CLIENTS[protocol_of_path(scope["path"])], err)
                 return
             if found is not None:
                 spec, model = found

@@ -18,7 +18,7 @@ from gateway.errors import (
     MethodNotAllowedError,
     PayloadTooLargeError,
 )
-from gateway.protocols.base import Adapter
+from gateway.protocols.base import ClientSide
 from gateway.types import JSON, Receive, Scope, Send
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -197,7 +197,7 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, client: Adapter, err: GatewayError) -> None:
+async def send_error(send: Send, client: ClientSide, err: GatewayError) -> None:
     status, body = client.encode_error(err)
     extra = None
     if err.retry_after is not None:

@@ -61,6 +61,13 @@ class Channel:
     model_map: dict[str, str] = field(default_factory=dict)
     priority: int = 0
     weight: int = 1
+    # the client protocols the upstream speaks natively, so their bodies go through unconverted:
+    # its type, and the Responses API for an openai channel with ``responses: true``
+    speaks: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.speaks:
+            object.__setattr__(self, "speaks", frozenset({self.type}))
 
     def upstream_model(self, model: str) -> str:
         return self.model_map.get(model, model)
@@ -363,6 +370,7 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         "model_map",
         "priority",
         "weight",
+        "responses",
     }
     _no_unknown(d, allowed, where)
     name = _name(d.get("name"), f"{where}.name")
@@ -390,6 +398,11 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
     }
     priority = _int(d.get("priority", 0), f"{where}.priority", minimum=-1_000_000)
     weight = _int(d.get("weight", 1), f"{where}.weight", minimum=0)
+    responses = d.get("responses", False)
+    if not isinstance(responses, bool):
+        raise ConfigError(f"{where}.responses: must be true or false")
+    if responses and ctype != "openai":
+        raise ConfigError(f"{where}.responses: only an openai channel serves the Responses API")
     return Channel(
         name=name,
         type=ctype,
@@ -400,6 +413,7 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         model_map=model_map,
         priority=priority,
         weight=weight,
+        speaks=frozenset({ctype, "responses"} if responses else {ctype}),
     )
 
 

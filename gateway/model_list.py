@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from gateway.asgi import request_headers, send_error, send_json
 from gateway.config import Model
 from gateway.errors import GatewayError, NotFoundError
-from gateway.protocols import ADAPTERS
+from gateway.protocols import CLIENTS
 from gateway.routes import RouteSpec
 from gateway.types import JSON, Receive, Scope, Send
 
@@ -97,7 +97,7 @@ class ModelLists:
             )
             await send_json(send, 200, body)
         except GatewayError as err:
-            await send_error(send, ADAPTERS[spec.protocol], err)
+            await send_error(send, CLIENTS[spec.protocol], err)
 
     @staticmethod
     def _one(shape: str, path_model: str | None, models: Sequence[Model]) -> JSON:

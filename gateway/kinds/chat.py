@@ -19,7 +19,7 @@ from gateway.billing import Metered, usage_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
-from gateway.protocols import ADAPTERS, Adapter
+from gateway.protocols import ADAPTERS, CLIENTS, Adapter, ClientSide
 from gateway.protocols.base import (
     ConvertedStream,
     Counter,
@@ -29,6 +29,7 @@ from gateway.protocols.base import (
     RelayStream,
     RouteMatch,
     UpstreamCall,
+    UpstreamSide,
     UpstreamTarget,
 )
 from gateway.tokens import estimate_prompt_tokens
@@ -47,15 +48,15 @@ KEEPALIVES = {
 }
 # the optional abilities, looked up once: isinstance() against a Protocol walks its members
 PASSTHROUGH: dict[str, Passthrough] = {
-    name: a for name, a in ADAPTERS.items() if isinstance(a, Passthrough)
+    name: a for name, a in CLIENTS.items() if isinstance(a, Passthrough)
 }
-COUNTING: dict[str, Counting] = {n: a for n, a in ADAPTERS.items() if isinstance(a, Counting)}
+COUNTING: dict[str, Counting] = {n: a for n, a in CLIENTS.items() if isinstance(a, Counting)}
 COUNTERS: dict[str, Counter] = {n: a for n, a in ADAPTERS.items() if isinstance(a, Counter)}
 
 
 @dataclass(slots=True)
 class ChatJob:
-    client: Adapter
+    client: ClientSide
     route: RouteMatch
     payload: JSON  # the client's body as parsed
     req: ChatRequest | None = None  # its chat-completions form, once a conversion needs it
@@ -78,7 +79,7 @@ async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
         incoming.receive, incoming.limits.max_request_bytes, incoming.headers.get(b"content-length")
     )
     payload = parse_json(raw)
-    client = ADAPTERS[spec.protocol]
+    client = CLIENTS[spec.protocol]
     route = client.match(kind, payload, incoming.path_model, incoming.query, spec.stream)
     return ChatJob(client, route, payload)
 
@@ -98,10 +99,19 @@ def upstream_json(raw: bytes) -> JSON:
 class PassthroughChat:
     """Client protocol == channel type: the body and the reply go through, model renamed."""
 
-    __slots__ = ("call", "upload", "replayable", "keepalive", "_adapter", "_job", "_ctx", "_target")
+    __slots__ = (
+        "call", "upload", "replayable", "keepalive", "_adapter", "_upstream", "_job", "_ctx",
+        "_target",
+    )  # fmt: skip
 
     def __init__(
-        self, adapter: Passthrough, job: ChatJob, ctx: Ctx, target: UpstreamTarget, last: bool
+        self,
+        adapter: Passthrough,
+        upstream: UpstreamSide,
+        job: ChatJob,
+        ctx: Ctx,
+        target: UpstreamTarget,
+        last: bool,
     ) -> None:
         payload = job.payload if last else dict(job.payload)  # renamed in place
         self.call: UpstreamCall | None = adapter.passthrough_request(payload, job.route, target)
@@ -109,12 +119,13 @@ class PassthroughChat:
         self.replayable = True
         self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")
         self._adapter = adapter
+        self._upstream = upstream
         self._job = job
         self._ctx = ctx
         self._target = target
 
     def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._job.client.decode_error(status, raw)
+        return self._upstream.decode_error(status, raw)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         out, usage = self._adapter.passthrough_response(upstream_json(raw), self._ctx)
@@ -184,10 +195,10 @@ class ChatKind:
     def exchange(
         self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> PassthroughChat | ConvertedChat:
-        if channel.type == job.route.protocol:
-            same = PASSTHROUGH.get(channel.type)
+        if job.route.protocol in channel.speaks:
+            same = PASSTHROUGH.get(job.route.protocol)
             if same is not None:
-                return PassthroughChat(same, job, ctx, target, last)
+                return PassthroughChat(same, ADAPTERS[channel.type], job, ctx, target, last)
         return ConvertedChat(ADAPTERS[channel.type], job, ctx, target)
 
 

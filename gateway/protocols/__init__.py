@@ -1,9 +1,10 @@
-"""The protocol adapters, by name (the config's channel `type` values and client protocols)."""
+"""The protocol adapters by name: ``ADAPTERS`` are the channel types (both sides of a protocol);
+``CLIENTS`` the protocols clients speak (every channel type, plus client-only ones)."""
 
 from __future__ import annotations
 
 from gateway.protocols.anthropic import AnthropicAdapter
-from gateway.protocols.base import Adapter
+from gateway.protocols.base import Adapter, ClientSide
 from gateway.protocols.gemini import GeminiAdapter
 from gateway.protocols.openai import OpenAIAdapter
 
@@ -12,5 +13,6 @@ ADAPTERS: dict[str, Adapter] = {
     "anthropic": AnthropicAdapter(),
     "gemini": GeminiAdapter(),
 }
+CLIENTS: dict[str, ClientSide] = {**ADAPTERS}
 
-__all__ = ["ADAPTERS", "Adapter"]
+__all__ = ["ADAPTERS", "CLIENTS", "Adapter", "ClientSide"]

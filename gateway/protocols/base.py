@@ -162,12 +162,12 @@ class EventPassthrough:
         raise NotImplementedError
 
 
-class Adapter(Protocol):
-    """A chat protocol, both sides. The optional abilities are the protocols below."""
+class ClientSide(Protocol):
+    """A protocol as clients speak it: their requests toward the chat-completions shape, the
+    replies and streams away from it, errors in its shape."""
 
-    name: ClassVar[str]  # "openai" | "anthropic" | "gemini"
+    name: ClassVar[str]  # "openai" | "anthropic" | "gemini" | ...
 
-    # client side
     def match(
         self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
     ) -> RouteMatch:
@@ -182,11 +182,22 @@ class Adapter(Protocol):
     def stream_encoder(self, ctx: Ctx, route: RouteMatch) -> StreamEncoder: ...
     def encode_error(self, err: GatewayError) -> tuple[int, JSON]: ...
 
-    # upstream side
+
+class UpstreamSide(Protocol):
+    """A protocol as channels speak it: requests from the chat-completions shape, replies and
+    streams toward it, errors into gateway errors."""
+
+    name: ClassVar[str]
+
     def encode_request(self, req: ChatRequest, target: UpstreamTarget) -> UpstreamCall: ...
     def decode_response(self, payload: JSON) -> ChatResponse: ...
     def stream_decoder(self, ctx: Ctx) -> StreamDecoder: ...
     def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
+
+
+class Adapter(ClientSide, UpstreamSide, Protocol):
+    """A chat protocol both sides speak (a channel type). The optional abilities are the
+    protocols below."""
 
 
 @runtime_checkable

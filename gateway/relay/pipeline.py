@@ -43,7 +43,7 @@ from gateway.errors import (
 from gateway.health import ChannelHealth
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind
-from gateway.protocols import ADAPTERS
+from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, attempt
 from gateway.relay.call import CLIENT_GONE, Call, new_request_id
@@ -139,7 +139,7 @@ class Relay:
         except GatewayError as err:
             call.set_status(err.status)
             if not call.responded:
-                await send_error(send, ADAPTERS[spec.protocol], err)
+                await send_error(send, CLIENTS[spec.protocol], err)
         except ClientGone:
             call.set_status(CLIENT_GONE)
         except asyncio.CancelledError:
@@ -149,7 +149,7 @@ class Relay:
             log.exception("relay.unexpected request_id=%s", call.request_id)
             call.set_status(500)
             if not call.responded:
-                await send_error(send, ADAPTERS[spec.protocol], InternalError("internal error"))
+                await send_error(send, CLIENTS[spec.protocol], InternalError("internal error"))
         finally:
             call.record(self.writer)  # once per request: a no-op if already recorded
 
