@@ -60,17 +60,43 @@ class ChatJob:
     route: RouteMatch
     payload: JSON  # the client's body as parsed
     req: ChatRequest | None = None  # its chat-completions form, once a conversion needs it
+    estimate: int | None = None  # the local estimate of its prompt tokens, once made
 
     def release(self) -> None:
-        self.payload = self.req = None
+        """The decoded form goes; the client's body stays only while its prompt has no
+        estimate yet (a stream cut short before the upstream counted it is billed from it)."""
+        self.req = None
+        if self.estimate is not None:
+            self.payload = None
 
     def decoded(self, ctx: Ctx) -> ChatRequest:
         """The request in the chat-completions shape, decoded once for every attempt; the
         local prompt estimate goes into ``ctx`` for the protocols that want it up front."""
         if self.req is None:
             self.req = self.client.decode_request(self.payload, self.route)
-            ctx.prompt_tokens_estimate = estimate_prompt_tokens(self.req)
+            ctx.prompt_tokens_estimate = self.estimate = estimate_prompt_tokens(self.req)
         return self.req
+
+    def prompt_estimate(self) -> int:
+        """The local estimate of the prompt's tokens, for when the upstream never said."""
+        if self.estimate is None:
+            if self.payload is None:
+                return 0
+            try:
+                req = self.client.decode_request(self.payload, self.route)
+            except GatewayError:
+                return 0
+            self.estimate = estimate_prompt_tokens(req)
+        return self.estimate
+
+
+def stream_used(stream: RelayStream, job: ChatJob) -> Metered:
+    """What a stream used: the upstream's counts, or, where it never sent one (a stream cut
+    short), the local estimate of the prompt."""
+    used = chat_used(stream.usage)
+    if not used.prompt_tokens:
+        used.prompt_tokens = job.prompt_estimate()
+    return used
 
 
 async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
@@ -135,7 +161,7 @@ class PassthroughChat:
         return self._adapter.passthrough_stream(self._ctx, self._job.route, self._target)
 
     def used(self, stream: RelayStream) -> Metered:
-        return chat_used(stream.usage)
+        return stream_used(stream, self._job)
 
 
 class ConvertedChat:
@@ -178,7 +204,7 @@ class ConvertedChat:
         )
 
     def used(self, stream: RelayStream) -> Metered:
-        return chat_used(stream.usage)
+        return stream_used(stream, self._job)
 
 
 class ChatKind:

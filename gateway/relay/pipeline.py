@@ -24,7 +24,6 @@ from typing import Any
 
 from gateway.asgi import (
     ClientGone,
-    DisconnectWatch,
     Watchlist,
     forwarded_headers,
     request_headers,
@@ -207,7 +206,7 @@ class Relay:
                             reply.body, reply.content_type, reply.used, call, rate, send
                         )
                     else:
-                        await self._stream(answer, exchange, call, rate, watch, send)
+                        await self._stream(answer, exchange, call, rate, send)
                 finally:
                     answer.resp.close()
                 return
@@ -272,7 +271,6 @@ class Relay:
         exchange: Exchange,
         call: Call,
         rate: Rate | None,
-        watch: DisconnectWatch,
         send: Send,
     ) -> None:
         stream = answer.stream
@@ -297,8 +295,8 @@ class Relay:
                 quiet,
             )
         except asyncio.CancelledError:
-            if watch.gone:
-                call.bill(exchange.used(stream), rate)
+            # the client left, or the server's grace period ended: what was generated is billed
+            call.bill(exchange.used(stream), rate)
             raise
         finally:
             self.keepalive.close(quiet)
