@@ -87,26 +87,6 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    async def open(self, call: UpstreamCall) -> aiohttp.ClientResponse:
-        """Send the call; the response once its status and headers arrived."""
-        assert self._session is not None, "Upstream.start() was not awaited"
-        # orjson's output keeps its whole working buffer (4 KiB at the least) for as long as
-        # it lives, and the request body lives as long as the response, all of a stream: a
-        # right-sized copy is kept instead
-        call.body = memoryview(call.body).tobytes()
-        try:
-            return await self._session.post(
-                call.url, data=call.body, headers=call.headers, allow_redirects=False
-            )
-        except TimeoutError:
-            raise UpstreamTimeoutError("the upstream did not answer in time") from None
-        except aiohttp.ClientConnectorError as exc:
-            if exc.os_error.errno in LOCAL_EXHAUSTION:
-                raise GatewayOverloadedError("the gateway is out of connections") from None
-            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-
     async def request(
         self, call: UpstreamCall, upload: AsyncIterable[bytes] | None = None
     ) -> UpstreamResponse:

@@ -50,7 +50,7 @@ async def test_failures_map_to_gateway_errors(upstream: Upstream, exc, error) ->
     with aioresponses() as m:
         m.post(URL, exception=exc)
         with pytest.raises(error) as got:
-            await upstream.open(CALL)
+            await upstream.request(CALL)
     # our own exhaustion is neither retried on another channel nor held against this one
     assert got.value.retryable is (error is not GatewayOverloadedError)
 
@@ -87,10 +87,10 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
     await u.start()
 
     async def one() -> None:
-        resp = await u.open(call)
+        resp = await u.request(call)
         assert resp.status == 200
         await resp.read()
-        resp.release()
+        resp.close()  # read to its end: back to the pool
 
     try:
         burst = [asyncio.create_task(one()) for _ in range(6)]
@@ -102,6 +102,42 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
         for _ in range(8):
             await one()
         assert len(set(ports)) == 1, ports  # first-in first-out would cycle through all six
+    finally:
+        await u.stop()
+        await runner.cleanup()
+
+
+async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
+    """A connection the upstream drops mid-body is a gateway error from every read."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": "1000"})
+        await resp.prepare(request)
+        await resp.write(b"partial")
+        assert request.transport is not None
+        request.transport.close()  # dies before the promised 1000 bytes
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/x", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    u = Upstream(UpstreamSettings())
+    await u.start()
+    try:
+        for read in ("read", "chunk"):
+            resp = await u.request(UpstreamCall(f"http://127.0.0.1:{port}/x", {}, b"{}"))
+            with pytest.raises(UpstreamError) as got:
+                if read == "read":
+                    await resp.read()
+                else:
+                    while await resp.chunk():
+                        pass
+            assert got.value.retryable is False  # after the status: not retried elsewhere
+            resp.close()
     finally:
         await u.stop()
         await runner.cleanup()

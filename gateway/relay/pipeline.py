@@ -62,7 +62,6 @@ log = logging.getLogger("gateway.relay")
 # plus a watchlist tick, after its client left (streams that end sooner never start one)
 STREAM_WATCH_DELAY = 0.1
 REPLY_WATCH_DELAY = 1.0
-JSON_HEADER = (b"content-type", b"application/json")
 
 
 class Relay:
