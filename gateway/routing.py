@@ -108,8 +108,9 @@ def candidates(
 ) -> list[Channel]:
     """The channels to try for one request, in order. Raises NotFoundError (404) when the
     model is outside the group, lacks the capability or has no channel of those types, and
-    UpstreamUnavailableError (503) when every channel is cooling down."""
-    tiers = catalogue.tiers(group, model, capability, channel_types)
+    UpstreamUnavailableError (503, with the seconds until the first is ready again as its
+    ``retry_after``) when every channel is cooling down."""
+    tiers = tiers_all = catalogue.tiers(group, model, capability, channel_types)
     if cooling:
         ready_tiers = []
         for tier in tiers:
@@ -118,8 +119,10 @@ def candidates(
                 ready_tiers.append(ready)
         tiers = tuple(ready_tiers)
         if not tiers:
+            soonest = min(cooling.get(c.name, now) for tier in tiers_all for c in tier)
             raise UpstreamUnavailableError(
-                f"Every channel of '{model}' is cooling down after failures; try again shortly."
+                f"Every channel of '{model}' is cooling down after failures; try again shortly.",
+                retry_after=max(soonest - now, 1.0),
             )
     if len(tiers) == 1 and len(tiers[0]) == 1:
         return list(tiers[0])  # one channel: nothing to order

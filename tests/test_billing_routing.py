@@ -128,6 +128,8 @@ def test_cooling_channels_are_skipped_and_all_cooling_is_503() -> None:
     order = candidates(cat, "default", "m", "chat", ALL, random.Random(), {"a": 10.0}, now=5.0)
     assert "a" not in [c.name for c in order]
     cooling = dict.fromkeys("abcd", 10.0)
-    with pytest.raises(UpstreamUnavailableError):
+    cooling["c"] = 8.0  # the first one back, 3 s from now
+    with pytest.raises(UpstreamUnavailableError) as got:
         candidates(cat, "default", "m", "chat", ALL, random.Random(), cooling, now=5.0)
+    assert got.value.retry_after == 3.0  # sent as Retry-After
     assert candidates(cat, "default", "m", "chat", ALL, random.Random(), cooling, now=11.0)

@@ -117,6 +117,8 @@ async def test_every_channel_cooling_down_is_503(fake, store_url) -> None:
                 )
     assert first.value.status_code == 502
     assert second.value.status_code == 503
+    # the cooldown is 30 s: the client is told when to come back
+    assert 25 <= int(second.value.response.headers["retry-after"]) <= 30
 
 
 async def test_error_inside_a_stream_reaches_the_client_and_the_record(gateway) -> None:
