@@ -50,8 +50,24 @@ class GatewayState:
     relay: Relay
 
 
+READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
+
+
 async def healthz(request: Request) -> Response:
+    """Liveness: 200 while the process serves."""
     return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Readiness: 200 only while the store answers, so a load balancer drains an instance
+    that lost it."""
+    store: Store = request.app.state.gateway.store
+    try:
+        await asyncio.wait_for(store.version(), READY_TIMEOUT)
+    except Exception as exc:  # noqa: BLE001 - any failure of the store means not ready
+        log.warning("gateway.not_ready error=%s", type(exc).__name__)
+        return JSONResponse({"status": "unavailable", "store": "not answering"}, status_code=503)
+    return JSONResponse({"status": "ready"})
 
 
 async def root(request: Request) -> Response:
@@ -134,6 +150,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     routes: list[BaseRoute] = [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
     ]
     routes.append(Mount("/admin", routes=admin_routes()))
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
