@@ -72,6 +72,7 @@ class OpenAIPassthrough:
         "_last",
         "_parser",
         "_before_error",
+        "_checked",
     )
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
@@ -88,6 +89,7 @@ class OpenAIPassthrough:
         self._last = b""  # the last block that held data (its last event is read at EOF)
         self._parser: SSEParser | None = None  # from the first CR on
         self._before_error = b""
+        self._checked = False  # the first data event was read: a garbage stream fails early
 
     def feed(self, raw: bytes) -> bytes:
         if self._parser is not None:
@@ -112,6 +114,8 @@ class OpenAIPassthrough:
         hold usage or an error, which are read (and replaced where needed)."""
         if block[:5] == b"data:" or b"data:" in block:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
+            if not self._checked:
+                self._check_first(block)
         error = _trailing_error(block)
         if self._include_usage and error < 0:
             key = block.rfind(b'"usage"')
@@ -132,6 +136,19 @@ class OpenAIPassthrough:
             self._before_error = self._rename_in(b"".join(out))
             raise
         return self._rename_in(b"".join(out))
+
+    def _check_first(self, block: bytes) -> None:
+        """The stream's first data event must be a chunk (or [DONE]): an upstream that sends
+        something else fails before anything reaches the client, and another channel is
+        tried. Only the first is read; the rest go out unread."""
+        self._checked = True
+        start = block.find(b"data:")
+        end = block.find(b"\n", start)
+        if block[end + 1 : end + 6] == b"data:":
+            return  # an event of several data lines: left to the client
+        data = block[start + 5 : end].strip()
+        if data != b"[DONE]":
+            load_chunk(data)
 
     def _read_last_usage(self, block: bytes, key: int) -> None:
         """The last usage object of a block that holds no error, searched from its last
@@ -180,6 +197,10 @@ class OpenAIPassthrough:
 
     def _framed(self, event: SSEEvent) -> bytes:
         """Parser mode: one event, framed anew."""
+        if not self._checked:
+            self._checked = True
+            if event.data != b"[DONE]":
+                load_chunk(event.data)
         framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
         self._last = framed
         replaced = self._event(event.data)
