@@ -169,7 +169,7 @@ class TranscriptionExchange:
             raise self._job.failure
         return RawStream(headers.get("content-type", "text/event-stream"))
 
-    def used(self, stream: RelayStream) -> Metered:
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
         return Metered()
 
 

@@ -81,8 +81,9 @@ class Exchange(Protocol):
         """The stream object that turns the upstream's stream into the client's."""
         ...
 
-    def used(self, stream: RelayStream) -> Metered:
-        """What a stream used, from what passed (complete or cut short)."""
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
+        """What a stream used: as the upstream counted it when ``complete``, else at least
+        what passed (an error, the client gone, the server stopping)."""
         ...
 
 

@@ -90,12 +90,16 @@ class ChatJob:
         return self.estimate
 
 
-def stream_used(stream: RelayStream, job: ChatJob) -> Metered:
-    """What a stream used: the upstream's counts, or, where it never sent one (a stream cut
-    short), the local estimate of the prompt."""
-    used = chat_used(stream.usage)
-    if not used.prompt_tokens:
+def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
+    """What a stream used: the upstream's counts; where it never sent one (a stream cut
+    short), the local estimate of the prompt; and for a stream that did not complete, at
+    least what passed (the upstream's count so far may be a first, partial one)."""
+    usage = stream.usage
+    used = chat_used(usage)
+    if not usage or "prompt_tokens" not in usage:  # a count, even an odd one, is the upstream's
         used.prompt_tokens = job.prompt_estimate()
+    if not complete:
+        used.completion_tokens = max(used.completion_tokens, stream.generated)
     return used
 
 
@@ -160,8 +164,8 @@ class PassthroughChat:
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         return self._adapter.passthrough_stream(self._ctx, self._job.route, self._target)
 
-    def used(self, stream: RelayStream) -> Metered:
-        return stream_used(stream, self._job)
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
+        return stream_used(stream, self._job, complete)
 
 
 class ConvertedChat:
@@ -203,8 +207,8 @@ class ConvertedChat:
             self._client.stream_encoder(self._ctx, self._job.route),
         )
 
-    def used(self, stream: RelayStream) -> Metered:
-        return stream_used(stream, self._job)
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
+        return stream_used(stream, self._job, complete)
 
 
 class ChatKind:
@@ -275,7 +279,7 @@ class Count:
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         raise UpstreamError("a token count does not stream")
 
-    def used(self, stream: RelayStream) -> Metered:
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
         return Metered()
 
 

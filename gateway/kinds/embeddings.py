@@ -103,7 +103,7 @@ class EmbeddingsExchange:
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         raise UpstreamError("embeddings do not stream")
 
-    def used(self, stream: RelayStream) -> Metered:
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
         return Metered()
 
 

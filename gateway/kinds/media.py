@@ -64,11 +64,12 @@ class MediaJob:
 class RawStream:
     """A ``RelayStream`` of bytes passed on as they came (binary audio)."""
 
-    __slots__ = ("content_type", "usage")
+    __slots__ = ("content_type", "usage", "generated")
 
     def __init__(self, content_type: str) -> None:
         self.content_type = content_type
         self.usage: Usage | None = None
+        self.generated = 0  # audio is billed by what was asked, not what passed
 
     def feed(self, raw: bytes) -> bytes:
         return raw
@@ -112,7 +113,7 @@ class MediaExchange:
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         return RawStream(headers.get("content-type", "application/octet-stream"))
 
-    def used(self, stream: RelayStream) -> Metered:
+    def used(self, stream: RelayStream, complete: bool) -> Metered:
         return self._job.used
 
 

@@ -27,7 +27,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from gateway.errors import GatewayError
 from gateway.sse import SSEEvent, SSEParser
-from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, Usage
+from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, ChunkChoice, Usage
 
 
 # Built per request, so not frozen: a frozen dataclass's __init__ sets each field through
@@ -112,6 +112,12 @@ class RelayStream(Protocol):
     content_type: str
     usage: Usage | None
 
+    @property
+    def generated(self) -> int:
+        """An estimate of the tokens generated so far, from what passed: billed for a stream
+        cut short before the upstream counted them."""
+        ...
+
     def feed(self, raw: bytes) -> bytes: ...
 
     def finish(self) -> bytes:
@@ -124,7 +130,10 @@ class RelayStream(Protocol):
 class EventPassthrough:
     """A passthrough that looks at every event: owns the SSE parser and hands each event to
     ``feed_event``; ``end`` is called at EOF after the last event. When an event raises, the
-    events before it in the same read still go out, ahead of the error event."""
+    events before it in the same read still go out, ahead of the error event. ``generated``
+    is what a subclass counted, 0 where the upstream's usage says it."""
+
+    generated = 0
 
     __slots__ = ("_parser", "_before_error")
 
@@ -228,6 +237,29 @@ class Passthrough(Protocol):
     ) -> RelayStream: ...
 
 
+CHARS_PER_TOKEN = 4  # the local estimate's rule (gateway.tokens), for text that passed
+
+
+def delta_chars(choices: list[ChunkChoice]) -> int:
+    """Characters of text, reasoning and tool arguments in a chunk's deltas."""
+    chars = 0
+    for choice in choices:
+        delta = choice.get("delta")
+        if not delta:
+            continue
+        content = delta.get("content")
+        if content:
+            chars += len(content)
+        reasoning = delta.get("reasoning_content")
+        if reasoning:
+            chars += len(reasoning)
+        for call in delta.get("tool_calls") or ():
+            arguments = (call.get("function") or {}).get("arguments")
+            if arguments:
+                chars += len(arguments)
+    return chars
+
+
 def count(value: object) -> int:
     """A whole-number field of an upstream's JSON (a token count, an index) as an int: a
     float is cut to its whole part; anything else (missing, text, a bool, NaN, infinite) is
@@ -250,7 +282,9 @@ class ConvertedStream:
     last a chunk reported. When a chunk raises, what the chunks before it in the same read
     became still goes out, ahead of the error event."""
 
-    __slots__ = ("content_type", "usage", "_parser", "_decoder", "_encoder", "_before_error")
+    __slots__ = (
+        "content_type", "usage", "_parser", "_decoder", "_encoder", "_before_error", "_chars",
+    )  # fmt: skip
 
     def __init__(self, decoder: StreamDecoder, encoder: StreamEncoder) -> None:
         self.content_type = encoder.content_type
@@ -259,6 +293,11 @@ class ConvertedStream:
         self._decoder = decoder
         self._encoder = encoder
         self._before_error = b""
+        self._chars = 0  # of text, reasoning and tool arguments generated
+
+    @property
+    def generated(self) -> int:
+        return -(-self._chars // CHARS_PER_TOKEN)
 
     def feed(self, raw: bytes) -> bytes:
         events = self._parser.feed(raw)
@@ -278,6 +317,9 @@ class ConvertedStream:
                 for chunk in self._decoder.feed(event):
                     if chunk.get("usage"):
                         self.usage = chunk["usage"]
+                    choices = chunk.get("choices")
+                    if choices:
+                        self._chars += delta_chars(choices)
                     out.append(encode(chunk))
             if last:
                 for chunk in self._decoder.close():

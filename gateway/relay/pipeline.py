@@ -276,7 +276,8 @@ class Relay:
         assert stream is not None
 
         def settle(status: int) -> Awaitable[None] | None:
-            call.bill(exchange.used(stream), rate)  # what was generated, even when cut short
+            # what was generated, even when the stream ended on an error
+            call.bill(exchange.used(stream, status == 200), rate)
             call.set_status(status)
             return call.record(self.writer)
 
@@ -295,7 +296,7 @@ class Relay:
             )
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(exchange.used(stream), rate)
+            call.bill(exchange.used(stream, False), rate)
             raise
         finally:
             self.keepalive.close(quiet)

@@ -11,9 +11,20 @@ from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.protocols.anthropic.reply import decode_usage, error_body, stream_error
 from gateway.protocols.anthropic.request import upstream_headers, upstream_url
 from gateway.protocols.anthropic.stream import EVENT_STREAM, load_event
-from gateway.protocols.base import Ctx, EventPassthrough, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import (
+    CHARS_PER_TOKEN,
+    Ctx,
+    EventPassthrough,
+    RouteMatch,
+    UpstreamCall,
+    UpstreamTarget,
+)
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, Usage
+
+# the JSON around a delta's text: {"type":"content_block_delta","index":0,"delta":{"type":
+# "text_delta","text":""}}
+DELTA_FRAMING = 75
 
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
@@ -39,9 +50,10 @@ def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
 class AnthropicPassthrough(EventPassthrough):
     """Anthropic events forwarded to an anthropic client. Only ``message_start`` and
     ``message_delta`` are parsed (usage, and the model name mapped back to the client's);
-    everything else goes out as it came."""
+    everything else goes out as it came. What the deltas carry is counted by their size, for
+    a stream cut short before its final usage."""
 
-    __slots__ = ("content_type", "usage", "_model", "_raw_usage", "_done")
+    __slots__ = ("content_type", "usage", "_model", "_raw_usage", "_done", "_chars")
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__()
@@ -50,6 +62,11 @@ class AnthropicPassthrough(EventPassthrough):
         self._model = ctx.model
         self._raw_usage: dict[str, JSON] = {}
         self._done = False
+        self._chars = 0  # of the deltas' text, their JSON framing left out (unparsed)
+
+    @property
+    def generated(self) -> int:  # type: ignore[override]
+        return -(-self._chars // CHARS_PER_TOKEN)
 
     def feed_event(self, event: SSEEvent) -> bytes:
         name = event.event
@@ -68,6 +85,8 @@ class AnthropicPassthrough(EventPassthrough):
             if isinstance(payload.get("usage"), dict):
                 self._raw_usage.update({k: v for k, v in payload["usage"].items() if v is not None})
                 self.usage = decode_usage(self._raw_usage)
+        elif name == "content_block_delta":
+            self._chars += max(len(event.data) - DELTA_FRAMING, 1)
         elif name == "message_stop":
             self._done = True
         elif name == "error":

@@ -8,7 +8,14 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError
-from gateway.protocols.base import Ctx, EventPassthrough, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import (
+    CHARS_PER_TOKEN,
+    Ctx,
+    EventPassthrough,
+    RouteMatch,
+    UpstreamCall,
+    UpstreamTarget,
+)
 from gateway.protocols.gemini.dialect import standard_base64
 from gateway.protocols.gemini.reply import decode_usage, error_body
 from gateway.protocols.gemini.request import upstream_headers, upstream_url
@@ -70,6 +77,24 @@ def _finishes(payload: JSON) -> bool:
     return isinstance(feedback, dict) and bool(feedback.get("blockReason"))
 
 
+def _part_chars(payload: JSON) -> int:
+    """Characters of text and function-call arguments in a reply chunk's parts."""
+    chars = 0
+    for candidate in payload.get("candidates") or ():
+        content = candidate.get("content") if isinstance(candidate, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            if isinstance(text, str):
+                chars += len(text)
+            call = part.get("functionCall")
+            if isinstance(call, dict) and call.get("args") is not None:
+                chars += len(orjson.dumps(call["args"]))
+    return chars
+
+
 class GeminiPassthroughStream(EventPassthrough):
     """Upstream Gemini SSE events forwarded to a Gemini client, re-framed for the JSON array
     when the client did not ask for SSE. An event is re-serialised only when its modelVersion
@@ -82,11 +107,17 @@ class GeminiPassthroughStream(EventPassthrough):
         self.content_type = self._framing.content_type
         self.usage: Usage | None = None
         self._finished = False
+        self._chars = 0  # of the parts' text and call arguments, for a stream cut short
+
+    @property
+    def generated(self) -> int:  # type: ignore[override]
+        return -(-self._chars // CHARS_PER_TOKEN)
 
     def feed_event(self, event: SSEEvent) -> bytes:
         payload = load_event(event)
         if "usageMetadata" in payload:
             self.usage = decode_usage(payload["usageMetadata"])
+        self._chars += _part_chars(payload)
         if _finishes(payload):
             self._finished = True
         data = event.data

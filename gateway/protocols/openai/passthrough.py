@@ -73,6 +73,7 @@ class OpenAIPassthrough:
         "_parser",
         "_before_error",
         "_checked",
+        "generated",
     )
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
@@ -90,6 +91,9 @@ class OpenAIPassthrough:
         self._parser: SSEParser | None = None  # from the first CR on
         self._before_error = b""
         self._checked = False  # the first data event was read: a garbage stream fails early
+        # chunks that carried text or tool arguments: about a token each, as OpenAI streams
+        # them; counted for a stream cut short before its usage chunk
+        self.generated = 0
 
     def feed(self, raw: bytes) -> bytes:
         if self._parser is not None:
@@ -116,6 +120,7 @@ class OpenAIPassthrough:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
             if not self._checked:
                 self._check_first(block)
+            self.generated += block.count(b'"content":"') + block.count(b'"arguments":"')
         error = _trailing_error(block)
         if self._include_usage and error < 0:
             key = block.rfind(b'"usage"')
@@ -201,6 +206,7 @@ class OpenAIPassthrough:
             self._checked = True
             if event.data != b"[DONE]":
                 load_chunk(event.data)
+        self.generated += event.data.count(b'"content":"') + event.data.count(b'"arguments":"')
         framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
         self._last = framed
         replaced = self._event(event.data)
