@@ -277,6 +277,7 @@ class Count:
         return Reply(body, JSON_TYPE, Metered(prompt_tokens=tokens))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        # never called: CountKind.read makes every count a whole reply
         raise UpstreamError("a token count does not stream")
 
     def used(self, stream: RelayStream, complete: bool) -> Metered:

@@ -101,6 +101,7 @@ class EmbeddingsExchange:
         return Reply(orjson.dumps(out), JSON_TYPE, Metered(prompt_tokens=tokens))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
+        # never called: EmbeddingsKind.read makes every request a whole reply
         raise UpstreamError("embeddings do not stream")
 
     def used(self, stream: RelayStream, complete: bool) -> Metered:
