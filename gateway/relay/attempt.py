@@ -18,6 +18,7 @@ from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import ChannelHealth
 from gateway.kinds.base import Exchange, Reply
 from gateway.protocols.base import RelayStream
+from gateway.relay.stream import Quiet
 from gateway.upstream import Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.relay")
@@ -89,48 +90,60 @@ async def attempt(
     exchange: Exchange,
     channel: str,
     health: ChannelHealth,
+    quiet: Quiet | None,
     stream: bool,
     first_byte_timeout: float | None,
-    quiet_after: float,
 ) -> Answer:
     """Send the exchange's call and read until there is something for the client: the whole
     reply, or a stream's first output. Raises the gateway error of a failure before then.
 
-    A stream whose upstream answered but stays quiet for ``quiet_after`` seconds (and less
-    than the first-byte timeout) is taken as it is, with nothing to send yet: its client then
-    gets keep-alives instead of a load balancer cutting it, and no other channel is tried."""
-    loop = asyncio.get_running_loop()
-    deadline = None if first_byte_timeout is None else loop.time() + first_byte_timeout
+    A stream whose upstream answered but stays quiet for the keep-alive interval (``quiet``,
+    woken by the keep-alive timer) is taken as it is, with nothing to send yet: its client
+    then gets keep-alives instead of a load balancer cutting it, and no other channel is
+    tried. Only a ``first_byte_timeout`` costs a timer of its own."""
     resp: UpstreamResponse | None = None
-    relay_stream: RelayStream | None = None
-    committing = False  # the deadline now running is the quiet one, not the first byte's
     try:
-        async with asyncio.timeout_at(deadline) as timeout:
-            resp = await open_attempt(upstream, exchange, channel, health)
-            if stream:
-                relay_stream = exchange.stream(resp.headers)
-                quiet_at = loop.time() + quiet_after
-                if deadline is None or quiet_at < deadline:
-                    timeout.reschedule(quiet_at)
-                    committing = True
-                first, ended, failure = await first_output(resp, exchange, relay_stream)
-                answer = Answer(resp, None, relay_stream, first, ended, failure)
-        if not stream:
-            answer = Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
+        if first_byte_timeout is None:
+            resp, answer = await _answer(upstream, exchange, channel, health, quiet, stream)
+        else:
+            async with asyncio.timeout(first_byte_timeout):
+                resp, answer = await _answer(upstream, exchange, channel, health, quiet, stream)
     except TimeoutError:
-        if committing and resp is not None and relay_stream is not None:
-            health.succeeded(channel)
-            return Answer(resp, stream=relay_stream)  # quiet, not failed
-        if resp is not None:
-            resp.close()
         failure = UpstreamTimeoutError(
             f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
         )
         health.failed(channel, failure)
         raise failure from None
+    health.succeeded(channel)
+    return answer
+
+
+async def _answer(
+    upstream: Upstream,
+    exchange: Exchange,
+    channel: str,
+    health: ChannelHealth,
+    quiet: Quiet | None,
+    stream: bool,
+) -> tuple[UpstreamResponse, Answer]:
+    resp = await open_attempt(upstream, exchange, channel, health)
+    try:
+        if not stream:
+            return resp, Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
+        relay_stream = exchange.stream(resp.headers)
+        if quiet is None:
+            found = await first_output(resp, exchange, relay_stream)
+            return resp, Answer(resp, None, relay_stream, *found)
+        quiet.wait()
+        try:
+            found = await first_output(resp, exchange, relay_stream)
+        except asyncio.CancelledError:
+            if quiet.stop_waiting(True):
+                return resp, Answer(resp, stream=relay_stream)  # quiet, not failed
+            raise
+        quiet.stop_waiting(False)
+        return resp, Answer(resp, None, relay_stream, *found)
     except GatewayError as err:
-        if resp is None:
-            raise  # counted by open_attempt
         resp.close()
         if err.status >= 500:
             err.retryable = True  # nothing reached the client yet
@@ -138,8 +151,5 @@ async def attempt(
         health.failed(channel, err)
         raise
     except BaseException:
-        if resp is not None:
-            resp.close()
+        resp.close()
         raise
-    health.succeeded(channel)
-    return answer

@@ -46,7 +46,7 @@ from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, attempt
 from gateway.relay.call import CLIENT_GONE, Call, new_request_id
-from gateway.relay.stream import KeepAlive, pump
+from gateway.relay.stream import KeepAlive, Quiet, pump
 from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
 from gateway.store import KeyRecord
@@ -173,6 +173,7 @@ class Relay:
         )
         client_headers = forwarded_headers(headers)
         watch = self.watchlist.watch(receive, STREAM_WATCH_DELAY if stream else REPLY_WATCH_DELAY)
+        quiet: Quiet | None = None  # a stream's entry in the keep-alive timer
         try:
             last: GatewayError | None = None
             for i, channel in enumerate(channels):
@@ -182,15 +183,17 @@ class Relay:
                 if exchange.call is None:  # answered without the upstream
                     await self._reply_local(exchange, call, rate, send)
                     return
+                if stream and quiet is None:
+                    quiet = self.keepalive.open(send, exchange.keepalive)
                 try:
                     answer = await attempt(
                         self.upstream,
                         exchange,
                         channel.name,
                         self.health,
+                        quiet,
                         stream,
                         self.first_byte_timeout,
-                        self.keepalive.interval,
                     )
                 except GatewayError as err:
                     last = err
@@ -205,7 +208,7 @@ class Relay:
                             reply.body, reply.content_type, reply.used, call, rate, send
                         )
                     else:
-                        await self._stream(answer, exchange, call, rate, send)
+                        await self._stream(answer, exchange, call, rate, quiet, send)
                 finally:
                     answer.resp.close()
                 return
@@ -215,6 +218,7 @@ class Relay:
                 raise
             raise ClientGone() from None
         finally:
+            self.keepalive.close(quiet)
             watch.stop()
 
     @staticmethod
@@ -270,6 +274,7 @@ class Relay:
         exchange: Exchange,
         call: Call,
         rate: Rate | None,
+        quiet: Quiet | None,
         send: Send,
     ) -> None:
         stream = answer.stream
@@ -282,7 +287,6 @@ class Relay:
             return call.record(self.writer)
 
         call.responded = True
-        quiet = self.keepalive.open(send, exchange.keepalive)
         try:
             err = await pump(
                 answer.resp,
@@ -298,7 +302,5 @@ class Relay:
             # the client left, or the server's grace period ended: what was generated is billed
             call.bill(exchange.used(stream, False), rate)
             raise
-        finally:
-            self.keepalive.close(quiet)
         if err is not None:
             log.warning("relay.stream_error channel=%s status=%d", call.channel, err.status)

@@ -11,7 +11,7 @@ client protocol's form, after what was converted before it.
 A stream that has sent its client nothing for ``interval`` seconds (an upstream thinking)
 gets its protocol's keep-alive (an SSE comment, the messages protocol's ``ping`` event), so a
 load balancer's idle timeout does not cut it. One timer looks at every open stream
-(``KeepAlive``); a stream pays one clock read per send.
+(``KeepAlive``); a stream pays a clock read per send, and no timer of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
@@ -32,20 +33,42 @@ STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 class Quiet:
     """One open stream as the keep-alive timer sees it."""
 
-    __slots__ = ("send", "data", "last", "sending", "ping", "done")
+    __slots__ = ("send", "data", "task", "last", "sending", "ping", "done", "waiting", "woken")
 
-    def __init__(self, send: Send, data: bytes) -> None:
+    def __init__(self, send: Send, data: bytes, task: asyncio.Task[Any] | None) -> None:
         self.send = send
         self.data = data  # the protocol's keep-alive
+        self.task = task  # the request's, woken when its first output is long in coming
         self.last = time.monotonic()  # when the client was last sent something
         self.sending = False  # the stream's own send is under way
         self.ping: asyncio.Task[None] | None = None  # a keep-alive under way
         self.done = False  # the stream sent its last bytes: nothing more may follow
+        self.waiting = False  # for the upstream's first output: no response started yet
+        self.woken = False  # the timer cancelled the wait (``stop_waiting`` absorbs it)
+
+    def wait(self) -> None:
+        """The first output is awaited from here on."""
+        self.waiting = True
+        self.last = time.monotonic()
+
+    def stop_waiting(self, cancelled: bool) -> bool:
+        """The wait ended; True when it ended because this timer woke it (the cancellation
+        is then absorbed: the stream goes on, quiet)."""
+        self.waiting = False
+        self.last = time.monotonic()  # no keep-alive before the response has started
+        if cancelled and self.woken:
+            self.woken = False
+            if self.task is not None:
+                self.task.uncancel()
+            return True
+        return False
 
 
 class KeepAlive:
-    """Sends a keep-alive on every open stream quiet for ``interval`` seconds; one timer,
-    ticking a quarter of the interval, while any stream is open."""
+    """Keeps every open stream of the process alive with one timer, ticking a quarter of
+    ``interval`` while any is open: a stream quiet for ``interval`` seconds gets its
+    protocol's keep-alive; one still waiting for its upstream's first output that long is
+    woken to start its response quiet (and get keep-alives from then on)."""
 
     __slots__ = ("interval", "_open", "_timer")
 
@@ -57,7 +80,7 @@ class KeepAlive:
     def open(self, send: Send, data: bytes) -> Quiet | None:
         if not data:
             return None  # a stream without keep-alives (binary audio)
-        quiet = Quiet(send, data)
+        quiet = Quiet(send, data, asyncio.current_task())
         self._open.add(quiet)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
@@ -66,13 +89,20 @@ class KeepAlive:
     def close(self, quiet: Quiet | None) -> None:
         if quiet is not None:
             quiet.done = True
+            quiet.task = None
             self._open.discard(quiet)
 
     def _tick(self) -> None:
         self._timer = None
         now = time.monotonic()
         for quiet in self._open:
-            if now - quiet.last >= self.interval and not quiet.sending and quiet.ping is None:
+            if now - quiet.last < self.interval:
+                continue
+            if quiet.waiting:
+                if not quiet.woken and quiet.task is not None:
+                    quiet.woken = True
+                    quiet.task.cancel()
+            elif not quiet.sending and quiet.ping is None:
                 quiet.ping = asyncio.create_task(self._ping(quiet))
         if self._open:
             self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
