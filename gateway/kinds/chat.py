@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.asgi import parse_json, read_body
-from gateway.billing import Metered, usage_tokens
+from gateway.billing import Metered, billable_tokens, usage_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
@@ -274,7 +274,7 @@ class Count:
         if self._counter is not None:
             tokens = self._counter.decode_count(upstream_json(raw))
         body = orjson.dumps(self._client.encode_count(tokens, self._ctx))
-        return Reply(body, JSON_TYPE, Metered(prompt_tokens=tokens))
+        return Reply(body, JSON_TYPE, Metered(prompt_tokens=billable_tokens(tokens)))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         # never called: CountKind.read makes every count a whole reply

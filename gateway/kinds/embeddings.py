@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.asgi import parse_json, read_body
-from gateway.billing import Metered
+from gateway.billing import Metered, billable_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
@@ -98,7 +98,7 @@ class EmbeddingsExchange:
                 resp["usage"] = {"prompt_tokens": job.estimate, "total_tokens": job.estimate}
             tokens = resp["usage"]["prompt_tokens"]
             out = job.client.encode_embeddings(resp, job.req, self._ctx)
-        return Reply(orjson.dumps(out), JSON_TYPE, Metered(prompt_tokens=tokens))
+        return Reply(orjson.dumps(out), JSON_TYPE, Metered(prompt_tokens=billable_tokens(tokens)))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         # never called: EmbeddingsKind.read makes every request a whole reply

@@ -14,7 +14,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 
-from gateway.billing import Metered, Rate, billable_tokens
+from gateway.billing import Metered, Rate
 from gateway.store import KeyRecord, UsageRecord
 from gateway.store.writer import UsageWriter
 
@@ -72,9 +72,8 @@ class Call(UsageRecord):
         """Tokens and cost of what the request used (``rate`` None: not charged)."""
         if self.recorded:
             return  # handed to the writer: it is no longer changed
-        self.prompt_tokens = p = billable_tokens(used.prompt_tokens)
-        self.completion_tokens = c = billable_tokens(used.completion_tokens)
-        used.prompt_tokens, used.completion_tokens = p, c
+        self.prompt_tokens = used.prompt_tokens  # plausible counts (billing.billable_tokens)
+        self.completion_tokens = used.completion_tokens
         self.cost = rate.cost_of(used) if rate is not None else 0
 
     def record(self, writer: UsageWriter) -> Awaitable[None] | None:

@@ -149,7 +149,8 @@ class Relay:
             if not call.responded:
                 await send_error(send, CLIENTS[spec.protocol], InternalError("internal error"))
         finally:
-            call.record(self.writer)  # once per request: a no-op if already recorded
+            if not call.recorded:
+                call.record(self.writer)
 
     async def _attempts(
         self,

@@ -121,21 +121,28 @@ class KeepAlive:
             quiet.ping = None
 
 
-async def _send(send: Send, quiet: Quiet | None, body: bytes, more: bool) -> None:
-    """The stream's own send, never at once with a keep-alive."""
+async def _send(send: Send, quiet: Quiet | None, body: bytes) -> None:
+    """The stream's own send of more to come, never at once with a keep-alive."""
     if quiet is None:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
         return
     if quiet.ping is not None:
         await quiet.ping
-    if not more:
-        quiet.done = True
     quiet.sending = True
     try:
-        await send({"type": "http.response.body", "body": body, "more_body": more})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
     finally:
         quiet.sending = False
         quiet.last = time.monotonic()
+
+
+async def _send_last(send: Send, quiet: Quiet | None, body: bytes) -> None:
+    """The stream's last send: no keep-alive may follow it, nor run beside it."""
+    if quiet is not None:
+        quiet.done = True
+        if quiet.ping is not None:
+            await quiet.ping
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def pump(
@@ -150,10 +157,10 @@ async def pump(
 ) -> GatewayError | None:
     """Relay the upstream's stream to the client through ``stream``, whose ``first`` output
     (and whether the stream ``ended`` with it, and with which ``failure``) was read already;
-    ``settle(status)`` is
-    called once, and what it returns awaited, before the last bytes are sent. Returns the
-    error that ended the stream early (already sent to the client in its protocol's form),
-    or None. ``quiet``: the stream's entry in the keep-alive timer, if it has one."""
+    ``settle(status)`` is called once, and what it returns awaited, before the last bytes
+    are sent. Returns the error that ended the stream early (already sent to the client in
+    its protocol's form), or None. ``quiet``: the stream's entry in the keep-alive timer,
+    if it has one."""
     await send(
         {
             "type": "http.response.start",
@@ -168,7 +175,7 @@ async def pump(
         while not ended:
             if out and not resp.at_eof():
                 body, out = out, b""
-                await _send(send, quiet, body, True)
+                await _send(send, quiet, body)
             raw = await resp.chunk()
             if not raw:
                 out += stream.finish()
@@ -179,10 +186,10 @@ async def pump(
         if durable is not None:
             await durable
         tail = stream.error(err) if err is not failure else b""  # in ``first`` already
-        await _send(send, quiet, out + tail, False)
+        await _send_last(send, quiet, out + tail)
         return err
     durable = settle(200)
     if durable is not None:
         await durable
-    await _send(send, quiet, out, False)
+    await _send_last(send, quiet, out)
     return None

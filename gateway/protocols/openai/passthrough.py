@@ -9,7 +9,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai.reply import error_body, stream_error
-from gateway.protocols.openai.request import headers, usage_wanted, with_usage
+from gateway.protocols.openai.request import headers, with_usage
 from gateway.protocols.openai.stream import EVENT_STREAM, load_chunk
 from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, Usage
@@ -26,7 +26,7 @@ USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
     payload["model"] = target.model
-    if target.stream and not usage_wanted(payload):
+    if target.stream and not route.include_usage:  # match() read it from the body
         payload["stream_options"] = with_usage(payload.get("stream_options"))
     return UpstreamCall(
         url=target.base_url + "/chat/completions",
