@@ -34,8 +34,8 @@ async def upload(url: str, size: int) -> tuple[int, str]:
 
     async def body() -> AsyncIterator[bytes]:
         yield (
-            f"--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n"
-            f"whisper-small\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="model"\r\n\r\n'
+            f'whisper-small\r\n--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; '
             f'filename="big.mp3"\r\nContent-Type: audio/mpeg\r\n\r\n'
         ).encode()
         chunk = bytes(MIB)
