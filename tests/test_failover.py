@@ -47,7 +47,7 @@ class BadUpstream:
         body = await request.json()
         streaming = bool(body.get("stream"))
         if mode == "stall":
-            await asyncio.sleep(30)
+            await asyncio.sleep(3)  # far past the gateway's first-byte timeout (0.5 s)
         if mode == "notjson":
             return web.Response(text="<html>bad gateway</html>", content_type="text/html")
         if mode == "empty" and not streaming:
