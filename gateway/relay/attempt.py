@@ -101,13 +101,12 @@ async def attempt(
     woken by the keep-alive timer) is taken as it is, with nothing to send yet: its client
     then gets keep-alives instead of a load balancer cutting it, and no other channel is
     tried. Only a ``first_byte_timeout`` costs a timer of its own."""
-    resp: UpstreamResponse | None = None
     try:
         if first_byte_timeout is None:
-            resp, answer = await _answer(upstream, exchange, channel, health, quiet, stream)
+            answer = await _answer(upstream, exchange, channel, health, quiet, stream)
         else:
             async with asyncio.timeout(first_byte_timeout):
-                resp, answer = await _answer(upstream, exchange, channel, health, quiet, stream)
+                answer = await _answer(upstream, exchange, channel, health, quiet, stream)
     except TimeoutError:
         failure = UpstreamTimeoutError(
             f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
@@ -125,24 +124,24 @@ async def _answer(
     health: ChannelHealth,
     quiet: Quiet | None,
     stream: bool,
-) -> tuple[UpstreamResponse, Answer]:
+) -> Answer:
     resp = await open_attempt(upstream, exchange, channel, health)
     try:
         if not stream:
-            return resp, Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
+            return Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
         relay_stream = exchange.stream(resp.headers)
         if quiet is None:
             found = await first_output(resp, exchange, relay_stream)
-            return resp, Answer(resp, None, relay_stream, *found)
+            return Answer(resp, None, relay_stream, *found)
         quiet.wait()
         try:
             found = await first_output(resp, exchange, relay_stream)
         except asyncio.CancelledError:
             if quiet.stop_waiting(True):
-                return resp, Answer(resp, stream=relay_stream)  # quiet, not failed
+                return Answer(resp, stream=relay_stream)  # quiet, not failed
             raise
         quiet.stop_waiting(False)
-        return resp, Answer(resp, None, relay_stream, *found)
+        return Answer(resp, None, relay_stream, *found)
     except GatewayError as err:
         resp.close()
         if err.status >= 500:
