@@ -28,7 +28,7 @@ def stretch(factor: float) -> None:
     relay.REPLY_WATCH_DELAY *= factor
     gc_tuning.COLLECT_EVERY *= factor
     gc_tuning.FULL_EVERY *= factor
-    cache.Cache.__init__.__defaults__ = (cache.DEFAULT_INTERVAL * factor,)
+    cache.DEFAULT_INTERVAL *= factor
 
 
 def main(argv: list[str]) -> int:

@@ -9,12 +9,17 @@ a bad body.
 Consistency: before reading balances or usage the handler flushes this instance's usage writer,
 so a caller sees its own finished requests; after any change it refreshes this instance's cache,
 so the change applies here at once (other instances follow within a second).
+
+A store that is away, or does not answer within ``STORE_TIMEOUT``, is a 503 in the same shape,
+never a hung call or a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol, cast
 
@@ -25,16 +30,26 @@ from starlette.routing import BaseRoute, Route
 
 from gateway import accounts
 from gateway.config import Settings
-from gateway.errors import AuthenticationError, GatewayError, InvalidRequestError, NotFoundError
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    InvalidRequestError,
+    NotFoundError,
+    UpstreamUnavailableError,
+)
 from gateway.store import Store
 from gateway.types import JSON
 
+log = logging.getLogger("gateway.admin")
+
+STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ERROR_CODES = {
     400: "invalid_request",
     401: "invalid_admin_token",
     404: "not_found",
     409: "already_exists",
+    503: "store_unavailable",
 }
 
 
@@ -100,9 +115,16 @@ def _guarded(handler: Handler) -> Endpoint:
         if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
             return error_response(AuthenticationError("missing or invalid admin token"))
         try:
-            return await handler(request, state)
+            async with asyncio.timeout(STORE_TIMEOUT):
+                return await handler(request, state)
         except GatewayError as err:
             return error_response(err)
+        except Exception as exc:  # noqa: BLE001 - the store failed or did not answer in time
+            log.warning(
+                "admin.store_unavailable path=%s error=%s", request.url.path, type(exc).__name__
+            )
+            away = UpstreamUnavailableError("The store does not answer; try again shortly.")
+            return error_response(away)
 
     return endpoint
 

@@ -30,6 +30,8 @@ from gateway.relay import Relay
 from gateway.routes import Router, protocol_of_path
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
+from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
+from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
@@ -51,6 +53,9 @@ class GatewayState:
 
 
 READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
+# a store that does not answer at start-up is retried after this long, doubling up to the max
+STORE_RETRY_FIRST = 0.5
+STORE_RETRY_MAX = 5.0
 
 
 async def healthz(request: Request) -> Response:
@@ -61,7 +66,10 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Readiness: 200 only while the store answers, so a load balancer drains an instance
     that lost it."""
-    store: Store = request.app.state.gateway.store
+    state: GatewayState = request.app.state.gateway
+    store = state.store
+    if not state.relay.ready:
+        return JSONResponse({"status": "starting", "store": "not answering"}, status_code=503)
     try:
         await asyncio.wait_for(store.version(), READY_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - any failure of the store means not ready
@@ -122,24 +130,62 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         return built
     store = open_store(settings.store)
     cache = Cache(store)
-    writer = UsageWriter(store, cache)
+    writer = UsageWriter(store, cache, journal=Journal(settings.journal, settings.store))
     upstream = Upstream(settings.upstream)
     relay = Relay(settings, cache, writer, upstream)
     state = GatewayState(settings, store, cache, writer, upstream, relay)
 
+    scheme = settings.store.split("://", 1)[0]
+    tasks: list[asyncio.Task[None]] = []
+
+    async def connect() -> None:
+        """Open the store, save the file's catalogue, fill the key cache (raises)."""
+        await store.open()
+        await store.seed(settings)
+        await cache.start()
+
+    def serve() -> None:
+        relay.ready = True
+        tasks.append(asyncio.create_task(relay.health.share_forever(store), name="gw.health"))
+        log.info("gateway.started store=%s", scheme)
+
+    async def connect_later() -> None:
+        """Until the store answers: retry, then serve."""
+        delay = STORE_RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await connect()
+            except Exception as exc:
+                raise_if_cancelled()
+                log.warning("gateway.store_unavailable error=%s", type(exc).__name__)
+                delay = min(delay * 2, STORE_RETRY_MAX)
+            else:
+                serve()
+                return
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await store.open()
         stop_collecting = collect_periodically(asyncio.get_running_loop())
         try:
-            await store.seed(settings)
-            await cache.start()
-            await writer.start()
+            await writer.start()  # the journal: what it holds is settled once the store answers
             await upstream.start()
-            log.info("gateway.started store=%s", settings.store.split("://", 1)[0])
+            try:
+                await connect()
+            except Exception as exc:
+                log.error(
+                    "gateway.store_unavailable store=%s error=%s: not ready, retrying",
+                    scheme,
+                    type(exc).__name__,
+                )
+                tasks.append(asyncio.create_task(connect_later(), name="gw.connect"))
+            else:
+                serve()
             yield
         finally:
             stop_collecting()
+            for task in tasks:
+                await cancel_and_wait(task)
             await upstream.stop()
             await writer.stop()
             await cache.stop()

@@ -197,11 +197,17 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, client: ClientSide, err: GatewayError) -> None:
+async def send_error(
+    send: Send, client: ClientSide, err: GatewayError, request_id: str | None = None
+) -> None:
+    """The error in the client's protocol, with ``Retry-After``, ``Allow`` and
+    ``x-request-id`` where they apply."""
     status, body = client.encode_error(err)
-    extra = None
+    extra = []
     if err.retry_after is not None:
-        extra = [(b"retry-after", str(int(err.retry_after + 0.999)).encode())]
+        extra.append((b"retry-after", str(int(err.retry_after + 0.999)).encode()))
     elif isinstance(err, MethodNotAllowedError):
-        extra = [(b"allow", ", ".join(err.allow).encode())]
+        extra.append((b"allow", ", ".join(err.allow).encode()))
+    if request_id is not None:
+        extra.append((b"x-request-id", request_id.encode()))
     await send_json(send, status, body, extra)

@@ -51,6 +51,21 @@ class Model:
 
 
 @dataclass(frozen=True, slots=True)
+class ChannelTimeouts:
+    """A channel's own timeouts (its ``timeouts:``), in seconds; None: ``upstream:``'s."""
+
+    connect: float | None = None
+    first_byte: float | None = None  # the reply's status and a stream's first output
+    idle: float | None = None  # the longest silence between two bytes
+    total: float | None = None  # the whole request, stream included; None: no limit
+
+    @property
+    def custom(self) -> bool:
+        """Whether any of the timeouts the upstream client applies is the channel's own."""
+        return self.connect is not None or self.idle is not None or self.total is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Channel:
     name: str
     type: str
@@ -64,6 +79,7 @@ class Channel:
     # the client protocols the upstream speaks natively, so their bodies go through unconverted:
     # its type, and the Responses API for an openai channel with ``responses: true``
     speaks: frozenset[str] = frozenset()
+    timeouts: ChannelTimeouts = ChannelTimeouts()
 
     def __post_init__(self) -> None:
         if not self.speaks:
@@ -97,6 +113,9 @@ class KeySeed:
 class Limits:
     max_request_bytes: int = 20 * 1024 * 1024
     max_upload_bytes: int = 100 * 1024 * 1024
+    # the least a request holds against its balance while it runs (balance units; its
+    # estimate when that is more)
+    hold_floor: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +161,9 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
     upstream: UpstreamSettings = UpstreamSettings()
     server: ServerSettings = ServerSettings()
+    # the settlement journal's directory (gateway.store.journal); beside a SQLite file, else
+    # data/journal
+    journal: str = ""
     path: str = ""
 
     def model(self, name: str) -> Model | None:
@@ -177,6 +199,8 @@ def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
         raw["store"] = os.environ["GATEWAY_STORE"]
     if os.environ.get("GATEWAY_ADMIN_TOKEN"):
         raw["admin_token"] = os.environ["GATEWAY_ADMIN_TOKEN"]
+    if os.environ.get("GATEWAY_JOURNAL"):
+        raw["journal"] = os.environ["GATEWAY_JOURNAL"]
     return parse_settings(raw, path=str(p.resolve()))
 
 
@@ -212,6 +236,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         "trusted_proxies",
         "upstream",
         "server",
+        "journal",
     }
     for k in raw:
         if k not in known:
@@ -251,6 +276,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
             raise ConfigError(f"trusted_proxies[{i}]: not an IP network") from None
     upstream = _upstream(raw.get("upstream") or {})
     server = _server(raw.get("server") or {})
+    journal = _str(raw.get("journal") or _default_journal(store), "journal")
     return Settings(
         store=store,
         admin_token=admin_token,
@@ -263,8 +289,17 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         trusted_proxies=proxies,
         upstream=upstream,
         server=server,
+        journal=journal,
         path=path,
     )
+
+
+def _default_journal(store: str) -> str:
+    """The journal's directory when the file names none: beside a SQLite file, else
+    ``data/journal`` under the working directory."""
+    if store.startswith("sqlite:///"):
+        return os.path.join(os.path.dirname(store[len("sqlite:///") :]) or ".", "journal")
+    return os.path.join("data", "journal")
 
 
 def _check_store_url(url: Any) -> None:
@@ -371,6 +406,7 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         "priority",
         "weight",
         "responses",
+        "timeouts",
     }
     _no_unknown(d, allowed, where)
     name = _name(d.get("name"), f"{where}.name")
@@ -414,7 +450,18 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         priority=priority,
         weight=weight,
         speaks=frozenset({ctype, "responses"} if responses else {ctype}),
+        timeouts=_timeouts(d.get("timeouts") or {}, f"{where}.timeouts"),
     )
+
+
+def _timeouts(v: Any, where: str) -> ChannelTimeouts:
+    d = _mapping(v, where)
+    _no_unknown(d, set(ChannelTimeouts.__dataclass_fields__), where)
+    values = {
+        name: None if d.get(name) is None else _num(d[name], f"{where}.{name}", minimum=0.001)
+        for name in ChannelTimeouts.__dataclass_fields__
+    }
+    return ChannelTimeouts(**values)
 
 
 def _account(v: Any, where: str) -> AccountSeed:
@@ -472,7 +519,7 @@ def _key(v: Any, where: str, groups: set[str], accounts: set[str]) -> KeySeed:
 
 def _limits(v: Any) -> Limits:
     d = _mapping(v, "limits")
-    _no_unknown(d, {"max_request_bytes", "max_upload_bytes"}, "limits")
+    _no_unknown(d, {"max_request_bytes", "max_upload_bytes", "hold_floor"}, "limits")
     out = Limits()
     return Limits(
         max_request_bytes=_int(
@@ -481,6 +528,7 @@ def _limits(v: Any) -> Limits:
         max_upload_bytes=_int(
             d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
         ),
+        hold_floor=_num(d.get("hold_floor", out.hold_floor), "limits.hold_floor", minimum=0.0),
     )
 
 

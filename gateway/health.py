@@ -5,30 +5,39 @@ A channel whose upstream refuses its credentials cools down at once for the conf
 ``FAILURES_BEFORE_COOLDOWN`` failures in a row, for at most ``FAILURE_COOLDOWN_SECONDS``: one
 timeout under load must not turn a single-channel model into 503s. A success clears the count.
 ``routing.candidates`` reads ``cooling`` to leave cooling channels out.
+
+Cooldowns are shared through the store: ``share()``, twice a second off the request path,
+publishes the cooldowns this process began and takes every other instance's, so that no
+instance keeps calling a channel another one found dead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 from gateway.errors import GatewayError, GatewayOverloadedError
+from gateway.store import Store
+from gateway.store.cancellation import raise_if_cancelled
 
 log = logging.getLogger("gateway.health")
 
 FAILURES_BEFORE_COOLDOWN = 3
 FAILURE_COOLDOWN_SECONDS = 5.0
+SHARE_INTERVAL = 0.5  # seconds between two exchanges of cooldowns with the store
 
 
 class ChannelHealth:
     """This process's view of its channels' health."""
 
-    __slots__ = ("cooling", "_failures", "_cooldown")
+    __slots__ = ("cooling", "_failures", "_cooldown", "_begun")
 
     def __init__(self, cooldown_seconds: float) -> None:
         self.cooling: dict[str, float] = {}  # channel -> monotonic time it may serve again
         self._failures: dict[str, int] = {}  # channel -> failures in a row
         self._cooldown = cooldown_seconds
+        self._begun: dict[str, int] = {}  # cooldowns to publish: channel -> until (epoch ms)
 
     def succeeded(self, channel: str) -> None:
         if self._failures:
@@ -54,4 +63,39 @@ class ChannelHealth:
     def _cool(self, channel: str, seconds: float) -> None:
         if seconds > 0:
             self.cooling[channel] = time.monotonic() + seconds
+            self._begun[channel] = int((time.time() + seconds) * 1000)
             log.warning("relay.channel_cooling channel=%s seconds=%g", channel, seconds)
+
+    async def share(self, store: Store) -> None:
+        """Publish the cooldowns begun here since the last call; take every instance's."""
+        begun, self._begun = self._begun, {}
+        wall = time.time()
+        try:
+            shared = await store.share_cooling(begun, int(wall * 1000))
+        except BaseException:
+            for channel, until in begun.items():  # published next time
+                self._begun[channel] = max(until, self._begun.get(channel, 0))
+            raise
+        now = time.monotonic()
+        for channel, until in shared.items():
+            at = now + until / 1000 - wall
+            if at > self.cooling.get(channel, 0.0):
+                self.cooling[channel] = at
+
+    async def share_forever(self, store: Store, interval: float = SHARE_INTERVAL) -> None:
+        """``share()`` every ``interval`` seconds; a store that does not answer is logged
+        once per spell, and this process's own cooldowns go on meanwhile."""
+        failing = False
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.share(store)
+            except Exception as exc:
+                raise_if_cancelled()
+                if not failing:
+                    log.warning("health.share_failed error=%s", type(exc).__name__)
+                failing = True
+            else:
+                if failing:
+                    log.info("health.share_recovered")
+                failing = False

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from gateway import __version__
-from gateway.config import UpstreamSettings
+from gateway.config import ChannelTimeouts, UpstreamSettings
 from gateway.errors import (
     GatewayError,
     GatewayOverloadedError,
@@ -62,6 +62,7 @@ class Upstream:
     def __init__(self, settings: UpstreamSettings) -> None:
         self._settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[ChannelTimeouts, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         s = self._settings
@@ -88,11 +89,16 @@ class Upstream:
             self._session = None
 
     async def request(
-        self, call: UpstreamCall, upload: AsyncIterable[bytes] | None = None
+        self,
+        call: UpstreamCall,
+        upload: AsyncIterable[bytes] | None = None,
+        timeouts: ChannelTimeouts | None = None,
     ) -> UpstreamResponse:
         """Send the call (its body, or ``upload`` streamed chunked as it is produced); the
-        response once its status and headers arrived. Raises only ``GatewayError``."""
+        response once its status and headers arrived. ``timeouts``: the channel's own, where
+        it has some. Raises only ``GatewayError``."""
         assert self._session is not None, "Upstream.start() was not awaited"
+        timeout = self._timeout(timeouts) if timeouts is not None and timeouts.custom else None
         data: bytes | AsyncIterable[bytes]
         if upload is None:
             # orjson's output keeps its whole working buffer (4 KiB at the least) for as long
@@ -102,9 +108,18 @@ class Upstream:
         else:
             data = upload
         try:
-            resp = await self._session.post(
-                call.url, data=data, headers=call.headers, allow_redirects=False
-            )
+            if timeout is None:
+                resp = await self._session.post(
+                    call.url, data=data, headers=call.headers, allow_redirects=False
+                )
+            else:
+                resp = await self._session.post(
+                    call.url,
+                    data=data,
+                    headers=call.headers,
+                    allow_redirects=False,
+                    timeout=timeout,
+                )
         except TimeoutError:
             raise UpstreamTimeoutError("the upstream did not answer in time") from None
         except aiohttp.ClientConnectorError as exc:
@@ -114,6 +129,18 @@ class Upstream:
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         return UpstreamResponse(resp)
+
+    def _timeout(self, timeouts: ChannelTimeouts) -> aiohttp.ClientTimeout:
+        """The client timeout of a channel with timeouts of its own (made once per channel)."""
+        timeout = self._timeouts.get(timeouts)
+        if timeout is None:
+            s = self._settings
+            timeout = self._timeouts[timeouts] = aiohttp.ClientTimeout(
+                total=timeouts.total,
+                connect=timeouts.connect if timeouts.connect is not None else s.connect_timeout,
+                sock_read=timeouts.idle if timeouts.idle is not None else s.read_timeout,
+            )
+        return timeout
 
 
 class UpstreamResponse:

@@ -16,6 +16,7 @@ INTERVALS = [
     (relay, "REPLY_WATCH_DELAY"),
     (gc_tuning, "COLLECT_EVERY"),
     (gc_tuning, "FULL_EVERY"),
+    (cache, "DEFAULT_INTERVAL"),
 ]
 
 
@@ -23,11 +24,10 @@ def test_every_interval_is_stretched_by_the_factor(monkeypatch: pytest.MonkeyPat
     before = {(m.__name__, name): getattr(m, name) for m, name in INTERVALS}
     for module, name in INTERVALS:  # restored after the test
         monkeypatch.setattr(module, name, getattr(module, name))
-    monkeypatch.setattr(cache.Cache.__init__, "__defaults__", cache.Cache.__init__.__defaults__)
 
     clock_scaled.stretch(40)
 
     for module, name in INTERVALS:
         assert getattr(module, name) == pytest.approx(before[(module.__name__, name)] * 40)
     reloading = cache.Cache(store=None)  # type: ignore[arg-type]
-    assert reloading._interval == pytest.approx(cache.DEFAULT_INTERVAL * 40)
+    assert reloading._interval == pytest.approx(before[(cache.__name__, "DEFAULT_INTERVAL")] * 40)

@@ -4,12 +4,16 @@ estimated), in every client x channel pair; the record says 499."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
 from bench.fake_upstream import FakeUpstream
+from gateway.store import UsageRecord, open_store
 from tests.plugins.servers import KEYS, ServedGateway
 from tests.test_sdk_matrix import TARGETS, Target
 
@@ -19,8 +23,11 @@ SLOW = f"[[fake text='{' '.join(f'word{i}' for i in range(WORDS))}' chunks={WORD
 CLIENTS = ("openai", "anthropic", "gemini")
 
 
-def request(client: str, target: Target) -> tuple[str, dict[str, Any]]:
-    message = {"role": "user", "content": SLOW}
+HEADERS = {"Authorization": f"Bearer {KEYS['alice']}", "anthropic-version": "2023-06-01"}
+
+
+def request(client: str, target: Target, text: str = SLOW) -> tuple[str, dict[str, Any]]:
+    message = {"role": "user", "content": text}
     if client == "openai":
         return "/v1/chat/completions", {
             "model": target.model,
@@ -31,7 +38,7 @@ def request(client: str, target: Target) -> tuple[str, dict[str, Any]]:
         body = {"model": target.model, "stream": True, "max_tokens": 500, "messages": [message]}
         return "/v1/messages", body
     path = f"/v1beta/models/{target.model}:streamGenerateContent?alt=sse"
-    return path, {"contents": [{"role": "user", "parts": [{"text": SLOW}]}]}
+    return path, {"contents": [{"role": "user", "parts": [{"text": text}]}]}
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.type for t in TARGETS])
@@ -73,6 +80,66 @@ async def test_a_stream_cut_off_bills_the_prompt_and_what_was_generated(
 
 
 async def asyncio_sleep(seconds: float) -> None:
-    import asyncio
-
     await asyncio.sleep(seconds)
+
+
+def assert_billed_for_part(rec: UsageRecord, target: Target, status: int) -> None:
+    assert (rec.channel, rec.status) == (target.channel, status)
+    assert rec.prompt_tokens > 0
+    assert 5 <= rec.completion_tokens < WORDS * 3
+    assert rec.cost == rec.prompt_tokens * 1 + rec.completion_tokens * 2
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t.type for t in TARGETS])
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_a_stream_whose_upstream_dies_bills_what_was_generated(
+    gateway: ServedGateway, client: str, target: Target
+) -> None:
+    """The upstream closes the connection after ten of forty words: the client gets the ten
+    and an error in the stream; the record bills them, with the error's status."""
+    dying = SLOW.replace("delay_ms=100", "delay_ms=1 drop_after=10")
+    path, body = request(client, target, dying)
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.url + path, json=body, headers=HEADERS) as r:
+            assert r.status == 200
+            received = await r.read()
+    assert 5 <= received.count(b"word") < WORDS
+    await gateway.state.writer.flush()
+    (rec,) = await gateway.state.store.usage("alice", 1)
+    assert_billed_for_part(rec, target, 502)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t.type for t in TARGETS])
+async def test_a_stream_running_when_the_shutdown_grace_ends_bills_what_was_generated(
+    gateway_factory: Callable[..., contextlib.AbstractAsyncContextManager[ServedGateway]],
+    store_url: str,
+    target: Target,
+) -> None:
+    """SIGTERM: the server waits its grace period (1 s in the tests) for open streams, then
+    cuts them; a cut stream is billed for what it generated, and recorded before the
+    process ends."""
+    path, body = request("openai", target)
+    words = 0
+
+    async def read() -> None:
+        nonlocal words
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw.url + path, json=body, headers=HEADERS) as r:
+                with contextlib.suppress(aiohttp.ClientError):
+                    async for piece in r.content.iter_any():
+                        words += piece.count(b"word")
+
+    async with gateway_factory() as gw:
+        reading = asyncio.create_task(read())
+        while words < 5:
+            await asyncio.sleep(0.02)
+    # the gateway has stopped: its grace period ended with the stream still running
+    await reading
+    assert 5 <= words < WORDS
+    store = open_store(store_url)
+    await store.open()
+    try:
+        (rec,) = await store.usage("alice", 1)
+    finally:
+        await store.close()
+    assert_billed_for_part(rec, target, 499)

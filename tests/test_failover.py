@@ -5,6 +5,7 @@ is served by the next channel; the failures count toward the bad channel's coold
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from aiohttp import web
 from bench.fake_upstream import FakeUpstream
 from tests.plugins.servers import KEYS, ServedGateway, make_config, serve_app
 
-MODES = ("stall", "garbage", "notjson", "empty", "error_event", "cut")
+MODES = ("stall", "garbage", "notjson", "empty", "error_event", "cut", "pause")
 
 
 class BadUpstream:
@@ -62,6 +63,11 @@ class BadUpstream:
             )
         elif mode == "cut":
             pass  # the stream ends at once, without [DONE]
+        elif mode == "pause":  # one word, then a silence far past the channel's idle timeout
+            chunk = {"choices": [{"index": 0, "delta": {"content": "first"}}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await asyncio.sleep(3)
+            await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
@@ -138,3 +144,59 @@ def parse(cfg: dict[str, Any]) -> Any:
     from gateway.config import parse_settings
 
     return parse_settings(cfg)
+
+
+async def test_a_channel_one_instance_cooled_is_skipped_by_another(
+    fake: FakeUpstream, bad: BadUpstream, store_url: str
+) -> None:
+    """Two instances on one store: once the first has cooled the bad channel down, the
+    second (which never saw it fail) does not call it."""
+    settings = parse(config(fake, bad, store_url, "notjson"))
+    async with serve_app(settings) as first, serve_app(settings) as second:
+        for _ in range(3):
+            assert await ask(first, False) == "served by the good one"
+        assert bad.hits["notjson"] == 3
+        assert "bad" in first.state.relay.health.cooling
+        deadline = asyncio.get_running_loop().time() + 10
+        while "bad" not in second.state.relay.health.cooling:  # shared twice a second
+            assert asyncio.get_running_loop().time() < deadline, "the cooldown never arrived"
+            await asyncio.sleep(0.05)
+        for _ in range(3):
+            assert await ask(second, False) == "served by the good one"
+        assert bad.hits["notjson"] == 3
+
+
+async def test_cooldowns_shared_through_the_store_expire(store: Any) -> None:
+    """The store keeps the later of two cooldowns of a channel and forgets those over."""
+    assert await store.share_cooling({"a": 5_000, "b": 2_000}, 1_000) == {"a": 5_000, "b": 2_000}
+    assert await store.share_cooling({"a": 4_000}, 1_500) == {"a": 5_000, "b": 2_000}
+    assert await store.share_cooling({}, 2_000) == {"a": 5_000}
+    assert await store.share_cooling({}, 6_000) == {}
+
+
+async def test_a_channel_s_own_first_byte_timeout(
+    fake: FakeUpstream, bad: BadUpstream, store_url: str
+) -> None:
+    """No first-byte timeout for the service; the stalling channel has one of its own."""
+    cfg = config(fake, bad, store_url, "stall")
+    cfg["upstream"] = {}
+    cfg["channels"][0]["timeouts"] = {"first_byte": 0.3}
+    async with serve_app(parse(cfg)) as gw:
+        assert await ask(gw, True) == "served by the good one"
+        assert bad.hits["stall"] == 1
+
+
+async def test_a_channel_s_own_idle_timeout_ends_a_silent_stream(
+    fake: FakeUpstream, bad: BadUpstream, store_url: str
+) -> None:
+    cfg = config(fake, bad, store_url, "pause")
+    cfg["upstream"] = {}
+    cfg["channels"][0]["timeouts"] = {"idle": 0.3}
+    async with serve_app(parse(cfg)) as gw:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(openai.APIError):
+            await ask(gw, True)  # "first", then the error event of the timeout
+        assert asyncio.get_running_loop().time() - started < 2.5
+        await gw.state.writer.flush()
+        (rec,) = await gw.state.store.usage("alice", 1)
+        assert (rec.channel, rec.status) == ("bad", 504)

@@ -49,6 +49,11 @@ class Job(Protocol):
         stream may last minutes, and the bodies of thousands would add up)."""
         ...
 
+    def expected(self, default_output: int) -> Metered:
+        """The most the request is expected to use, held against the balance while it runs
+        (``default_output``: the model's output tokens when the request sets no maximum)."""
+        ...
+
 
 @dataclass(slots=True)
 class Reply:

@@ -32,7 +32,7 @@ from gateway.protocols.base import (
     UpstreamSide,
     UpstreamTarget,
 )
-from gateway.tokens import estimate_prompt_tokens
+from gateway.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from gateway.types import JSON, ChatRequest, Usage
 
 CHANNEL_TYPES = frozenset(ADAPTERS)
@@ -42,6 +42,7 @@ CHANNEL_TYPES = frozenset(ADAPTERS)
 # framing as whitespace (google-genai fails on an SSE comment)
 KEEPALIVES = {
     ("openai", True): b": keep-alive\n\n",
+    ("responses", True): b": keep-alive\n\n",
     ("anthropic", True): b'event: ping\ndata: {"type": "ping"}\n\n',
     ("gemini", True): b"\n",
     ("gemini", False): b"\n",
@@ -61,6 +62,15 @@ class ChatJob:
     payload: JSON  # the client's body as parsed
     req: ChatRequest | None = None  # its chat-completions form, once a conversion needs it
     estimate: int | None = None  # the local estimate of its prompt tokens, once made
+    size: int = 0  # bytes of the client's body
+
+    def expected(self, default_output: int) -> Metered:
+        """Its body's bytes as prompt tokens (no decoding: an over-estimate, which only
+        holds more), and its maximum output."""
+        return Metered(
+            prompt_tokens=-(-self.size // CHARS_PER_TOKEN),
+            completion_tokens=max_output(self.payload) or default_output,
+        )
 
     def release(self) -> None:
         """The decoded form goes; the client's body stays only while its prompt has no
@@ -111,7 +121,26 @@ async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
     payload = parse_json(raw)
     client = CLIENTS[spec.protocol]
     route = client.match(kind, payload, incoming.path_model, incoming.query, spec.stream)
-    return ChatJob(client, route, payload)
+    return ChatJob(client, route, payload, size=len(raw))
+
+
+# where each protocol puts the reply's maximum length: chat-completions (both names), messages,
+# Responses; generate-content's is in generationConfig
+MAX_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def max_output(payload: JSON) -> int:
+    """The maximum output tokens a request asks for, 0 when it sets none (or an odd one)."""
+    if not isinstance(payload, dict):
+        return 0
+    for name in MAX_OUTPUT_FIELDS:
+        value = payload.get(name)
+        if value is not None:
+            return billable_tokens(value)
+    config = payload.get("generationConfig")
+    if isinstance(config, dict):
+        return billable_tokens(config.get("maxOutputTokens"))
+    return 0
 
 
 def chat_used(usage: Usage | None) -> Metered:

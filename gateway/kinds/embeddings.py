@@ -54,6 +54,9 @@ class EmbeddingsJob:
     def release(self) -> None:
         self.payload = None
 
+    def expected(self, default_output: int) -> Metered:
+        return Metered(prompt_tokens=self.estimate)
+
 
 class EmbeddingsExchange:
     """One attempt: through the body as it is (same protocol) or converted."""

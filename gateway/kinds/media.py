@@ -60,6 +60,9 @@ class MediaJob:
     def release(self) -> None:
         self.payload = None
 
+    def expected(self, default_output: int) -> Metered:
+        return self.used
+
 
 class RawStream:
     """A ``RelayStream`` of bytes passed on as they came (binary audio)."""

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.health import ChannelHealth
 from gateway.kinds.base import Exchange, Reply
@@ -37,12 +38,13 @@ class Answer:
 
 
 async def open_attempt(
-    upstream: Upstream, exchange: Exchange, channel: str, health: ChannelHealth
+    upstream: Upstream, exchange: Exchange, target: Channel, health: ChannelHealth
 ) -> UpstreamResponse:
     """The upstream's response once its status is known and is a success."""
     assert exchange.call is not None
+    channel = target.name
     try:
-        resp = await upstream.request(exchange.call, exchange.upload)
+        resp = await upstream.request(exchange.call, exchange.upload, target.timeouts)
     except GatewayError as err:
         health.failed(channel, err)
         raise
@@ -88,7 +90,7 @@ async def first_output(
 async def attempt(
     upstream: Upstream,
     exchange: Exchange,
-    channel: str,
+    channel: Channel,
     health: ChannelHealth,
     quiet: Quiet | None,
     stream: bool,
@@ -100,7 +102,10 @@ async def attempt(
     A stream whose upstream answered but stays quiet for the keep-alive interval (``quiet``,
     woken by the keep-alive timer) is taken as it is, with nothing to send yet: its client
     then gets keep-alives instead of a load balancer cutting it, and no other channel is
-    tried. Only a ``first_byte_timeout`` costs a timer of its own."""
+    tried. Only a ``first_byte_timeout`` (the channel's own, else ``first_byte_timeout``)
+    costs a timer of its own."""
+    if channel.timeouts.first_byte is not None:
+        first_byte_timeout = channel.timeouts.first_byte
     try:
         if first_byte_timeout is None:
             answer = await _answer(upstream, exchange, channel, health, quiet, stream)
@@ -111,21 +116,22 @@ async def attempt(
         failure = UpstreamTimeoutError(
             f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
         )
-        health.failed(channel, failure)
+        health.failed(channel.name, failure)
         raise failure from None
-    health.succeeded(channel)
+    health.succeeded(channel.name)
     return answer
 
 
 async def _answer(
     upstream: Upstream,
     exchange: Exchange,
-    channel: str,
+    target: Channel,
     health: ChannelHealth,
     quiet: Quiet | None,
     stream: bool,
 ) -> Answer:
-    resp = await open_attempt(upstream, exchange, channel, health)
+    resp = await open_attempt(upstream, exchange, target, health)
+    channel = target.name
     try:
         if not stream:
             return Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))

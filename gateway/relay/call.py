@@ -39,6 +39,7 @@ class Call(UsageRecord):
     key: KeyRecord | None = None
     responded: bool = False  # the response's status line has been sent
     recorded: bool = False  # handed to the writer
+    held: int = 0  # micro-units held against the balance until the record replaces them
 
     @classmethod
     def arriving(
@@ -88,4 +89,4 @@ class Call(UsageRecord):
         self.account = key.account
         self.key_id = key.id
         self.latency_ms = int((time.perf_counter() - self.started) * 1000)
-        return writer.submit(self)
+        return writer.submit(self, self.held)

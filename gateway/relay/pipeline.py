@@ -49,12 +49,13 @@ from gateway.relay.call import CLIENT_GONE, Call, new_request_id
 from gateway.relay.stream import KeepAlive, Quiet, pump
 from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
-from gateway.store import KeyRecord
+from gateway.store import MICRO, KeyRecord
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
 
+STORE_RETRY_AFTER = 2.0  # seconds a client is told to wait while the store is away
 log = logging.getLogger("gateway.relay")
 
 # seconds before a request starts watching for its client going away (a watching task costs
@@ -81,13 +82,21 @@ class Relay:
         self.rng = random.Random()
         self.watchlist = Watchlist()
         self.retries = settings.upstream.retries
+        self.ready = False  # the store answered and the key cache is filled (app.lifespan)
+        self.hold_floor = round(settings.limits.hold_floor * MICRO)
         self.first_byte_timeout = settings.upstream.first_byte_timeout
         self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
 
     def authenticate(
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
     ) -> KeyRecord:
-        """The caller's key record (401 when missing, unknown, disabled or expired)."""
+        """The caller's key record (401 when missing, unknown, disabled or expired; 503
+        while the gateway has not reached its store yet)."""
+        if not self.ready:
+            raise UpstreamUnavailableError(
+                "The gateway is starting and cannot reach its store yet; try again shortly.",
+                retry_after=STORE_RETRY_AFTER,
+            )
         secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)
         if secret is None:
             raise AuthenticationError("Missing API key.")
@@ -133,11 +142,15 @@ class Relay:
                 self.health.cooling,
                 time.monotonic(),
             )[: 1 + self.retries]
-            await self._attempts(kind, job, channels, headers, call, receive, send)
+            model = self.catalogue.models[call.model]
+            rate = self.rates.get(call.model) if kind.billed else None
+            if rate is not None:
+                self._hold(call, job.expected(model.default_max_tokens), rate, balance)
+            await self._attempts(kind, job, channels, model, rate, headers, call, receive, send)
         except GatewayError as err:
             call.set_status(err.status)
             if not call.responded:
-                await send_error(send, CLIENTS[spec.protocol], err)
+                await send_error(send, CLIENTS[spec.protocol], err, call.request_id)
         except ClientGone:
             call.set_status(CLIENT_GONE)
         except asyncio.CancelledError:
@@ -147,7 +160,9 @@ class Relay:
             log.exception("relay.unexpected request_id=%s", call.request_id)
             call.set_status(500)
             if not call.responded:
-                await send_error(send, CLIENTS[spec.protocol], InternalError("internal error"))
+                await send_error(
+                    send, CLIENTS[spec.protocol], InternalError("internal error"), call.request_id
+                )
         finally:
             if not call.recorded:
                 call.record(self.writer)
@@ -157,20 +172,21 @@ class Relay:
         kind: Kind[Any],
         job: Any,
         channels: list[Channel],
+        model: Model,
+        rate: Rate | None,
         headers: dict[bytes, bytes],
         call: Call,
         receive: Receive,
         send: Send,
     ) -> None:
         """Try the channels in order until one answers, and relay its reply."""
-        model = self.catalogue.models[call.model]
-        rate = self.rates.get(call.model) if kind.billed else None
         stream = bool(job.route.stream)
         ctx = Ctx(
             request_id=call.request_id,
             model=call.model,
             created=int(time.time()),
             include_usage=job.route.include_usage,
+            tool_namespaces=job.route.tool_namespaces,
         )
         client_headers = forwarded_headers(headers)
         watch = self.watchlist.watch(receive, STREAM_WATCH_DELAY if stream else REPLY_WATCH_DELAY)
@@ -190,7 +206,7 @@ class Relay:
                     answer = await attempt(
                         self.upstream,
                         exchange,
-                        channel.name,
+                        channel,
                         self.health,
                         quiet,
                         stream,
@@ -221,6 +237,19 @@ class Relay:
         finally:
             self.keepalive.close(quiet)
             watch.stop()
+
+    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
+        """Hold what the request is expected to cost until its record replaces the hold;
+        402 when the balance, less what the account's requests in flight hold, is not above
+        zero (a request may overdraw by its own cost, never by how many run at once)."""
+        assert call.key is not None
+        account = call.key.account
+        if balance - self.cache.held(account) <= 0:
+            raise InsufficientBalanceError(
+                "Your account balance is held by requests in flight; wait for them or top up."
+            )
+        call.held = max(rate.cost_of(expected), self.hold_floor)
+        self.cache.hold(account, call.held)
 
     @staticmethod
     def _target(
@@ -264,6 +293,7 @@ class Relay:
                 "headers": [
                     (b"content-type", content_type),
                     (b"content-length", str(len(body)).encode()),
+                    (b"x-request-id", call.request_id.encode()),
                 ],
             }
         )
@@ -298,6 +328,7 @@ class Relay:
                 send,
                 settle,
                 quiet,
+                call.request_id.encode(),
             )
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed

@@ -12,7 +12,7 @@ stale) and hands usage records to ``writer.UsageWriter``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -116,6 +116,21 @@ class Store(Protocol):
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
         """Newest first."""
+        ...
+
+    async def share_holds(
+        self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int
+    ) -> dict[str, int]:
+        """Reservations shared by every instance: replace what ``instance`` holds (account ->
+        micro-units, kept ``ttl_ms`` unless published again: an instance that died lets go
+        of its holds by itself) and return, per account, what every *other* live instance
+        holds. ``now``: milliseconds since the epoch."""
+        ...
+
+    async def share_cooling(self, cooling: Mapping[str, int], now: int) -> dict[str, int]:
+        """Channel health shared by every instance: record the cooldowns this instance began
+        (channel -> until, in milliseconds since the epoch; a later time wins) and return
+        every cooldown not over at ``now``, forgetting those that are."""
         ...
 
 

@@ -5,6 +5,14 @@ task asks the store for its ``version()`` every ``interval``: when it changed (a
 account changed, here or in another instance), the keys are reloaded; balances are reloaded on
 every tick (one query) so that other instances' debits show within a second.
 
+Requests in flight *hold* what they are expected to cost (``hold()``): admission refuses an
+account whose balance, less what is held, is not above zero, so concurrent requests overdraw it
+by at most the error of their estimates, not by their number. Settlement replaces the hold with
+the debit in one step (``debit(..., held=)``). Every tick, the holds of this process are
+published to the store and every other instance's are read (``Store.share_holds``), so the
+instances on one store refuse together; published holds expire unless renewed, so an instance
+that died lets go of them by itself.
+
 Local debits are tracked until the store's snapshot certainly includes them, so a reload never
 "forgets" a request this process already billed:
 
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import Mapping
 
 from gateway.store import KeyRecord, Store
@@ -31,15 +41,22 @@ from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 log = logging.getLogger("gateway.store.cache")
 
 DEFAULT_INTERVAL = 0.5
+HOLD_TTL_MS = 5_000  # published holds outlive a few missed ticks, and a dead instance briefly
 
 
 class Cache:
-    def __init__(self, store: Store, interval: float = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self, store: Store, interval: float | None = None, instance: str | None = None
+    ) -> None:
         self._store = store
-        self._interval = interval
+        self._instance = instance or os.urandom(6).hex()  # names this process's holds
+        self._others_held: dict[str, int] = {}  # what other instances hold, per account
+        # the default read here, not at import: bench.clock_scaled stretches it
+        self._interval = DEFAULT_INTERVAL if interval is None else interval
         self._keys: dict[str, KeyRecord] = {}
         self._balances: dict[str, int] = {}
         self._pending: dict[str, int] = {}
+        self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
         self._unseen_total: dict[str, int] = {}
         self._settled_seq = 0
@@ -53,6 +70,7 @@ class Cache:
     async def start(self) -> None:
         """Load everything once (raises if the store does not answer), then keep refreshing."""
         await self._reload(force=True)
+        await self._share_holds()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="gateway.cache")
 
@@ -60,6 +78,11 @@ class Cache:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
+            self._held.clear()  # nothing runs any more: let the other instances know now
+            try:
+                await self._share_holds()
+            except Exception as exc:
+                log.warning("cache.share_holds_failed error=%s", type(exc).__name__)
 
     async def refresh(self) -> None:
         """Reload keys and balances now (the admin API calls this after a change)."""
@@ -73,6 +96,7 @@ class Cache:
             await asyncio.sleep(self._interval)
             try:
                 await self._reload(force=False)
+                await self._share_holds()
             except Exception as exc:
                 raise_if_cancelled()
                 if not self._failing:
@@ -103,6 +127,12 @@ class Cache:
                         total[account] = total.get(account, 0) + amount
                 self._unseen_total = total
 
+    async def _share_holds(self) -> None:
+        """Publish this process's holds; take every other instance's."""
+        now = int(time.time() * 1000)
+        held = dict(self._held)
+        self._others_held = await self._store.share_holds(self._instance, held, HOLD_TTL_MS, now)
+
     # -- the hot path -----------------------------------------------------------------------
 
     def key(self, key_hash: str) -> KeyRecord | None:
@@ -116,9 +146,25 @@ class Cache:
             return None
         return stored - self._pending.get(account, 0) - self._unseen_total.get(account, 0)
 
-    def debit(self, account: str, amount: int) -> None:
+    def held(self, account: str) -> int:
+        """What the account's requests in flight hold, here and on the other instances, in
+        micro-units."""
+        return self._held.get(account, 0) + self._others_held.get(account, 0)
+
+    def hold(self, account: str, amount: int) -> None:
+        if amount:
+            self._held[account] = self._held.get(account, 0) + amount
+
+    def debit(self, account: str, amount: int, held: int = 0) -> None:
+        """A request's cost, replacing what it ``held``."""
         if amount:
             self._pending[account] = self._pending.get(account, 0) + amount
+        if held:
+            left = self._held.get(account, 0) - held
+            if left > 0:
+                self._held[account] = left
+            else:
+                self._held.pop(account, None)
 
     def settled(self, amounts: Mapping[str, int]) -> None:
         """The writer stored these debits (per account): the next reload will include them."""

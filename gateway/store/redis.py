@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, cast
@@ -51,7 +51,13 @@ USAGE_ACCOUNTS_KEY = "gw:usage:accounts"  # set of accounts that have usage reco
 KEY_RECORDS_KEY = "gw:{keys}:records"  # hash: key id -> key record JSON
 KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
 
-USAGE_KEEP = 1_000_000  # newest usage records kept per account
+INSTANCES_KEY = "gw:instances"  # set of instance ids that published holds
+HOLDS_KEY = "gw:holds:{{{instance}}}"  # hash: account -> micro-units held; expires
+COOLING_KEY = "gw:cooling"  # hash: channel -> until (ms since the epoch)
+USAGE_KEEP = 1_000_000
+# a Redis that is away fails a call within these (seconds) rather than hanging it
+CONNECT_TIMEOUT = 2.0
+COMMAND_TIMEOUT = 10.0  # newest usage records kept per account
 UPDATE_RETRIES = 50
 
 # -- scripts ---------------------------------------------------------------------------------
@@ -63,6 +69,32 @@ local n = redis.call('ZCARD', KEYS[2])
 if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
 return 1
+"""
+
+# KEYS: an instance's holds   ARGV: ttl ms, then account, amount pairs
+PUBLISH_HOLDS_LUA = """
+redis.call('DEL', KEYS[1])
+if #ARGV > 1 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+end
+return 1
+"""
+
+# KEYS: cooling   ARGV: now ms, then channel, until ms pairs  -> [channel, until, ...] not over
+SHARE_COOLING_LUA = """
+local now = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  local was = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if tonumber(ARGV[i + 1]) > was then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i])
+  else out[#out + 1] = all[i]; out[#out + 1] = all[i + 1] end
+end
+return out
 """
 
 # KEYS: balance   ARGV: amount   -> new balance, or nil when the account does not exist
@@ -114,6 +146,8 @@ class RedisStore:
     """The ``Store`` over Redis (see the module docstring)."""
 
     _settle: AsyncScript
+    _share_cooling: AsyncScript
+    _publish_holds: AsyncScript
     _topup: AsyncScript
     _create_key: AsyncScript
     _update_key: AsyncScript
@@ -132,8 +166,15 @@ class RedisStore:
     async def open(self) -> None:
         if self._client is not None:
             return
-        client = aioredis.from_url(self.url, decode_responses=False)
+        client = aioredis.from_url(
+            self.url,
+            decode_responses=False,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            socket_timeout=COMMAND_TIMEOUT,
+        )
         self._settle = client.register_script(SETTLE_LUA)
+        self._share_cooling = client.register_script(SHARE_COOLING_LUA)
+        self._publish_holds = client.register_script(PUBLISH_HOLDS_LUA)
         self._topup = client.register_script(TOPUP_LUA)
         self._create_key = client.register_script(CREATE_KEY_LUA)
         self._update_key = client.register_script(UPDATE_KEY_LUA)
@@ -282,6 +323,43 @@ class RedisStore:
                     client=pipe,
                 )
             await pipe.execute()
+
+    async def share_holds(
+        self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int
+    ) -> dict[str, int]:
+        args: list[str | int] = [ttl_ms]
+        for account, amount in holds.items():
+            args += [account, amount]
+        await self._publish_holds(keys=[HOLDS_KEY.format(instance=instance)], args=args)
+        client = self.client
+        await client.sadd(INSTANCES_KEY, instance)
+        others = sorted(
+            _text(m) for m in await client.smembers(INSTANCES_KEY) if _text(m) != instance
+        )
+        if not others:
+            return {}
+        async with client.pipeline(transaction=False) as pipe:
+            for other in others:
+                pipe.hgetall(HOLDS_KEY.format(instance=other))
+            published: list[dict[bytes, bytes]] = await pipe.execute()
+        totals: dict[str, int] = {}
+        gone = []
+        for other, held in zip(others, published, strict=True):
+            if not held:
+                gone.append(other)  # expired: that instance stopped or holds nothing
+            for raw_account, raw_amount in held.items():
+                account = _text(raw_account)
+                totals[account] = totals.get(account, 0) + int(raw_amount)
+        if gone:
+            await client.srem(INSTANCES_KEY, *gone)
+        return totals
+
+    async def share_cooling(self, cooling: Mapping[str, int], now: int) -> dict[str, int]:
+        args: list[str | int] = [now]
+        for channel, until in cooling.items():
+            args += [channel, until]
+        raw = await self._share_cooling(keys=[COOLING_KEY], args=args)
+        return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
         if limit <= 0:

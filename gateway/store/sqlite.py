@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -86,10 +86,23 @@ DROP INDEX IF EXISTS usage_account_time;
 DROP INDEX IF EXISTS usage_time;
 CREATE INDEX IF NOT EXISTS usage_by_account ON usage (account, time, seq);
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (time, seq);
+-- settlement looks a batch's request ids up here: a record is stored once
+CREATE INDEX IF NOT EXISTS usage_by_request ON usage (request_id);
 CREATE TABLE IF NOT EXISTS catalogue (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     payload    TEXT NOT NULL,
     updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS holds (
+    instance TEXT NOT NULL,
+    account  TEXT NOT NULL,
+    amount   INTEGER NOT NULL,
+    expires  INTEGER NOT NULL,
+    PRIMARY KEY (instance, account)
+);
+CREATE TABLE IF NOT EXISTS cooling (
+    channel TEXT PRIMARY KEY,
+    until   INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
@@ -107,6 +120,7 @@ BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
 # variables. A batch goes in as a few statements of many rows, not through executemany, which
 # steps and resets a statement once per row
 ROWS_PER_INSERT = 64
+IDS_PER_LOOKUP = 500  # request ids per SELECT ... IN (...), under the same limit
 
 T = TypeVar("T")
 
@@ -123,6 +137,17 @@ def _insert_usage(rows: int) -> str:
     """One INSERT of ``rows`` usage rows (at most ``ROWS_PER_INSERT`` distinct texts)."""
     one = "(" + ",".join("?" * USAGE_COLUMNS.count(",")) + ",?)"
     return f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES " + ",".join([one] * rows)
+
+
+def _held_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
+    """Which of these request ids the usage table holds already."""
+    held: set[str] = set()
+    for i in range(0, len(ids), IDS_PER_LOOKUP):
+        part = ids[i : i + IDS_PER_LOOKUP]
+        marks = ",".join("?" * len(part))
+        rows = conn.execute(f"SELECT request_id FROM usage WHERE request_id IN ({marks})", part)
+        held.update(r[0] for r in rows)
+    return held
 
 
 class SQLiteStore:
@@ -370,24 +395,56 @@ class SQLiteStore:
     # -- usage ------------------------------------------------------------------------------
 
     async def settle(self, records: Sequence[UsageRecord]) -> None:
+        """Each record once: one already held (by request id: a journal replayed after a
+        crash re-sends what was settled just before it) is neither inserted nor debited."""
         if not records:
             return
-        totals: dict[str, int] = {}
-        for r in records:  # one UPDATE per account and batch, not one per record
-            if r.cost:
-                totals[r.account] = totals.get(r.account, 0) + r.cost
-        debits = [(cost, account) for account, cost in totals.items()]
-        inserts = []
-        for i in range(0, len(records), ROWS_PER_INSERT):
-            part = records[i : i + ROWS_PER_INSERT]
-            inserts.append((_insert_usage(len(part)), [v for r in part for v in usage_row(r)]))
 
         def run(conn: sqlite3.Connection) -> None:
-            conn.executemany("UPDATE accounts SET balance = balance - ? WHERE id = ?", debits)
-            for sql, values in inserts:
-                conn.execute(sql, values)
+            held = _held_ids(conn, [r.request_id for r in records])
+            fresh = [r for r in records if r.request_id not in held] if held else records
+            totals: dict[str, int] = {}
+            for r in fresh:  # one UPDATE per account and batch, not one per record
+                if r.cost:
+                    totals[r.account] = totals.get(r.account, 0) + r.cost
+            conn.executemany(
+                "UPDATE accounts SET balance = balance - ? WHERE id = ?",
+                [(cost, account) for account, cost in totals.items()],
+            )
+            for i in range(0, len(fresh), ROWS_PER_INSERT):
+                part = fresh[i : i + ROWS_PER_INSERT]
+                conn.execute(_insert_usage(len(part)), [v for r in part for v in usage_row(r)])
 
         await self._tx(run)
+
+    async def share_holds(
+        self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int
+    ) -> dict[str, int]:
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            conn.execute("DELETE FROM holds WHERE instance = ? OR expires <= ?", (instance, now))
+            conn.executemany(
+                "INSERT INTO holds (instance, account, amount, expires) VALUES (?, ?, ?, ?)",
+                [(instance, account, amount, now + ttl_ms) for account, amount in holds.items()],
+            )
+            rows = conn.execute(
+                "SELECT account, SUM(amount) FROM holds WHERE instance != ? GROUP BY account",
+                (instance,),
+            )
+            return {account: int(total) for account, total in rows.fetchall()}
+
+        return await self._tx(run)
+
+    async def share_cooling(self, cooling: Mapping[str, int], now: int) -> dict[str, int]:
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            conn.executemany(
+                "INSERT INTO cooling (channel, until) VALUES (?, ?) ON CONFLICT (channel) "
+                "DO UPDATE SET until = max(until, excluded.until)",
+                list(cooling.items()),
+            )
+            conn.execute("DELETE FROM cooling WHERE until <= ?", (now,))
+            return dict(conn.execute("SELECT channel, until FROM cooling").fetchall())
+
+        return await self._tx(run)
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
         if limit <= 0:

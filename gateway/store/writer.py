@@ -13,6 +13,10 @@ A store that is down refuses every batch, and the writer waits for it. A store t
 is split in halves until the record it refuses stands alone, and that record is *parked*. A
 parked record stays pending (in memory, in the cache's balance) and is retried on its own every
 ``PARK_RETRY`` seconds, so one record the store cannot take never holds back the ones after it.
+
+With a ``Journal`` (the app always has one), every record is also on local disk from
+``submit()`` until the store holds it: records left pending at a crash, or at a shutdown the
+store did not answer, are adopted and settled by the next process to start (``journal``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Awaitable, Sequence
 from gateway.store import Store, UsageRecord
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
+from gateway.store.journal import Journal
 
 log = logging.getLogger("gateway.store.writer")
 
@@ -35,16 +40,25 @@ LINGER = 0.05
 RETRY_FIRST = 0.05  # seconds before the first retry, doubling each time
 RETRY_MAX = 5.0
 STOP_TIMEOUT = 30.0
+# with a journal, a shutdown waits this long for a store that is away: the records are on disk
+JOURNALED_STOP_TIMEOUT = 5.0
+SYNC_INTERVAL = 1.0  # seconds between the journal's syncs to disk
 ISOLATE_AFTER = 3  # failed attempts at one batch, with the store answering, before it is split
 PARK_RETRY = 30.0  # seconds between retries of a parked record
 
 
 class UsageWriter:
     def __init__(
-        self, store: Store, cache: Cache | None = None, batch: int = DEFAULT_BATCH
+        self,
+        store: Store,
+        cache: Cache | None = None,
+        batch: int = DEFAULT_BATCH,
+        journal: Journal | None = None,
     ) -> None:
         self._store = store
         self._cache = cache
+        self._journal = journal
+        self._sync_task: asyncio.Task[None] | None = None
         self._batch = max(1, batch)
         self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue()
         self._submitted = 0
@@ -56,15 +70,21 @@ class UsageWriter:
         self._urgent = False  # a flush() is waiting: no lingering
         self._waker: asyncio.Future[None] | None = None  # ends the current linger early
 
-    def submit(self, rec: UsageRecord) -> Awaitable[None] | None:
-        """Queue a record and debit its cost from the cache; sync, never blocks. Returns what
-        to await before the reply's last bytes go out for the record to survive the process
-        dying, or None when there is nothing to wait for."""
+    def submit(self, rec: UsageRecord, held: int = 0) -> Awaitable[None] | None:
+        """Queue a record and debit its cost from the cache in place of what the request
+        ``held``; sync, never blocks. Returns what to await before the reply's last bytes go
+        out for the record to survive the process dying, or None when there is nothing to
+        wait for (the journal's write is done)."""
+        if self._journal is not None:
+            self._journal.append(rec)
+        self._queue_record(rec, held)
+        return None
+
+    def _queue_record(self, rec: UsageRecord, held: int = 0) -> None:
         self._submitted += 1
         self._queue.put_nowait(rec)
         if self._cache is not None:
-            self._cache.debit(rec.account, rec.cost)
-        return None
+            self._cache.debit(rec.account, rec.cost, held)
 
     @property
     def pending(self) -> int:
@@ -77,6 +97,11 @@ class UsageWriter:
         return len(self._parked)
 
     async def start(self) -> None:
+        """Open the journal (adopting what dead processes left in it) and start writing."""
+        if self._journal is not None and self._sync_task is None:
+            for rec in self._journal.open():
+                self._queue_record(rec)
+            self._sync_task = asyncio.create_task(self._sync(), name="gateway.journal_sync")
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="gateway.usage_writer")
 
@@ -100,10 +125,12 @@ class UsageWriter:
                     lambda: self._resolved() >= target or self._task is None
                 )
 
-    async def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    async def stop(self, timeout: float | None = None) -> None:
         """Write everything queued, give each parked record one last try, then stop. If the
-        store stays unreachable for ``timeout`` seconds, log how many records could not be
-        written and stop anyway."""
+        store stays unreachable for ``timeout`` seconds, stop anyway: what is left stays in
+        the journal for the next start (without one, it is lost and logged as such)."""
+        if timeout is None:
+            timeout = STOP_TIMEOUT if self._journal is None else JOURNALED_STOP_TIMEOUT
         if self._task is None and (self._queue.qsize() or self._parked):
             await self.start()
         task = self._task
@@ -125,8 +152,16 @@ class UsageWriter:
                 await asyncio.wait_for(self._retry_parked(), left)
             except TimeoutError:
                 pass
-        if self.pending:
-            log.error("writer.stop_undelivered records=%d", self.pending)
+        journaled = 0
+        if self._journal is not None:
+            if self._sync_task is not None:
+                await cancel_and_wait(self._sync_task)
+                self._sync_task = None
+            journaled = self._journal.close()
+        if journaled:
+            log.warning("writer.stop_journaled records=%d", journaled)
+        if self.pending > journaled:
+            log.error("writer.stop_undelivered records=%d", self.pending - journaled)
         async with self._progress:
             self._progress.notify_all()
 
@@ -205,7 +240,10 @@ class UsageWriter:
         await self._settled(batch)
 
     async def _settled(self, batch: Sequence[UsageRecord]) -> None:
-        """Count a batch the store took, and tell the cache its debits are in the store."""
+        """Count a batch the store took, and tell the cache (its debits are in the store)
+        and the journal (the records need not be kept)."""
+        if self._journal is not None:
+            self._journal.settled(batch)
         if self._cache is not None:
             amounts: dict[str, int] = {}
             for rec in batch:
@@ -246,6 +284,8 @@ class UsageWriter:
             while self._parked:
                 await asyncio.sleep(PARK_RETRY)
                 await self._retry_parked()
+                if self._journal is not None:
+                    self._journal.carry(self._parked)
         finally:
             if asyncio.current_task() is self._parked_task:
                 self._parked_task = None
@@ -261,6 +301,15 @@ class UsageWriter:
             self._parked.remove(rec)
             log.info("writer.unparked request_id=%s parked=%d", rec.request_id, len(self._parked))
             await self._settled([rec])
+
+    async def _sync(self) -> None:
+        """Put the journal on disk about once a second, off the event loop."""
+        journal = self._journal
+        assert journal is not None
+        while True:
+            await asyncio.sleep(SYNC_INTERVAL)
+            if journal.unsynced:
+                await asyncio.to_thread(journal.sync)
 
 
 def _wake(waker: asyncio.Future[None]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,11 +34,15 @@ KEYS = {
     "broke": "sk-broke-000000000000005",
 }
 PRICE = {"input": 1.0, "output": 2.0}  # micro-units per token: easy sums
+# each configured gateway journals into a directory of its own, removed when the tests end: a
+# record one test's gateway left must never be adopted into another test's store
+JOURNALS = tempfile.TemporaryDirectory(prefix="gw-test-journals-")
 
 
 def make_config(upstream_url: str, store_url: str, **overrides: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "store": store_url,
+        "journal": tempfile.mkdtemp(dir=JOURNALS.name),
         "admin_token": ADMIN_TOKEN,
         "groups": ["default", "vip"],
         "models": [
