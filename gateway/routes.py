@@ -43,6 +43,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/audio/transcriptions", "POST", "openai", "audio_transcription"),
     RouteSpec("/v1/audio/speech", "POST", "openai", "audio_speech"),
     RouteSpec("/v1/rerank", "POST", "openai", "rerank"),
+    RouteSpec("/v1/responses", "POST", "responses", "chat"),
     RouteSpec("/v1/messages", "POST", "anthropic", "chat"),
     RouteSpec("/v1/messages/count_tokens", "POST", "anthropic", "count_tokens"),
     RouteSpec("/v1/models", "GET", "openai", "models"),

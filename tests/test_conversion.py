@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.protocols import ADAPTERS
+from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import (
     ConvertedStream,
     Ctx,
@@ -71,7 +71,7 @@ class Case:
     def __init__(self, path: Path) -> None:
         self.path = path
         client, upstream = path.parent.name.split("__")
-        self.client = ADAPTERS[client]
+        self.client = CLIENTS[client]
         self.upstream = ADAPTERS[upstream]
         self.passthrough = client == upstream
         meta = load(path / "meta.json") if (path / "meta.json").exists() else {}

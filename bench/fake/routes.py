@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.fake import media
+from bench.fake import media, responses
 from bench.fake.incoming import Incoming, from_anthropic, from_gemini, from_openai
 
 GEMINI_ACTIONS = frozenset(
@@ -28,7 +28,9 @@ GEMINI_ACTIONS = frozenset(
         "batchEmbedContents",
     }
 )
-CHAT_KINDS = frozenset({"chat", "messages", "generateContent", "streamGenerateContent"})
+CHAT_KINDS = frozenset(
+    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"}
+)
 OPENAI_POSTS = {
     "/v1/chat/completions": "chat",
     "/v1/embeddings": "embeddings",
@@ -36,6 +38,7 @@ OPENAI_POSTS = {
     "/v1/audio/transcriptions": "transcriptions",
     "/v1/audio/speech": "speech",
     "/v1/rerank": "rerank",
+    "/v1/responses": "responses",
 }
 
 
@@ -89,6 +92,8 @@ def incoming_for(where: Route, body: dict[str, Any]) -> Incoming | None:
     kind = where.kind
     if kind == "chat":
         return from_openai(body)
+    if kind == "responses":
+        return responses.incoming(body)
     if kind == "messages":
         return from_anthropic(body)
     if kind == "count_tokens":

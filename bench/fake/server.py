@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bench.fake import anthropic, gemini, media, openai
+from bench.fake import anthropic, gemini, media, openai, responses
 from bench.fake.incoming import Incoming, RequestShapeError
 from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
 from bench.fake.reply import DirectiveError, Reply, find_directive
@@ -395,6 +395,8 @@ class FakeUpstream:
         self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
     ) -> bytes:
         plan = self._plan_for(where, body, reply, incoming)
+        if where.kind == "responses":
+            return responses.render(plan)
         if where.protocol == "openai":
             return openai.render(plan)
         if where.protocol == "anthropic":
@@ -410,6 +412,11 @@ class FakeUpstream:
         incoming: Incoming,
     ) -> web.StreamResponse:
         plan = self._plan_for(where, body, reply, incoming)
+        if where.kind == "responses":
+            events = responses.stream(plan)
+            return await self._stream(
+                request, events, responses.SSE_TYPE, responses.stream_error, reply
+            )
         if where.protocol == "openai":
             options = body.get("stream_options")
             usage = isinstance(options, dict) and bool(options.get("include_usage"))

@@ -44,6 +44,7 @@ class RouteMatch:
     sse: bool = True  # generate-content stream framing: SSE (?alt=sse) or a JSON array
     include_usage: bool = False  # chat-completions stream_options.include_usage
     action: str = ""  # a generate-content path's action ("embedContent", ...); else ""
+    tool_namespaces: tuple[str, ...] = ()  # a Responses request's namespace tools
 
 
 @dataclass(slots=True)
@@ -75,6 +76,7 @@ class Ctx:
     created: int  # unix seconds
     include_usage: bool = False  # chat-completions stream_options.include_usage
     prompt_tokens_estimate: int = 0  # local estimate, for protocols that want it up front
+    tool_namespaces: tuple[str, ...] = ()  # Responses: the request's namespace tools
 
 
 class StreamDecoder(Protocol):

@@ -1,0 +1,191 @@
+"""OpenAI Responses API wire format (``POST /v1/responses``): the request read as the fake's
+``Incoming``, the Response object, and its event stream.
+
+Stream: ``response.created``, ``response.in_progress``, then per output item (a reasoning item
+with its summary, a message with one ``output_text`` part, one ``function_call`` per call)
+``response.output_item.added``, its deltas, its ``.done`` events and
+``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when cut by
+the token limit) with the whole response. Every event carries ``sequence_number``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from bench.fake.incoming import Incoming, RequestShapeError, from_openai
+from bench.fake.plan import CONTENT, HEAD, TAIL, Plan
+
+SSE_TYPE = "text/event-stream; charset=utf-8"
+
+
+def incoming(payload: Any) -> Incoming:
+    """The request as chat messages, for the fake's counting and its directive."""
+    if not isinstance(payload, dict):
+        raise RequestShapeError("We could not parse the JSON body of your request.")
+    messages: list[Any] = []
+    if isinstance(payload.get("instructions"), str):
+        messages.append({"role": "system", "content": payload["instructions"]})
+    items = payload.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise RequestShapeError("Missing required parameter: 'input'.", "input")
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, list):
+                text = "".join(
+                    p.get("text", "") for p in content if isinstance(p, dict) and "text" in p
+                )
+                content = text
+            messages.append({"role": item.get("role"), "content": content})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "content": str(item.get("output"))})
+        elif kind == "function_call":
+            call = {"function": {"arguments": item.get("arguments")}}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    tools = [t for t in payload.get("tools") or () if isinstance(t, dict)]
+    chat = {
+        "model": payload.get("model"),
+        "messages": messages,
+        "tools": tools,
+        "max_tokens": payload.get("max_output_tokens"),
+    }
+    return from_openai(chat)
+
+
+def _usage(plan: Plan) -> dict[str, Any]:
+    return {
+        "input_tokens": plan.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": plan.cached_tokens},
+        "output_tokens": plan.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
+        "total_tokens": plan.prompt_tokens + plan.completion_tokens,
+    }
+
+
+def _items(plan: Plan) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if plan.reasoning:
+        summary = [{"type": "summary_text", "text": plan.reasoning}]
+        items.append({"type": "reasoning", "id": f"rs_{plan.request_id}", "summary": summary})
+    if plan.text or not plan.tool_calls:
+        part = {"type": "output_text", "text": plan.text, "annotations": [], "logprobs": []}
+        items.append(
+            {
+                "type": "message",
+                "id": f"msg_{plan.request_id}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [part],
+            }
+        )
+    for call in plan.tool_calls:
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{call.id}",
+                "call_id": f"call_{call.id}",
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def _response(plan: Plan, status: str, output: list[dict[str, Any]], usage: Any) -> Any:
+    if status == "completed" and plan.finish == "length":
+        status = "incomplete"
+    return {
+        "id": f"resp_{plan.request_id}",
+        "object": "response",
+        "created_at": plan.created,
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "model": plan.model,
+        "output": output,
+        "store": True,
+        "usage": usage,
+    }
+
+
+def render(plan: Plan) -> bytes:
+    return orjson.dumps(_response(plan, "completed", _items(plan), _usage(plan)))
+
+
+def stream(plan: Plan) -> list[tuple[int, bytes]]:
+    seq = 0
+
+    def event(kind: str, body: dict[str, Any]) -> bytes:
+        nonlocal seq
+        data = orjson.dumps({"type": kind, "sequence_number": seq, **body})
+        seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    shell = _response(plan, "in_progress", [], None)
+    events = [
+        (HEAD, event("response.created", {"response": shell})),
+        (HEAD, event("response.in_progress", {"response": shell})),
+    ]
+    for index, item in enumerate(_items(plan)):
+        where = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "reasoning":
+            events.append(
+                (
+                    HEAD,
+                    event(
+                        "response.output_item.added",
+                        {"output_index": index, "item": {**item, "summary": []}},
+                    ),
+                )
+            )
+            for piece in plan.reasoning_pieces:
+                delta = {**where, "summary_index": 0, "delta": piece}
+                events.append((CONTENT, event("response.reasoning_summary_text.delta", delta)))
+        elif item["type"] == "message":
+            shown = {**item, "status": "in_progress", "content": []}
+            events.append(
+                (HEAD, event("response.output_item.added", {"output_index": index, "item": shown}))
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            events.append(
+                (
+                    HEAD,
+                    event(
+                        "response.content_part.added", {**where, "content_index": 0, "part": part}
+                    ),
+                )
+            )
+            for piece in plan.pieces:
+                delta = {**where, "content_index": 0, "delta": piece}
+                events.append((CONTENT, event("response.output_text.delta", delta)))
+            done = {**where, "content_index": 0, "text": plan.text}
+            events.append((TAIL, event("response.output_text.done", done)))
+        else:
+            shown = {**item, "status": "in_progress", "arguments": ""}
+            events.append(
+                (HEAD, event("response.output_item.added", {"output_index": index, "item": shown}))
+            )
+            call = next(c for c in plan.tool_calls if f"fc_{c.id}" == item["id"])
+            for piece in call.pieces:
+                delta = {**where, "delta": piece}
+                events.append((CONTENT, event("response.function_call_arguments.delta", delta)))
+        events.append(
+            (TAIL, event("response.output_item.done", {"output_index": index, "item": item}))
+        )
+    final = _response(plan, "completed", _items(plan), _usage(plan))
+    ending = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    events.append((TAIL, event(ending, {"response": final})))
+    return events
+
+
+def stream_error(error_type: str | None, message: str | None, written: int) -> bytes:
+    body = {"type": "error", "code": error_type or "server_error", "message": message or "error"}
+    return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"

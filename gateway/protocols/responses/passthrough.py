@@ -1,0 +1,111 @@
+"""Responses client, openai channel with ``responses: true``: the body goes to the upstream's
+own ``/responses`` with the model renamed and ``store: false`` (the gateway promises that
+nothing is kept), and the reply comes back as the upstream sent it, the model name the
+client's and the usage read from ``response.completed``.
+
+Stream events go out as they arrive; only the lifecycle events (which carry the response
+object, its model and usage) are parsed and written again. The stream is complete when
+``response.completed``, ``response.incomplete`` or ``response.failed`` arrived; an ``error``
+event before any output fails the attempt, so another channel can be tried.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.errors import GatewayError, UpstreamError, error_for_status
+from gateway.protocols.base import Ctx, EventPassthrough, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.openai.request import headers
+from gateway.protocols.responses.reply import decode_usage
+from gateway.protocols.responses.stream import EVENT_STREAM
+from gateway.sse import SSEEvent, frame
+from gateway.types import JSON, Usage
+
+LIFECYCLE = frozenset(
+    {
+        "response.created",
+        "response.in_progress",
+        "response.queued",
+        "response.completed",
+        "response.incomplete",
+        "response.failed",
+    }
+)
+ENDINGS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+
+
+def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
+    payload["model"] = target.model
+    payload["store"] = False
+    return UpstreamCall(
+        url=target.base_url + "/responses", headers=headers(target), body=orjson.dumps(payload)
+    )
+
+
+def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
+    if not isinstance(payload, dict) or payload.get("object") != "response":
+        raise UpstreamError("upstream sent a malformed response object")
+    payload["model"] = ctx.model
+    return payload, decode_usage(payload.get("usage"))
+
+
+class ResponsesPassthrough(EventPassthrough):
+    """One per stream (see the module docstring)."""
+
+    __slots__ = ("content_type", "usage", "generated", "_model", "_ended", "_output")
+
+    def __init__(self, ctx: Ctx) -> None:
+        super().__init__()
+        self.content_type = EVENT_STREAM
+        self.usage: Usage | None = None
+        self.generated = 0  # deltas passed: about a token each
+        self._model = ctx.model
+        self._ended = False
+        self._output = False  # an output item was announced
+
+    def feed_event(self, event: SSEEvent) -> bytes:
+        payload = _load(event.data)
+        kind = payload.get("type")
+        name = event.event or (kind if isinstance(kind, str) else None)
+        if kind in LIFECYCLE:
+            response = payload.get("response")
+            if isinstance(response, dict):
+                response["model"] = self._model
+                if kind in ENDINGS:
+                    self._ended = True
+                    self.usage = decode_usage(response.get("usage")) or self.usage
+            return frame(orjson.dumps(payload), name)
+        if kind == "error" and not self._output:
+            raise _stream_error(payload)
+        if kind in DELTAS:
+            self.generated += 1
+        elif kind == "response.output_item.added":
+            self._output = True
+        return frame(event.data, name)
+
+    def end(self) -> bytes:
+        if not self._ended:
+            raise UpstreamError("the upstream's stream ended before the response was complete")
+        return b""
+
+    def error_event(self, err: GatewayError) -> bytes:
+        body = {"type": "error", "code": err.code or err.type, "message": err.message}
+        return frame(orjson.dumps(body), "error")
+
+
+def _load(data: bytes) -> dict[str, JSON]:
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise UpstreamError("upstream sent a malformed stream event") from None
+    if not isinstance(payload, dict):
+        raise UpstreamError("upstream sent a malformed stream event")
+    return payload
+
+
+def _stream_error(payload: dict[str, JSON]) -> GatewayError:
+    message = str(payload.get("message") or "upstream error")
+    code = payload.get("code")
+    status = 429 if code in ("rate_limit_exceeded", "rate_limit_error") else 502
+    return error_for_status(status, message)

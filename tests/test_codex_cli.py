@@ -1,0 +1,104 @@
+"""Codex CLI (``@openai/codex`` from npm), which speaks only the Responses API, runs
+``codex exec`` against the gateway with only its base URL and key changed, on every channel
+type: the model (the fake upstream) asks for a shell command, Codex runs it, sends its output
+back, and prints the model's answer. Codex offers tools no other provider runs (a
+``namespace`` of functions, ``web_search``): the gateway carries the first and leaves the
+second out, rather than refusing the request.
+
+Codex is installed once per machine into the user's cache (about 400 MB); where npm cannot
+reach its registry the test is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.fake_upstream import FakeUpstream
+from tests.plugins.servers import KEYS, ServedGateway
+from tests.test_sdk_matrix import Target, target_param
+
+VERSION = "0.169.0"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "model-gateway"
+CODEX = CACHE / f"codex-{VERSION}" / "node_modules" / ".bin" / "codex"
+# the shell command the model asks for: its output (42-done) appears nowhere in the prompt
+COMMAND = "echo $((6*7))-done | tee proof.txt"
+PROMPT = f'[[fake tool=exec_command args={{"cmd":"{COMMAND}"}}]] make the proof file'
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    if CODEX.exists():
+        return CODEX
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not installed")
+    target = CODEX.parents[2]
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(target)]
+        + [f"@openai/codex@{VERSION}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0 or not CODEX.exists():
+        pytest.skip(f"npm could not install @openai/codex: {done.stderr.strip()[-300:]}")
+    return CODEX
+
+
+def codex_home(path: Path, gw: ServedGateway, model: str) -> Path:
+    """The whole of a user's Codex configuration: a provider at the gateway's base URL."""
+    path.mkdir()
+    (path / "config.toml").write_text(
+        f'model = "{model}"\n'
+        'model_provider = "gateway"\n'
+        "[model_providers.gateway]\n"
+        'name = "gateway"\n'
+        f'base_url = "{gw.v1}"\n'
+        'env_key = "GATEWAY_KEY"\n'
+        'wire_api = "responses"\n'
+    )
+    return path
+
+
+@target_param
+async def test_codex_exec_runs_a_shell_tool_call_through_each_channel_type(
+    codex: Path, gateway: ServedGateway, fake: FakeUpstream, target: Target, tmp_path: Path
+) -> None:
+    home = codex_home(tmp_path / "codex-home", gateway, target.model)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": KEYS["alice"]}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex),
+        "exec",
+        "--skip-git-repo-check",
+        "-s",
+        "danger-full-access",
+        PROMPT,
+        cwd=work,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    printed = out.decode(errors="replace")
+    assert proc.returncode == 0, printed[-2000:]
+    assert (work / "proof.txt").read_text().strip() == "42-done"  # Codex ran the call
+    assert "Hello from the demo upstream" in printed  # and showed the answer after it
+    # the second turn carried the command's output back to the channel
+    chats = [r for r in fake.requests if r.path == target.chat_path(True)]
+    assert len(chats) == 2
+    assert b"42-done" in chats[1].body and b"42-done" not in chats[0].body
+    await gateway.state.writer.flush()
+    records = await gateway.state.store.usage("alice", 10)
+    assert [(r.protocol, r.channel, r.status) for r in records] == [
+        ("responses", target.channel, 200)
+    ] * 2
+    assert all(r.cost > 0 for r in records)
