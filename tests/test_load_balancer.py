@@ -1,0 +1,295 @@
+"""Several instances behind a real load balancer: nginx (Debian's, with the repository's own
+deploy/nginx/gateway-proxy.conf) in front of three ``gateway serve`` processes on one Redis.
+Under mixed load (every client protocol, streams and replies) one instance is killed with
+SIGKILL and Redis is restarted once. Clients see only complete replies or errors in their
+protocol's shape (a request cut off is allowed only if it was in flight on the instance at
+the moment it was killed); an admin change made through one instance holds on another; and
+once the killed instance is started again on its journal, every reply a client received is
+billed exactly once and the balance dropped by exactly the sum of the usage records."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from bench.fake_upstream import FakeUpstream
+from tests.plugins.processes import (
+    KEY,
+    REQUESTS,
+    Gateway,
+    OwnRedis,
+    Request,
+    assert_billed_once,
+    balance,
+    free_port,
+    opened,
+    poll,
+    settled,
+    write_config,
+)
+from tests.plugins.servers import ADMIN_TOKEN
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+PROXY_CONF = Path(__file__).resolve().parent.parent / "deploy" / "nginx" / "gateway-proxy.conf"
+INSTANCES = 3
+CLIENTS = 12
+PHASE = 120  # complete replies between the events of the test
+PHASE_DEADLINE = 60.0
+CHANGE_DEADLINE = 5.0  # generous on a shared machine; the cache refreshes twice a second
+
+pytestmark = [
+    pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed"),
+    pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server"),
+]
+
+
+@dataclass
+class Outcome:
+    kind: str  # "ok" (complete reply), "error" (protocol-shaped), "cut" (connection lost), "bad"
+    started: float
+    ended: float
+    request_id: str = ""
+    detail: str = ""
+
+
+def protocol_shaped(path: str, body: bytes) -> bool:
+    """Whether an error body is what the path's SDK parses as an error."""
+    try:
+        data = orjson.loads(body)
+        err = data["error"]
+        if path.startswith("/v1/messages"):
+            return data["type"] == "error" and isinstance(err["type"], str)
+        if path.startswith("/v1beta/"):
+            return isinstance(err["code"], int) and isinstance(err["message"], str)
+        return isinstance(err["message"], str)
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return False
+
+
+async def one(s: aiohttp.ClientSession, url: str, req: Request) -> Outcome:
+    path, body, _, complete = req
+    headers = {"authorization": f"Bearer {KEY}", "x-api-key": KEY, "x-goog-api-key": KEY}
+    started = time.monotonic()
+    try:
+        async with s.post(url + path, json=body, headers=headers) as r:
+            data = await r.read()
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return Outcome("cut", started, time.monotonic(), detail=f"{path}: {exc!r}")
+    ended = time.monotonic()
+    if r.status == 200 and complete in data:
+        return Outcome("ok", started, ended, r.headers["x-request-id"])
+    if r.status >= 400 and protocol_shaped(path, data):
+        return Outcome("error", started, ended, detail=f"{path}: {r.status} {data[:200]!r}")
+    return Outcome("bad", started, ended, detail=f"{path}: {r.status} {data[:300]!r}")
+
+
+async def clients(url: str, outcomes: list[Outcome], stop: asyncio.Event) -> None:
+    async def client(n: int) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+            i = n
+            while not stop.is_set():
+                outcomes.append(await one(s, url, REQUESTS[i % len(REQUESTS)]))
+                i += 1
+
+    await asyncio.gather(*(client(n) for n in range(CLIENTS)))
+
+
+async def until_more_complete(outcomes: list[Outcome], more: int) -> None:
+    def complete() -> int:
+        return sum(o.kind == "ok" for o in outcomes)
+
+    want = complete() + more
+    deadline = time.monotonic() + PHASE_DEADLINE
+    while complete() < want:
+        assert time.monotonic() < deadline, f"only {complete()} complete replies of {want}"
+        await asyncio.sleep(0.02)
+
+
+class Nginx:
+    """nginx in the foreground, every path in ``directory``, the upstream block naming the
+    instances, the server block the repository's own proxy configuration."""
+
+    def __init__(self, directory: Path, instances: list[Gateway]) -> None:
+        self.dir = directory
+        self.port = free_port()
+        self.instances = instances
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def config(self) -> str:
+        servers = "\n".join(
+            f"        server 127.0.0.1:{gw.port} max_fails=1 fail_timeout=2s;"
+            for gw in self.instances
+        )
+        d = self.dir
+        return f"""
+daemon off;
+master_process off;
+worker_processes 1;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/body;
+    proxy_temp_path {d}/proxy;
+    fastcgi_temp_path {d}/fcgi;
+    uwsgi_temp_path {d}/uwsgi;
+    scgi_temp_path {d}/scgi;
+    upstream gateway {{
+{servers}
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{self.port};
+        include {PROXY_CONF};
+    }}
+}}
+"""
+
+    async def start(self) -> None:
+        self.dir.mkdir(exist_ok=True)
+        conf = self.dir / "nginx.conf"
+        conf.write_text(self.config())
+        with (self.dir / "stderr.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                [NGINX, "-c", str(conf), "-p", str(self.dir), "-e", "stderr"],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+        async def answers() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, (
+                self.dir / "stderr.log"
+            ).read_text()
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await poll(answers, "nginx did not start")
+
+
+@contextlib.asynccontextmanager
+async def cluster(fake: FakeUpstream, tmp: Path) -> AsyncIterator[tuple[OwnRedis, list[Gateway]]]:
+    """Redis on disk and the instances on it, each with a journal of its own; everything is
+    stopped at the end, the instances with SIGTERM (which must exit 0: nothing lost)."""
+    redis = OwnRedis(tmp / "redis")
+    await redis.start()
+    instances = [
+        Gateway(
+            write_config(tmp, fake.url, redis.url, name=f"gw{i}"),
+            free_port(),
+            tmp / f"gw{i}.log",
+        )
+        for i in range(INSTANCES)
+    ]
+    try:
+        await asyncio.gather(*(gw.start() for gw in instances))
+        yield redis, instances
+        for gw in instances:
+            gw.kill(signal.SIGTERM)
+        for gw in instances:
+            assert await gw.exit_code() == 0, gw.log.read_text()[-2000:]
+    finally:
+        for proc in [gw.proc for gw in instances] + [redis.proc]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+async def admin_change_holds_elsewhere(made_on: Gateway, seen_by: Gateway) -> float:
+    """Seconds between a key made through one instance and its first success on another."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        # an account of its own, so that the load's account sees only the load's requests
+        async with s.post(
+            made_on.url + "/admin/accounts", json={"id": "carol", "balance": 1}, headers=admin
+        ) as r:
+            assert r.status == 201, await r.text()
+        carol = {"account": "carol", "group": "default"}
+        async with s.post(made_on.url + "/admin/keys", json=carol, headers=admin) as r:
+            assert r.status == 201, await r.text()
+            key = (await r.json())["key"]
+        made = time.monotonic()
+        while True:
+            async with s.post(
+                seen_by.url + "/v1/chat/completions",
+                json=chat,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as r:
+                await r.read()
+                if r.status == 200:
+                    return time.monotonic() - made
+                assert r.status == 401
+            assert time.monotonic() - made < CHANGE_DEADLINE, "the new key never served"
+            await asyncio.sleep(0.05)
+
+
+async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    async with cluster(fake, tmp_path) as (redis, instances):
+        nginx = Nginx(tmp_path / "nginx", instances)
+        await nginx.start()
+        try:
+            async with opened(redis.url) as store:
+                before = await balance(store)
+            outcomes: list[Outcome] = []
+            stop = asyncio.Event()
+            load = asyncio.create_task(clients(nginx.url, outcomes, stop))
+            try:
+                await until_more_complete(outcomes, PHASE)
+                killed_at = time.monotonic()
+                instances[0].kill(signal.SIGKILL)
+                assert await instances[0].exit_code() == -signal.SIGKILL
+                await until_more_complete(outcomes, PHASE)
+
+                await redis.stop()
+                await until_more_complete(outcomes, PHASE // 4)  # served from the caches
+                await redis.start()
+                await until_more_complete(outcomes, PHASE)
+
+                took = await admin_change_holds_elsewhere(instances[1], instances[2])
+                await until_more_complete(outcomes, PHASE // 4)
+            finally:
+                stop.set()
+                await load
+        finally:
+            assert nginx.proc is not None
+            nginx.proc.terminate()
+            nginx.proc.wait(10)
+
+        kinds = {k: [o for o in outcomes if o.kind == k] for k in ("ok", "error", "cut", "bad")}
+        assert not kinds["bad"], [o.detail for o in kinds["bad"][:5]]
+        # only what was in flight on the killed instance may be cut off
+        stray = [o for o in kinds["cut"] if not o.started <= killed_at <= o.ended]
+        assert not stray, [o.detail for o in stray[:5]]
+        assert len(kinds["cut"]) <= CLIENTS
+        assert took < CHANGE_DEADLINE
+
+        await instances[0].start()  # adopts what the killed instance journaled
+        completed = [o.request_id for o in kinds["ok"]]
+        assert len(set(completed)) == len(completed)
+        async with opened(redis.url) as store:
+            records = [r for r in await settled(store, set(completed)) if r.account == "alice"]
+            assert_billed_once(records, completed, before - await balance(store))
+            # beyond the complete replies: at most the requests cut off or refused
+            assert len(records) - len(completed) <= len(kinds["cut"]) + len(kinds["error"])
