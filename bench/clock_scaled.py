@@ -3,8 +3,9 @@ callgrind (scenario (e)): ``python -m bench.clock_scaled FACTOR serve --config .
 
 callgrind runs a process some 40 times slower, but the gateway's periodic work follows the
 clock: the usage writer lingers 50 ms for a batch, the disconnect watchlist ticks every 50 ms
-and starts a stream's watching task after 0.1 s, the key cache reloads every 0.5 s, the
-collector runs every 5 s. Slowed down, a usage batch holds a fortieth of the records it holds
+and starts a stream's watching task after 0.1 s, the key cache reloads (and shares holds)
+every 0.5 s, channel cooldowns are shared every 0.5 s, the journal is synced every second,
+the collector runs every 5 s. Slowed down, a usage batch holds a fortieth of the records it holds
 at full speed (one SQLite transaction per record at one connection), and a stream lasts long
 enough to start a watching task that it never starts at full speed: the count would charge
 the gateway for work that only the slowdown makes. Stretched by the slowdown, each interval
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from gateway import asgi, cli, gc_tuning
+from gateway import asgi, cli, gc_tuning, health
 from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
@@ -29,6 +30,8 @@ def stretch(factor: float) -> None:
     gc_tuning.COLLECT_EVERY *= factor
     gc_tuning.FULL_EVERY *= factor
     cache.DEFAULT_INTERVAL *= factor
+    health.SHARE_INTERVAL *= factor
+    writer.SYNC_INTERVAL *= factor
 
 
 def main(argv: list[str]) -> int:

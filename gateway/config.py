@@ -116,6 +116,9 @@ class Limits:
     # the least a request holds against its balance while it runs (balance units; its
     # estimate when that is more)
     hold_floor: float = 0.0
+    # seconds the gateway serves from its cache after the store last answered; past that,
+    # model requests get 503 until it answers again (0: no limit)
+    store_grace: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,7 +522,7 @@ def _key(v: Any, where: str, groups: set[str], accounts: set[str]) -> KeySeed:
 
 def _limits(v: Any) -> Limits:
     d = _mapping(v, "limits")
-    _no_unknown(d, {"max_request_bytes", "max_upload_bytes", "hold_floor"}, "limits")
+    _no_unknown(d, {"max_request_bytes", "max_upload_bytes", "hold_floor", "store_grace"}, "limits")
     out = Limits()
     return Limits(
         max_request_bytes=_int(
@@ -529,6 +532,7 @@ def _limits(v: Any) -> Limits:
             d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
         ),
         hold_floor=_num(d.get("hold_floor", out.hold_floor), "limits.hold_floor", minimum=0.0),
+        store_grace=_num(d.get("store_grace", out.store_grace), "limits.store_grace", minimum=0.0),
     )
 
 

@@ -82,12 +82,12 @@ class ChannelHealth:
             if at > self.cooling.get(channel, 0.0):
                 self.cooling[channel] = at
 
-    async def share_forever(self, store: Store, interval: float = SHARE_INTERVAL) -> None:
-        """``share()`` every ``interval`` seconds; a store that does not answer is logged
-        once per spell, and this process's own cooldowns go on meanwhile."""
+    async def share_forever(self, store: Store) -> None:
+        """``share()`` every ``SHARE_INTERVAL`` seconds; a store that does not answer is
+        logged once per spell, and this process's own cooldowns go on meanwhile."""
         failing = False
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(SHARE_INTERVAL)
             try:
                 await self.share(store)
             except Exception as exc:

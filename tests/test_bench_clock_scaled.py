@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import clock_scaled
-from gateway import asgi, gc_tuning
+from gateway import asgi, gc_tuning, health
 from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
@@ -17,6 +17,8 @@ INTERVALS = [
     (gc_tuning, "COLLECT_EVERY"),
     (gc_tuning, "FULL_EVERY"),
     (cache, "DEFAULT_INTERVAL"),
+    (health, "SHARE_INTERVAL"),
+    (writer, "SYNC_INTERVAL"),
 ]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable
@@ -84,6 +85,7 @@ class Relay:
         self.retries = settings.upstream.retries
         self.ready = False  # the store answered and the key cache is filled (app.lifespan)
         self.hold_floor = round(settings.limits.hold_floor * MICRO)
+        self.store_grace = settings.limits.store_grace or math.inf
         self.first_byte_timeout = settings.upstream.first_byte_timeout
         self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
 
@@ -91,10 +93,11 @@ class Relay:
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
     ) -> KeyRecord:
         """The caller's key record (401 when missing, unknown, disabled or expired; 503
-        while the gateway has not reached its store yet)."""
-        if not self.ready:
+        while the gateway has not reached its store yet, or has not heard from it for longer
+        than ``limits.store_grace``: keys and balances that old are not trusted)."""
+        if not self.ready or time.monotonic() - self.cache.fresh_at > self.store_grace:
             raise UpstreamUnavailableError(
-                "The gateway is starting and cannot reach its store yet; try again shortly.",
+                "The gateway cannot reach its store; try again shortly.",
                 retry_after=STORE_RETRY_AFTER,
             )
         secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)

@@ -53,6 +53,7 @@ class Cache:
         self._others_held: dict[str, int] = {}  # what other instances hold, per account
         # the default read here, not at import: bench.clock_scaled stretches it
         self._interval = DEFAULT_INTERVAL if interval is None else interval
+        self.fresh_at = time.monotonic()  # when keys and balances last came from the store
         self._keys: dict[str, KeyRecord] = {}
         self._balances: dict[str, int] = {}
         self._pending: dict[str, int] = {}
@@ -117,6 +118,7 @@ class Cache:
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
             self._balances = await self._store.load_balances()
+            self.fresh_at = time.monotonic()
             done = [s for s in self._unseen if s <= seq]
             if done:
                 for s in done:
