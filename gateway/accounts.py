@@ -10,6 +10,7 @@ RFC 3339 UTC with a ``Z``, and a key's secret only in the reply that created it.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -125,6 +126,63 @@ def _status(value: object) -> str:
     return value
 
 
+MAX_LIMIT_ITEMS = 1000
+
+
+def _quota(value: object) -> int | None:
+    """A key's quota in balance units (null: none) -> micro-units."""
+    if value is None:
+        return None
+    micro = to_micro(value, "quota")
+    if micro < 0:
+        raise InvalidRequestError("quota: must not be negative (null for no quota)")
+    return micro
+
+
+def _model_names(value: object) -> tuple[str, ...] | None:
+    """A key's ``models``: catalogue names (null: every model of its group)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_LIMIT_ITEMS:
+        raise InvalidRequestError("models: must be a list of model names or null")
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name:
+            raise InvalidRequestError(f"models[{i}]: must be a non-empty string")
+    return tuple(dict.fromkeys(value))
+
+
+def _networks(value: object) -> tuple[str, ...] | None:
+    """A key's ``allowed_ips``: CIDRs or single addresses (null: from anywhere), kept as
+    their normal text (10.1.2.3/8 -> 10.0.0.0/8)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_LIMIT_ITEMS:
+        raise InvalidRequestError("allowed_ips: must be a list of CIDRs or null")
+    out: list[str] = []
+    for i, cidr in enumerate(value):
+        try:
+            if not isinstance(cidr, str):
+                raise ValueError
+            out.append(str(ipaddress.ip_network(cidr.strip(), strict=False)))
+        except ValueError:
+            raise InvalidRequestError(
+                f"allowed_ips[{i}]: {cidr!r} is not an IP network (e.g. 203.0.113.0/24)"
+            ) from None
+    return tuple(dict.fromkeys(out))
+
+
+def key_limits(body: Mapping[str, object]) -> dict[str, object]:
+    """The limits among ``body``'s fields (quota, models, allowed_ips), checked."""
+    out: dict[str, object] = {}
+    if "quota" in body:
+        out["quota"] = _quota(body["quota"])
+    if "models" in body:
+        out["models"] = _model_names(body["models"])
+    if "allowed_ips" in body:
+        out["allowed_ips"] = _networks(body["allowed_ips"])
+    return out
+
+
 def only_fields(body: Mapping[str, object], allowed: frozenset[str] | set[str]) -> None:
     """Reject fields the endpoint does not know, so a typo is not silently ignored."""
     for k in body:
@@ -184,6 +242,9 @@ async def create_key(
     group: object = None,
     name: object = None,
     expires_at: object = None,
+    quota: object = None,
+    models: object = None,
+    allowed_ips: object = None,
 ) -> tuple[KeyRecord, str]:
     """Make a key; returns the record and the secret, which nothing keeps."""
     if not isinstance(account, str) or not account:
@@ -191,6 +252,8 @@ async def create_key(
     grp = settings.groups[0] if group is None else _group(settings, group)
     name = _name("" if name is None else name)
     expiry = _time(expires_at, "expires_at")
+    limit_quota, limit_models = _quota(quota), _model_names(models)
+    limit_ips = _networks(allowed_ips)
     if await store.get_account(account) is None:
         raise NotFoundError(f"account {account!r} not found")
     now = datetime.now(UTC).replace(microsecond=0)
@@ -206,6 +269,9 @@ async def create_key(
             expires_at=expiry,
             created_at=now,
             hint=key_hint(secret),
+            quota=limit_quota,
+            models=limit_models,
+            allowed_ips=limit_ips,
         )
         try:
             await store.create_key(rec)
@@ -224,6 +290,11 @@ async def get_key(store: Store, key_id: str) -> KeyRecord:
     return rec
 
 
+async def spent_by_key(store: Store) -> dict[str, int]:
+    """What each key spent in all (micro-units), for ``key_json``."""
+    return await store.load_spent()
+
+
 async def list_keys(store: Store, account: str | None = None) -> list[KeyRecord]:
     keys = await store.list_keys(account or None)
     return sorted(keys, key=lambda k: (k.created_at or datetime.min.replace(tzinfo=UTC), k.id))
@@ -232,9 +303,10 @@ async def list_keys(store: Store, account: str | None = None) -> list[KeyRecord]
 async def update_key(
     store: Store, settings: Settings, key_id: str, body: Mapping[str, object]
 ) -> KeyRecord:
-    """Change any of status, group, expires_at (null clears the expiry) and name."""
+    """Change any of status, group, expires_at (null clears the expiry), name and the
+    limits quota, models and allowed_ips (null clears a limit)."""
     only_fields(body, KEY_CHANGES)
-    changes: dict[str, object] = {}
+    changes: dict[str, object] = key_limits(body)
     if "status" in body:
         changes["status"] = _status(body["status"])
     if "group" in body:
@@ -293,7 +365,9 @@ def account_json(acct: Account) -> dict[str, JSON]:
     return {"id": acct.id, "balance": from_micro(acct.balance)}
 
 
-def key_json(rec: KeyRecord, secret: str | None = None) -> dict[str, JSON]:
+def key_json(rec: KeyRecord, secret: str | None = None, spent: int = 0) -> dict[str, JSON]:
+    """A key as shown: never its hash; its secret only when just made; ``spent`` (what it
+    spent in all, micro-units) in balance units."""
     out: dict[str, JSON] = {"id": rec.id}
     if secret is not None:
         out["key"] = secret
@@ -305,5 +379,9 @@ def key_json(rec: KeyRecord, secret: str | None = None) -> dict[str, JSON]:
         expires_at=format_time(rec.expires_at),
         created_at=format_time(rec.created_at),
         hint=rec.hint,
+        quota=None if rec.quota is None else from_micro(rec.quota),
+        spent=from_micro(spent),
+        models=None if rec.models is None else list(rec.models),
+        allowed_ips=None if rec.allowed_ips is None else list(rec.allowed_ips),
     )
     return out

@@ -179,12 +179,15 @@ async def topup(request: Request, state: AdminState) -> Response:
 
 async def list_keys(request: Request, state: AdminState) -> Response:
     keys = await accounts.list_keys(state.store, request.query_params.get("account"))
-    return json_response({"data": [accounts.key_json(k) for k in keys]})
+    spent = await accounts.spent_by_key(state.store)
+    return json_response({"data": [accounts.key_json(k, spent=spent.get(k.id, 0)) for k in keys]})
 
 
 async def create_key(request: Request, state: AdminState) -> Response:
     body = await _body(request)
-    accounts.only_fields(body, {"account", "group", "name", "expires_at"})
+    accounts.only_fields(
+        body, {"account", "group", "name", "expires_at", "quota", "models", "allowed_ips"}
+    )
     rec, secret = await accounts.create_key(
         state.store,
         state.settings,
@@ -192,6 +195,9 @@ async def create_key(request: Request, state: AdminState) -> Response:
         group=body.get("group"),
         name=body.get("name"),
         expires_at=body.get("expires_at"),
+        quota=body.get("quota"),
+        models=body.get("models"),
+        allowed_ips=body.get("allowed_ips"),
     )
     await state.cache.refresh()
     return json_response(accounts.key_json(rec, secret), 201)
@@ -199,14 +205,16 @@ async def create_key(request: Request, state: AdminState) -> Response:
 
 async def get_key(request: Request, state: AdminState) -> Response:
     rec = await accounts.get_key(state.store, request.path_params["id"])
-    return json_response(accounts.key_json(rec))
+    spent = await accounts.spent_by_key(state.store)
+    return json_response(accounts.key_json(rec, spent=spent.get(rec.id, 0)))
 
 
 async def update_key(request: Request, state: AdminState) -> Response:
     body = await _body(request)
     rec = await accounts.update_key(state.store, state.settings, request.path_params["id"], body)
     await state.cache.refresh()
-    return json_response(accounts.key_json(rec))
+    spent = await accounts.spent_by_key(state.store)
+    return json_response(accounts.key_json(rec, spent=spent.get(rec.id, 0)))
 
 
 async def delete_key(request: Request, state: AdminState) -> Response:

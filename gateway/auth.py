@@ -7,7 +7,9 @@ its base URL changed. The secret is hashed (SHA-256) and looked up; it is never 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import ipaddress
 from datetime import datetime
 from urllib.parse import parse_qsl
 
@@ -48,3 +50,22 @@ def check_key(record: KeyRecord | None, now: datetime) -> KeyRecord:
 
 def key_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+
+def address_allowed(ip: str | None, cidrs: tuple[str, ...]) -> bool:
+    """Whether a key limited to ``cidrs`` (its ``allowed_ips``) may be used from ``ip`` (an
+    IPv4-mapped IPv6 address counts as its IPv4 one)."""
+    if ip is None:
+        return False
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return any(addr in net for net in _networks(cidrs))

@@ -109,6 +109,9 @@ async def cmd_keys_create(args: argparse.Namespace, settings: Settings, store: S
         group=args.group,
         name=args.name,
         expires_at=args.expires_at,
+        quota=args.quota,
+        models=args.models,
+        allowed_ips=args.allowed_ips,
     )
     payload = accounts.key_json(rec, secret)
     rows = [[k, "-" if v is None or v == "" else str(v)] for k, v in payload.items()]
@@ -119,8 +122,10 @@ async def cmd_keys_create(args: argparse.Namespace, settings: Settings, store: S
 
 async def cmd_keys_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
     keys = await accounts.list_keys(store, args.account)
+    spent = await accounts.spent_by_key(store)
     text = keys_table(keys) if keys else "no keys"
-    return Output({"data": [accounts.key_json(k) for k in keys]}, text)
+    data = [accounts.key_json(k, spent=spent.get(k.id, 0)) for k in keys]
+    return Output({"data": data}, text)
 
 
 def _set_status(status: str) -> Command:
@@ -141,9 +146,14 @@ async def cmd_keys_update(args: argparse.Namespace, settings: Settings, store: S
         changes["expires_at"] = None
     elif args.expires_at is not None:
         changes["expires_at"] = args.expires_at
+    for name in ("quota", "models", "allowed_ips"):
+        if getattr(args, f"no_{name}"):
+            changes[name] = None
+        elif getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
     if not changes:
         raise InvalidRequestError(
-            "nothing to change: give --group, --name, --expires-at or --no-expiry"
+            "nothing to change: give --group, --name, --expires-at, --no-expiry or a limit"
         )
     rec = await accounts.update_key(store, settings, args.id, changes)
     return Output(accounts.key_json(rec), keys_table([rec]))
@@ -192,6 +202,26 @@ async def run_command(command: Command, args: argparse.Namespace, settings: Sett
 
 
 # ---- argument parsing ----------------------------------------------------------------------
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _limit_arguments(p: argparse.ArgumentParser, clearing: bool) -> None:
+    """A key's limits; with ``clearing``, also the flags that remove each."""
+    limits = (
+        ("quota", _amount, "AMOUNT", "what the key may spend in all (balance units)"),
+        ("models", _names, "A,B", "the only models the key may use (comma-separated)"),
+        ("allowed-ips", _names, "CIDR,...", "the only networks the key may be used from"),
+    )
+    for name, kind, metavar, text in limits:
+        if clearing:
+            group = p.add_mutually_exclusive_group()
+            group.add_argument(f"--{name}", type=kind, default=None, metavar=metavar, help=text)
+            group.add_argument(f"--no-{name}", action="store_true", help=f"no {name} limit")
+        else:
+            p.add_argument(f"--{name}", type=kind, default=None, metavar=metavar, help=text)
 
 
 def _amount(text: str) -> Decimal:
@@ -251,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None)
     p.add_argument("--expires-at", default=None, metavar="TIME",
                    help="RFC 3339, e.g. 2030-01-01T00:00:00Z")  # fmt: skip
+    _limit_arguments(p, clearing=False)
     p.set_defaults(func=cmd_keys_create)
     p = ksub.add_parser("list", parents=leaf, help="list keys (never their secrets)")
     p.add_argument("--account", default=None)
@@ -266,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     expiry = p.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", default=None, metavar="TIME", help="RFC 3339")
     expiry.add_argument("--no-expiry", action="store_true", help="the key never expires")
+    _limit_arguments(p, clearing=True)
     p.set_defaults(func=cmd_keys_update)
     p = ksub.add_parser("delete", parents=leaf, help="delete a key")
     p.add_argument("id")

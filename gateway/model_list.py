@@ -84,6 +84,8 @@ class ModelLists:
             headers = request_headers(scope)
             key = self.relay.authenticate(spec, scope, headers, datetime.now(UTC))
             models = self.relay.catalogue.group_models(key.group)
+            if key.models is not None:
+                models = tuple(m for m in models if m.name in key.models)
             shape = spec.protocol
             if shape == "openai":
                 if b"anthropic-version" in headers:

@@ -30,7 +30,7 @@ from gateway.asgi import (
     request_headers,
     send_error,
 )
-from gateway.auth import check_key, extract_key, key_hash
+from gateway.auth import address_allowed, check_key, extract_key, key_hash
 from gateway.billing import ClientAddress, Metered, Rate
 from gateway.config import Channel, Model, Settings
 from gateway.errors import (
@@ -38,6 +38,8 @@ from gateway.errors import (
     GatewayError,
     InsufficientBalanceError,
     InternalError,
+    NotFoundError,
+    PermissionDeniedError,
     UpstreamUnavailableError,
 )
 from gateway.health import ChannelHealth
@@ -103,7 +105,12 @@ class Relay:
         secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)
         if secret is None:
             raise AuthenticationError("Missing API key.")
-        return check_key(self.cache.key(key_hash(secret)), now)
+        key = check_key(self.cache.key(key_hash(secret)), now)
+        if key.allowed_ips is not None:
+            ip = self.address.of(scope.get("client"), headers.get(b"x-forwarded-for"))
+            if not address_allowed(ip, key.allowed_ips):
+                raise PermissionDeniedError("This API key may not be used from this address.")
+        return key
 
     async def handle(
         self, spec: RouteSpec, path_model: str | None, scope: Scope, receive: Receive, send: Send
@@ -130,6 +137,10 @@ class Relay:
             )
             job = await kind.read(incoming)
             call.model = job.route.model or ""
+            if call.key.models is not None and call.model not in call.key.models:
+                raise NotFoundError(
+                    f"The model '{call.model}' does not exist or you do not have access to it."
+                )
             balance = self.cache.balance(call.key.account)
             if balance is None or balance <= 0:
                 raise InsufficientBalanceError(
@@ -244,15 +255,19 @@ class Relay:
     def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
         """Hold what the request is expected to cost until its record replaces the hold;
         402 when the balance, less what the account's requests in flight hold, is not above
-        zero (a request may overdraw by its own cost, never by how many run at once)."""
-        assert call.key is not None
-        account = call.key.account
+        zero (a request may overdraw by its own cost, never by how many run at once), and
+        likewise for a key's ``quota``."""
+        key = call.key
+        assert key is not None
+        account = key.account
         if balance - self.cache.held(account) <= 0:
             raise InsufficientBalanceError(
                 "Your account balance is held by requests in flight; wait for them or top up."
             )
+        if key.quota is not None and self.cache.quota_left(key) <= 0:
+            raise InsufficientBalanceError("This API key has spent its quota.")
         call.held = max(rate.cost_of(expected), self.hold_floor)
-        self.cache.hold(account, call.held)
+        self.cache.hold(account, key.id, call.held)
 
     @staticmethod
     def _target(

@@ -52,6 +52,12 @@ class KeyRecord:
     expires_at: datetime | None = None  # UTC
     created_at: datetime | None = None  # UTC
     hint: str = ""  # "sk-…abcd": enough to recognise a key, never enough to use it
+    # optional limits (CONTRACT §5): what the key may spend in all (micro-units; what it spent
+    # is kept apart, ``Store.load_spent``), the catalogue names it may use within its group,
+    # the networks (CIDR) it may be used from; None: no limit
+    quota: int | None = None
+    models: tuple[str, ...] | None = None
+    allowed_ips: tuple[str, ...] | None = None
 
 
 # not frozen: one is built per request, and a frozen dataclass's __init__ sets every field
@@ -99,6 +105,12 @@ class Store(Protocol):
 
     async def load_keys(self) -> list[KeyRecord]: ...
     async def load_balances(self) -> dict[str, int]: ...
+
+    async def load_spent(self) -> dict[str, int]:
+        """What each key has spent in all (key id -> micro-units; keys that spent nothing may
+        be left out). Settlement adds a record's cost to its key's in the same step as the
+        debit."""
+        ...
 
     async def create_account(self, account_id: str, balance: int) -> Account: ...
     async def get_account(self, account_id: str) -> Account | None: ...

@@ -13,6 +13,10 @@ published to the store and every other instance's are read (``Store.share_holds`
 instances on one store refuse together; published holds expire unless renewed, so an instance
 that died lets go of them by itself.
 
+A key's ``quota`` works the same way: every debit and hold also counts against the key's own
+entry (``KEY_SLOT`` + its id), and ``quota_left()`` is its quota less what the store says it
+spent, less that entry's pending, unseen and held amounts.
+
 Local debits are tracked until the store's snapshot certainly includes them, so a reload never
 "forgets" a request this process already billed:
 
@@ -41,6 +45,9 @@ from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 log = logging.getLogger("gateway.store.cache")
 
 DEFAULT_INTERVAL = 0.5
+# a key's own entry among the accounts' in what is pending, unseen and held: a key with a
+# quota is an account of its own whose balance is its quota less what it spent
+KEY_SLOT = "key\x00"
 HOLD_TTL_MS = 5_000  # published holds outlive a few missed ticks, and a dead instance briefly
 
 
@@ -56,6 +63,7 @@ class Cache:
         self.fresh_at = time.monotonic()  # when keys and balances last came from the store
         self._keys: dict[str, KeyRecord] = {}
         self._balances: dict[str, int] = {}
+        self._spent: dict[str, int] = {}  # key id -> what it spent, as the store last said
         self._pending: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
@@ -118,6 +126,7 @@ class Cache:
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
             self._balances = await self._store.load_balances()
+            self._spent = await self._store.load_spent()
             self.fresh_at = time.monotonic()
             done = [s for s in self._unseen if s <= seq]
             if done:
@@ -153,23 +162,42 @@ class Cache:
         micro-units."""
         return self._held.get(account, 0) + self._others_held.get(account, 0)
 
-    def hold(self, account: str, amount: int) -> None:
-        if amount:
-            self._held[account] = self._held.get(account, 0) + amount
+    def quota_left(self, key: KeyRecord) -> int:
+        """What a key with a ``quota`` may still spend, less what its requests in flight
+        hold, in micro-units."""
+        assert key.quota is not None
+        slot = KEY_SLOT + key.id
+        return (
+            key.quota
+            - self._spent.get(key.id, 0)
+            - self._pending.get(slot, 0)
+            - self._unseen_total.get(slot, 0)
+            - self.held(slot)
+        )
 
-    def debit(self, account: str, amount: int, held: int = 0) -> None:
-        """A request's cost, replacing what it ``held``."""
+    def hold(self, account: str, key_id: str, amount: int) -> None:
+        """A request's expected cost, held against its account and its key."""
         if amount:
-            self._pending[account] = self._pending.get(account, 0) + amount
-        if held:
-            left = self._held.get(account, 0) - held
-            if left > 0:
-                self._held[account] = left
-            else:
-                self._held.pop(account, None)
+            held = self._held
+            held[account] = held.get(account, 0) + amount
+            slot = KEY_SLOT + key_id
+            held[slot] = held.get(slot, 0) + amount
+
+    def debit(self, account: str, key_id: str, amount: int, held: int = 0) -> None:
+        """A request's cost, replacing what it ``held``, from its account and its key."""
+        for entry in (account, KEY_SLOT + key_id):
+            if amount:
+                self._pending[entry] = self._pending.get(entry, 0) + amount
+            if held:
+                left = self._held.get(entry, 0) - held
+                if left > 0:
+                    self._held[entry] = left
+                else:
+                    self._held.pop(entry, None)
 
     def settled(self, amounts: Mapping[str, int]) -> None:
-        """The writer stored these debits (per account): the next reload will include them."""
+        """The writer stored these debits (per account, and per ``KEY_SLOT`` + key id): the
+        next reload will include them."""
         if not amounts:
             return
         self._settled_seq += 1

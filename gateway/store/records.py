@@ -33,7 +33,7 @@ ONE_MICROSECOND = timedelta(microseconds=1)
 USAGE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))  # time comes first
 KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(KeyRecord))
 KEY_STATUSES = ("enabled", "disabled")
-KEY_CHANGES = frozenset({"status", "group", "expires_at", "name"})
+KEY_CHANGES = frozenset({"status", "group", "expires_at", "name", "quota", "models", "allowed_ips"})
 
 
 # -- times and money -------------------------------------------------------------------------
@@ -146,8 +146,11 @@ def usage_json(rec: UsageRecord) -> dict[str, JSON]:
 # -- key records -----------------------------------------------------------------------------
 
 
-def _key_fields(rec: KeyRecord, time: Callable[[datetime], object]) -> dict[str, object]:
-    """The record's fields in ``KEY_FIELDS`` order, its times written by ``time``."""
+def _key_fields(
+    rec: KeyRecord, time: Callable[[datetime], object], names: Callable[[tuple[str, ...]], object]
+) -> dict[str, object]:
+    """The record's fields in ``KEY_FIELDS`` order, its times written by ``time`` and its
+    lists of names by ``names``."""
     return {
         "id": rec.id,
         "key_hash": rec.key_hash,
@@ -158,7 +161,23 @@ def _key_fields(rec: KeyRecord, time: Callable[[datetime], object]) -> dict[str,
         "expires_at": None if rec.expires_at is None else time(rec.expires_at),
         "created_at": None if rec.created_at is None else time(rec.created_at),
         "hint": rec.hint,
+        "quota": rec.quota,
+        "models": None if rec.models is None else names(rec.models),
+        "allowed_ips": None if rec.allowed_ips is None else names(rec.allowed_ips),
     }
+
+
+def _json_list(value: tuple[str, ...]) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A list of names as stored: a JSON list (Redis) or its text (SQLite); None: no limit."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = orjson.loads(value)
+    return tuple(value)
 
 
 def _key_from_fields(d: Mapping[str, Any], time: Callable[[Any], datetime]) -> KeyRecord:
@@ -173,12 +192,15 @@ def _key_from_fields(d: Mapping[str, Any], time: Callable[[Any], datetime]) -> K
         expires_at=None if expires_at is None else time(expires_at),
         created_at=None if created_at is None else time(created_at),
         hint=d.get("hint", ""),
+        quota=d.get("quota"),
+        models=_names(d.get("models")),
+        allowed_ips=_names(d.get("allowed_ips")),
     )
 
 
 def key_row(rec: KeyRecord) -> tuple[object, ...]:
     """The record as a row of ``KEY_FIELDS``, its times in microseconds since the epoch."""
-    return tuple(_key_fields(rec, to_micros).values())
+    return tuple(_key_fields(rec, to_micros, _json_list).values())
 
 
 def key_from_row(row: tuple[Any, ...]) -> KeyRecord:
@@ -187,12 +209,12 @@ def key_from_row(row: tuple[Any, ...]) -> KeyRecord:
 
 def encode_key(rec: KeyRecord) -> bytes:
     """The record as Redis stores it."""
-    return orjson.dumps(_key_fields(rec, time_text))
+    return orjson.dumps(_key_fields(rec, time_text, list))
 
 
 def decode_key(raw: bytes | str) -> KeyRecord:
-    """A record Redis stores; one written before ``name``, ``status`` or ``hint`` existed
-    gets their defaults."""
+    """A record Redis stores; one written before ``name``, ``status``, ``hint`` or the
+    limits existed gets their defaults."""
     return _key_from_fields(orjson.loads(raw), parse_time_text)
 
 
@@ -215,7 +237,8 @@ def parse_expiry(value: object) -> datetime | None:
 
 
 def apply_key_changes(rec: KeyRecord, changes: Mapping[str, object]) -> KeyRecord:
-    """The key after ``changes`` (any of status, group, expires_at, name). Raises ValueError."""
+    """The key after ``changes`` (any of status, group, expires_at, name, and the limits
+    quota, models, allowed_ips, already checked by ``accounts``). Raises ValueError."""
     unknown = set(changes) - KEY_CHANGES
     if unknown:
         raise ValueError(f"{sorted(unknown)[0]}: cannot be changed")
@@ -232,6 +255,9 @@ def apply_key_changes(rec: KeyRecord, changes: Mapping[str, object]) -> KeyRecor
             updates[name] = value
     if "expires_at" in changes:
         updates["expires_at"] = parse_expiry(changes["expires_at"])
+    for name in ("quota", "models", "allowed_ips"):
+        if name in changes:
+            updates[name] = changes[name]
     return replace(rec, **updates)
 
 

@@ -47,6 +47,7 @@ CATALOGUE_KEY = "gw:catalogue"  # string: JSON of groups, models, channels (no a
 ACCOUNTS_KEY = "gw:accounts"  # set of account ids
 BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
 USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
+SPENT_KEY = "gw:{{acct:{account}}}:spent"  # hash: key id -> what it spent in all (micro-units)
 USAGE_ACCOUNTS_KEY = "gw:usage:accounts"  # set of accounts that have usage records
 KEY_RECORDS_KEY = "gw:{keys}:records"  # hash: key id -> key record JSON
 KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
@@ -61,13 +62,14 @@ COMMAND_TIMEOUT = 10.0  # newest usage records kept per account
 UPDATE_RETRIES = 50
 
 # -- scripts ---------------------------------------------------------------------------------
-# KEYS: balance, usage   ARGV: cost, time µs, record JSON, keep
+# KEYS: balance, usage, spent   ARGV: cost, time µs, record JSON, keep, key id
 SETTLE_LUA = """
 if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[3]) == 0 then return 0 end
 local keep = tonumber(ARGV[4])
 local n = redis.call('ZCARD', KEYS[2])
 if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
+if tonumber(ARGV[1]) ~= 0 then redis.call('HINCRBY', KEYS[3], ARGV[5], ARGV[1]) end
 return 1
 """
 
@@ -136,6 +138,10 @@ def balance_key(account: str) -> str:
 
 def usage_key(account: str) -> str:
     return USAGE_KEY.format(account=account)
+
+
+def spent_key(account: str) -> str:
+    return SPENT_KEY.format(account=account)
 
 
 def _text(v: bytes | str) -> str:
@@ -241,6 +247,16 @@ class RedisStore:
             values = await pipe.execute()
         return {a: int(v) for a, v in zip(ids, values, strict=True) if v is not None}
 
+    async def load_spent(self) -> dict[str, int]:
+        members = await self.client.smembers(USAGE_ACCOUNTS_KEY)
+        if not members:
+            return {}
+        async with self.client.pipeline(transaction=False) as pipe:
+            for account in sorted(_text(m) for m in members):
+                pipe.hgetall(spent_key(account))
+            tables = await pipe.execute()
+        return {_text(k): int(v) for table in tables for k, v in table.items()}
+
     # -- accounts ---------------------------------------------------------------------------
 
     async def create_account(self, account_id: str, balance: int) -> Account:
@@ -317,9 +333,10 @@ class RedisStore:
             # the index first: no record is ever stored under an account it does not list
             pipe.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
             for rec in records:
+                account = rec.account
                 await self._settle(
-                    keys=[balance_key(rec.account), usage_key(rec.account)],
-                    args=[rec.cost, to_micros(rec.time), encode_usage(rec), USAGE_KEEP],
+                    keys=[balance_key(account), usage_key(account), spent_key(account)],
+                    args=[rec.cost, to_micros(rec.time), encode_usage(rec), USAGE_KEEP, rec.key_id],
                     client=pipe,
                 )
             await pipe.execute()

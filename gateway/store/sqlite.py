@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 from gateway.store import MICRO, Account, ConflictError, KeyRecord, MissingError, UsageRecord
 from gateway.store.catalogue import catalogue_json
 from gateway.store.records import (
+    KEY_CHANGES,
     KEY_FIELDS,
     USAGE_FIELDS,
     apply_key_changes,
@@ -58,7 +59,11 @@ CREATE TABLE IF NOT EXISTS keys (
     status     TEXT NOT NULL DEFAULT 'enabled',
     expires_at INTEGER,
     created_at INTEGER,
-    hint       TEXT NOT NULL DEFAULT ''
+    hint       TEXT NOT NULL DEFAULT '',
+    quota      INTEGER,
+    models     TEXT,
+    allowed_ips TEXT,
+    spent      INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS keys_account ON keys (account);
 CREATE TABLE IF NOT EXISTS usage (
@@ -111,9 +116,26 @@ CREATE TABLE IF NOT EXISTS meta (
 INSERT OR IGNORE INTO meta (id, version) VALUES (1, 0);
 """
 
+# columns added to ``keys`` after its first release: a file made before gets them at open
+ADDED_KEY_COLUMNS = {
+    "quota": "INTEGER",
+    "models": "TEXT",
+    "allowed_ips": "TEXT",
+    "spent": "INTEGER NOT NULL DEFAULT 0",
+}
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    for name, decl in ADDED_KEY_COLUMNS.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE keys ADD COLUMN {name} {decl}")
+
+
 # the columns of records.key_row and records.usage_row, in their order (``group`` is a keyword
 # of SQL: its column is ``grp``)
 KEY_COLUMNS = ", ".join("grp" if name == "group" else name for name in KEY_FIELDS)
+KEY_VALUES = ", ".join("?" for _ in KEY_FIELDS)
 USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
 # usage rows per INSERT statement: 64 x 14 values stays under SQLite's oldest limit of 999
@@ -200,6 +222,7 @@ class SQLiteStore:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                _add_missing_columns(conn)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -247,7 +270,7 @@ class SQLiteStore:
                 ).rowcount
             for krow in keys:
                 changed += conn.execute(
-                    f"INSERT OR IGNORE INTO keys ({KEY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", krow
+                    f"INSERT OR IGNORE INTO keys ({KEY_COLUMNS}) VALUES ({KEY_VALUES})", krow
                 ).rowcount
             conn.execute(
                 "INSERT INTO catalogue (id, payload, updated_at) VALUES (1, ?, ?) "
@@ -286,6 +309,13 @@ class SQLiteStore:
     async def load_balances(self) -> dict[str, int]:
         def run(conn: sqlite3.Connection) -> dict[str, int]:
             return {r[0]: int(r[1]) for r in conn.execute("SELECT id, balance FROM accounts")}
+
+        return await self._run(run)
+
+    async def load_spent(self) -> dict[str, int]:
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute("SELECT id, spent FROM keys WHERE spent != 0")
+            return {r[0]: int(r[1]) for r in rows}
 
         return await self._run(run)
 
@@ -340,7 +370,7 @@ class SQLiteStore:
             ):
                 raise MissingError(f"no account {rec.account!r}")
             try:
-                conn.execute(f"INSERT INTO keys ({KEY_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)", row)
+                conn.execute(f"INSERT INTO keys ({KEY_COLUMNS}) VALUES ({KEY_VALUES})", row)
             except sqlite3.IntegrityError:
                 raise ConflictError(f"key {rec.id!r} (or its secret) already exists") from None
             conn.execute(BUMP_VERSION)
@@ -373,10 +403,13 @@ class SQLiteStore:
             if row is None:
                 raise MissingError(f"no key {key_id!r}")
             new = apply_key_changes(key_from_row(row), changes)
-            values = key_row(new)
+            values = dict(zip(KEY_FIELDS, key_row(new), strict=True))
+            columns = [name for name in KEY_FIELDS if name in KEY_CHANGES]
             conn.execute(
-                "UPDATE keys SET grp = ?, name = ?, status = ?, expires_at = ? WHERE id = ?",
-                (values[3], values[4], values[5], values[6], key_id),
+                "UPDATE keys SET "
+                + ", ".join(f"{'grp' if n == 'group' else n} = ?" for n in columns)
+                + " WHERE id = ?",
+                [*(values[n] for n in columns), key_id],
             )
             conn.execute(BUMP_VERSION)
             return new
@@ -404,12 +437,18 @@ class SQLiteStore:
             held = _held_ids(conn, [r.request_id for r in records])
             fresh = [r for r in records if r.request_id not in held] if held else records
             totals: dict[str, int] = {}
-            for r in fresh:  # one UPDATE per account and batch, not one per record
+            by_key: dict[str, int] = {}
+            for r in fresh:  # one UPDATE per account (and key) and batch, not one per record
                 if r.cost:
                     totals[r.account] = totals.get(r.account, 0) + r.cost
+                    by_key[r.key_id] = by_key.get(r.key_id, 0) + r.cost
             conn.executemany(
                 "UPDATE accounts SET balance = balance - ? WHERE id = ?",
                 [(cost, account) for account, cost in totals.items()],
+            )
+            conn.executemany(
+                "UPDATE keys SET spent = spent + ? WHERE id = ?",
+                [(cost, key_id) for key_id, cost in by_key.items()],
             )
             for i in range(0, len(fresh), ROWS_PER_INSERT):
                 part = fresh[i : i + ROWS_PER_INSERT]

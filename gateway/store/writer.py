@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 
 from gateway.store import Store, UsageRecord
-from gateway.store.cache import Cache
+from gateway.store.cache import KEY_SLOT, Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.journal import Journal
 
@@ -84,7 +84,7 @@ class UsageWriter:
         self._submitted += 1
         self._queue.put_nowait(rec)
         if self._cache is not None:
-            self._cache.debit(rec.account, rec.cost, held)
+            self._cache.debit(rec.account, rec.key_id, rec.cost, held)
 
     @property
     def pending(self) -> int:
@@ -249,6 +249,8 @@ class UsageWriter:
             for rec in batch:
                 if rec.cost:
                     amounts[rec.account] = amounts.get(rec.account, 0) + rec.cost
+                    slot = KEY_SLOT + rec.key_id
+                    amounts[slot] = amounts.get(slot, 0) + rec.cost
             self._cache.settled(amounts)
         async with self._progress:
             self._written += len(batch)
