@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway import __version__
 from gateway.asgi import send_error
 from gateway.config import Settings, load_settings
+from gateway.dashboard import Dashboard
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.gc_tuning import collect_periodically, tune_gc
 from gateway.model_list import ModelLists
@@ -37,7 +38,6 @@ from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.app")
-LIST_KINDS = frozenset({"models", "model"})  # answered from the catalogue, not relayed
 
 
 @dataclass(slots=True)
@@ -97,14 +97,22 @@ class GatewayApp:
     the model lists (a dict lookup, no middleware on the hot path); everything else (admin,
     health, lifespan, unknown paths) to Starlette."""
 
-    __slots__ = ("inner", "state", "router", "relay", "lists")
+    __slots__ = ("inner", "state", "router", "relay", "handlers")
 
-    def __init__(self, inner: Starlette, relay: Relay) -> None:
+    def __init__(self, inner: Starlette, relay: Relay, store: Store) -> None:
         self.inner = inner
         self.state = inner.state
         self.router = Router()
         self.relay = relay
-        self.lists = ModelLists(relay)
+        lists = ModelLists(relay)
+        dashboard = Dashboard(relay, store)
+        # the kinds answered here, not relayed; every other kind goes to the relay
+        self.handlers: dict[str, ModelLists | Dashboard] = {
+            "models": lists,
+            "model": lists,
+            "billing_subscription": dashboard,
+            "billing_usage": dashboard,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -115,7 +123,7 @@ class GatewayApp:
                 return
             if found is not None:
                 spec, model = found
-                handler = self.lists if spec.kind in LIST_KINDS else self.relay
+                handler = self.handlers.get(spec.kind, self.relay)
                 await handler.handle(spec, model, scope, receive, send)
                 return
         await self.inner(scope, receive, send)
@@ -202,4 +210,4 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = state
-    return GatewayApp(app, relay)
+    return GatewayApp(app, relay, store)

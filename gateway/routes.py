@@ -48,6 +48,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/messages/count_tokens", "POST", "anthropic", "count_tokens"),
     RouteSpec("/v1/models", "GET", "openai", "models"),
     RouteSpec("/v1/models/{model}", "GET", "openai", "model"),
+    RouteSpec("/v1/dashboard/billing/subscription", "GET", "openai", "billing_subscription"),
+    RouteSpec("/v1/dashboard/billing/usage", "GET", "openai", "billing_usage"),
     RouteSpec("/v1beta/models", "GET", "gemini", "models", key_in_query=True),
     RouteSpec("/v1beta/models/{model}", "GET", "gemini", "model", key_in_query=True),
     *(

@@ -82,6 +82,26 @@ class UsageRecord:
     ip_range: str  # a.b.c.0/24 or a /48
 
 
+@dataclass(frozen=True, slots=True)
+class DailyUsage:
+    """One day's usage of one key on one model (UTC days), kept by settlement beside the
+    records so that totals per day, model, account or key never read every record."""
+
+    day: str  # YYYY-MM-DD
+    account: str
+    key_id: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: int  # micro-units
+
+
+def day_of(rec: UsageRecord) -> str:
+    """The UTC day a record counts in."""
+    return rec.time.strftime("%Y-%m-%d")
+
+
 def hash_key(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -128,6 +148,13 @@ class Store(Protocol):
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
         """Newest first."""
+        ...
+
+    async def usage_daily(
+        self, since: str, until: str, account: str | None = None
+    ) -> list[DailyUsage]:
+        """The daily totals from ``since`` to ``until`` (YYYY-MM-DD, both included), of one
+        account or of all; in no particular order."""
         ...
 
     async def share_holds(

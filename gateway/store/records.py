@@ -15,14 +15,14 @@ Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.store import MICRO, KeyRecord, UsageRecord, hash_key, key_hint
+from gateway.store import MICRO, KeyRecord, UsageRecord, day_of, hash_key, key_hint
 from gateway.types import JSON
 
 if TYPE_CHECKING:
@@ -136,6 +136,24 @@ def encode_usage(rec: UsageRecord) -> bytes:
 def decode_usage(raw: bytes | str) -> UsageRecord:
     d = orjson.loads(raw)
     return UsageRecord(parse_time_text(d["time"]), *[d[name] for name in USAGE_FIELDS[1:]])
+
+
+def daily_rows(
+    records: Iterable[UsageRecord],
+) -> list[tuple[str, str, str, str, int, int, int, int]]:
+    """The records summed per (day, account, key, model): the rows of ``DailyUsage``."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for r in records:
+        group = (day_of(r), r.account, r.key_id, r.model)
+        found = sums.get(group)
+        if found is None:
+            sums[group] = [1, r.prompt_tokens, r.completion_tokens, r.cost]
+        else:
+            found[0] += 1
+            found[1] += r.prompt_tokens
+            found[2] += r.completion_tokens
+            found[3] += r.cost
+    return [(*group, *totals) for group, totals in sums.items()]  # type: ignore[misc]
 
 
 def usage_json(rec: UsageRecord) -> dict[str, JSON]:

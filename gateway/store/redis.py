@@ -19,13 +19,22 @@ import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from gateway.store import MICRO, Account, ConflictError, KeyRecord, MissingError, UsageRecord
+from gateway.store import (
+    MICRO,
+    Account,
+    ConflictError,
+    DailyUsage,
+    KeyRecord,
+    MissingError,
+    UsageRecord,
+    day_of,
+)
 from gateway.store.catalogue import catalogue_json
 from gateway.store.records import (
     apply_key_changes,
@@ -48,6 +57,9 @@ ACCOUNTS_KEY = "gw:accounts"  # set of account ids
 BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
 USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
 SPENT_KEY = "gw:{{acct:{account}}}:spent"  # hash: key id -> what it spent in all (micro-units)
+# hash: "<key id>\t<model>\t" + r (requests) | p, c (prompt, completion tokens) | $ (cost)
+DAY_KEY = "gw:{{acct:{account}}}:day:{day}"
+DAILY_MAX_DAYS = 400  # days one usage_daily call reads at most
 USAGE_ACCOUNTS_KEY = "gw:usage:accounts"  # set of accounts that have usage records
 KEY_RECORDS_KEY = "gw:{keys}:records"  # hash: key id -> key record JSON
 KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
@@ -62,7 +74,8 @@ COMMAND_TIMEOUT = 10.0  # newest usage records kept per account
 UPDATE_RETRIES = 50
 
 # -- scripts ---------------------------------------------------------------------------------
-# KEYS: balance, usage, spent   ARGV: cost, time µs, record JSON, keep, key id
+# KEYS: balance, usage, spent, day   ARGV: cost, time µs, record JSON, keep, key id,
+#   the day's field prefix (key id TAB model TAB), prompt tokens, completion tokens
 SETTLE_LUA = """
 if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[3]) == 0 then return 0 end
 local keep = tonumber(ARGV[4])
@@ -70,6 +83,11 @@ local n = redis.call('ZCARD', KEYS[2])
 if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
 if tonumber(ARGV[1]) ~= 0 then redis.call('HINCRBY', KEYS[3], ARGV[5], ARGV[1]) end
+local f = ARGV[6]
+redis.call('HINCRBY', KEYS[4], f .. 'r', 1)
+redis.call('HINCRBY', KEYS[4], f .. 'p', ARGV[7])
+redis.call('HINCRBY', KEYS[4], f .. 'c', ARGV[8])
+redis.call('HINCRBY', KEYS[4], f .. '$', ARGV[1])
 return 1
 """
 
@@ -334,12 +352,62 @@ class RedisStore:
             pipe.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
             for rec in records:
                 account = rec.account
+                day = DAY_KEY.format(account=account, day=day_of(rec))
                 await self._settle(
-                    keys=[balance_key(account), usage_key(account), spent_key(account)],
-                    args=[rec.cost, to_micros(rec.time), encode_usage(rec), USAGE_KEEP, rec.key_id],
+                    keys=[balance_key(account), usage_key(account), spent_key(account), day],
+                    args=[
+                        rec.cost,
+                        to_micros(rec.time),
+                        encode_usage(rec),
+                        USAGE_KEEP,
+                        rec.key_id,
+                        f"{rec.key_id}\t{rec.model}\t",
+                        rec.prompt_tokens,
+                        rec.completion_tokens,
+                    ],
                     client=pipe,
                 )
             await pipe.execute()
+
+    async def usage_daily(
+        self, since: str, until: str, account: str | None = None
+    ) -> list[DailyUsage]:
+        first, last = date.fromisoformat(since), date.fromisoformat(until)
+        days = [
+            (first + timedelta(days=i)).isoformat()
+            for i in range(min((last - first).days + 1, DAILY_MAX_DAYS))
+        ]
+        if account is not None:
+            accounts = [account]
+        else:
+            accounts = sorted(_text(m) for m in await self.client.smembers(USAGE_ACCOUNTS_KEY))
+        pairs = [(a, d) for a in accounts for d in days]
+        if not pairs:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for a, d in pairs:
+                pipe.hgetall(DAY_KEY.format(account=a, day=d))
+            tables = await pipe.execute()
+        out: list[DailyUsage] = []
+        for (a, d), table in zip(pairs, tables, strict=True):
+            sums: dict[tuple[str, str], dict[str, int]] = {}
+            for field, value in table.items():
+                key_id, model, metric = _text(field).split("\t")
+                sums.setdefault((key_id, model), {})[metric] = int(value)
+            for (key_id, model), m in sums.items():
+                out.append(
+                    DailyUsage(
+                        d,
+                        a,
+                        key_id,
+                        model,
+                        m.get("r", 0),
+                        m.get("p", 0),
+                        m.get("c", 0),
+                        m.get("$", 0),
+                    )  # fmt: skip
+                )
+        return out
 
     async def share_holds(
         self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int

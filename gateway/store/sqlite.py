@@ -24,13 +24,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from gateway.store import MICRO, Account, ConflictError, KeyRecord, MissingError, UsageRecord
+from gateway.store import (
+    MICRO,
+    Account,
+    ConflictError,
+    DailyUsage,
+    KeyRecord,
+    MissingError,
+    UsageRecord,
+)
 from gateway.store.catalogue import catalogue_json
 from gateway.store.records import (
     KEY_CHANGES,
     KEY_FIELDS,
     USAGE_FIELDS,
     apply_key_changes,
+    daily_rows,
     key_from_row,
     key_row,
     seed_keys,
@@ -93,6 +102,18 @@ CREATE INDEX IF NOT EXISTS usage_by_account ON usage (account, time, seq);
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (time, seq);
 -- settlement looks a batch's request ids up here: a record is stored once
 CREATE INDEX IF NOT EXISTS usage_by_request ON usage (request_id);
+-- the daily totals (store.DailyUsage), kept by settle in the transaction that adds records
+CREATE TABLE IF NOT EXISTS usage_daily (
+    day               TEXT NOT NULL,
+    account           TEXT NOT NULL,
+    key_id            TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    requests          INTEGER NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost              INTEGER NOT NULL,
+    PRIMARY KEY (day, account, key_id, model)
+);
 CREATE TABLE IF NOT EXISTS catalogue (
     id         INTEGER PRIMARY KEY CHECK (id = 1),
     payload    TEXT NOT NULL,
@@ -123,6 +144,22 @@ ADDED_KEY_COLUMNS = {
     "allowed_ips": "TEXT",
     "spent": "INTEGER NOT NULL DEFAULT 0",
 }
+
+
+BACKFILL_DAILY = """
+INSERT INTO usage_daily
+SELECT strftime('%Y-%m-%d', time / 1000000, 'unixepoch'), account, key_id, model, COUNT(*),
+       SUM(prompt_tokens), SUM(completion_tokens), SUM(cost)
+FROM usage GROUP BY 1, 2, 3, 4
+"""
+ADD_DAILY = """
+INSERT INTO usage_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (day, account, key_id, model) DO UPDATE SET
+    requests = requests + excluded.requests,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    cost = cost + excluded.cost
+"""
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
@@ -214,6 +251,9 @@ class SQLiteStore:
             check_same_thread=False,  # created here, then only used on the store's thread
         )
         try:
+            had_daily = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'usage_daily'"
+            ).fetchone()
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -223,6 +263,8 @@ class SQLiteStore:
                     if statement.strip():
                         conn.execute(statement)
                 _add_missing_columns(conn)
+                if not had_daily:  # a file from before the daily totals: sum its records once
+                    conn.execute(BACKFILL_DAILY)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -450,11 +492,25 @@ class SQLiteStore:
                 "UPDATE keys SET spent = spent + ? WHERE id = ?",
                 [(cost, key_id) for key_id, cost in by_key.items()],
             )
+            conn.executemany(ADD_DAILY, daily_rows(fresh))
             for i in range(0, len(fresh), ROWS_PER_INSERT):
                 part = fresh[i : i + ROWS_PER_INSERT]
                 conn.execute(_insert_usage(len(part)), [v for r in part for v in usage_row(r)])
 
         await self._tx(run)
+
+    async def usage_daily(
+        self, since: str, until: str, account: str | None = None
+    ) -> list[DailyUsage]:
+        def run(conn: sqlite3.Connection) -> list[DailyUsage]:
+            query = "SELECT * FROM usage_daily WHERE day BETWEEN ? AND ?"
+            args: list[str] = [since, until]
+            if account is not None:
+                query += " AND account = ?"
+                args.append(account)
+            return [DailyUsage(*row) for row in conn.execute(query, args)]
+
+        return await self._run(run)
 
     async def share_holds(
         self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int
