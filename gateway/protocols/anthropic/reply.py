@@ -20,6 +20,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
     error_for_status,
 )
+from gateway.protocols import fields
 from gateway.protocols.base import Ctx, count, field_of
 from gateway.types import JSON, ChatMessage, ChatResponse, ToolCall, Usage
 
@@ -175,7 +176,7 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
     for j, block in enumerate(content):
         btype = block.get("type") if isinstance(block, dict) else None
         if btype == "text":
-            texts.append(block.get("text") or "")
+            texts.append(fields.text(block.get("text"), f"{where}.{j}.text"))
         elif btype == "tool_use":
             calls.append(
                 {
@@ -188,7 +189,7 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
                 }
             )
         elif btype == "thinking":
-            thinking.append(block.get("thinking") or "")
+            thinking.append(fields.text(block.get("thinking"), f"{where}.{j}.thinking"))
             if block.get("signature"):
                 signature = block["signature"]
         elif btype == "redacted_thinking":
@@ -212,7 +213,10 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
 def decode_message(payload: JSON) -> ChatResponse:
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
         raise UpstreamError("upstream sent a malformed message")
-    msg = decode_assistant_blocks(payload["content"], "content")
+    try:
+        msg = decode_assistant_blocks(payload["content"], "content")
+    except InvalidRequestError as err:  # the same reader as a client's turns: here, upstream's
+        raise UpstreamError(f"upstream sent a malformed message: {err.message}") from None
     if msg.get("content") == "" and msg.get("tool_calls"):
         msg["content"] = None
     return {
@@ -251,13 +255,13 @@ def assistant_blocks(
         blocks.append(
             {"type": "thinking", "thinking": thinking or "", "signature": signature or ""}
         )
-    for data in msg.get("redacted_reasoning") or ():
+    for data in fields.texts(msg.get("redacted_reasoning"), "redacted_reasoning"):
         blocks.append({"type": "redacted_thinking", "data": data})
     blocks.extend(content)
     if msg.get("refusal"):
         blocks.append({"type": "text", "text": msg["refusal"]})
-    for k, call in enumerate(msg.get("tool_calls") or ()):
-        function = call.get("function") or {}
+    for k, call in enumerate(fields.objects(msg.get("tool_calls"), "tool_calls")):
+        function = fields.opt_obj(call.get("function"), f"tool_calls[{k}].function")
         try:
             args = orjson.loads(function.get("arguments") or "{}")
         except orjson.JSONDecodeError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.protocols import fields
 from gateway.protocols.anthropic.reply import assistant_blocks, decode_assistant_blocks
 from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.types import JSON, ChatMessage, ChatRequest
@@ -187,8 +188,8 @@ def decode_messages_request(payload: JSON, route: RouteMatch) -> ChatRequest:
             req[key] = payload[key]
     stops = payload.get("stop_sequences")
     if stops:
-        req["stop"] = stops
-    tools = payload.get("tools")
+        req["stop"] = fields.texts(stops, "stop_sequences")
+    tools = fields.items(payload.get("tools"), "tools")
     if tools:
         converted = [
             {
@@ -327,7 +328,7 @@ def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]
 
 def _encode_tools(req: ChatRequest, body: dict[str, JSON]) -> None:
     tools = []
-    for tool in req.get("tools") or ():
+    for tool in fields.items(req.get("tools"), "tools"):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not function.get("name"):
             raise InvalidRequestError("tools: each tool must be a function with a name")
@@ -382,7 +383,7 @@ def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, 
     elif isinstance(stop, list) and stop:
         body["stop_sequences"] = stop
     _encode_tools(req, body)
-    budget = EFFORT_BUDGETS.get(req.get("reasoning_effort") or "")
+    budget = EFFORT_BUDGETS.get(fields.text(req.get("reasoning_effort"), "reasoning_effort"))
     if budget:
         budget = min(budget, max_tokens - 1)
         if budget >= MIN_BUDGET:

@@ -122,9 +122,10 @@ class AnthropicStreamDecoder:
             }
             return [self._chunk({"tool_calls": [call]})]
         if btype == "text" and block.get("text"):
-            return [self._chunk({"content": block["text"]})]
+            return [self._chunk({"content": _text(block["text"], "content_block.text")})]
         if btype == "thinking" and block.get("thinking"):
-            return [self._chunk({"reasoning_content": block["thinking"]})]
+            thinking = _text(block["thinking"], "content_block.thinking")
+            return [self._chunk({"reasoning_content": thinking})]
         return []
 
     def _delta(self, payload: dict[str, JSON]) -> list[ChatChunk]:
@@ -134,27 +135,38 @@ class AnthropicStreamDecoder:
         dtype = delta.get("type")
         if dtype == "text_delta":
             text = delta.get("text")
-            return [self._chunk({"content": text})] if text else []
+            return [self._chunk({"content": _text(text, "delta.text")})] if text else []
         if dtype == "input_json_delta":
             part = delta.get("partial_json")
             if not part:
                 return []
+            part = _text(part, "delta.partial_json")
             tool = self._tools.get(count(payload.get("index")))
             if tool is None:
                 raise UpstreamError("upstream sent tool input outside a tool_use block")
             return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})]
         if dtype == "thinking_delta":
             thinking = delta.get("thinking")
-            return [self._chunk({"reasoning_content": thinking})] if thinking else []
+            if not thinking:
+                return []
+            return [self._chunk({"reasoning_content": _text(thinking, "delta.thinking")})]
         if dtype == "signature_delta":
             signature = delta.get("signature")
-            return [self._chunk({"reasoning_signature": signature})] if signature else []
+            if not signature:
+                return []
+            return [self._chunk({"reasoning_signature": _text(signature, "delta.signature")})]
         return []  # citations_delta and later delta types are not carried
 
     def close(self) -> list[ChatChunk]:
         if not self._done:
             raise UpstreamError("upstream stream ended before message_stop")
         return []
+
+
+def _text(value: JSON, where: str) -> str:
+    if not isinstance(value, str):
+        raise UpstreamError(f"upstream sent a malformed event ({where} is not a string)")
+    return value
 
 
 # client side: chat chunks -> Anthropic events ---------------------------------------------------

@@ -12,6 +12,7 @@ import mimetypes
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
+from gateway.protocols import fields
 from gateway.protocols.gemini.dialect import json_fields, require_dict, standard_base64
 from gateway.types import JSON, ChatMessage, Delta, ToolCall
 
@@ -64,7 +65,8 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
     system = payload.get("systemInstruction")
     if system is not None:
         system = json_fields(system, "systemInstruction")
-        lines = [p["text"] for p in system.get("parts") or () if isinstance(p.get("text"), str)]
+        parts = fields.objects(system.get("parts"), "systemInstruction.parts")
+        lines = [p["text"] for p in parts if isinstance(p.get("text"), str)]
         if lines:
             content: JSON = (
                 lines[0] if len(lines) == 1 else [{"type": "text", "text": t} for t in lines]
@@ -161,7 +163,11 @@ def text_of(content: JSON) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        out = []
+        for p in content:
+            if isinstance(p, dict):
+                out.append(fields.text(p.get("text"), "messages[].content[].text"))
+        return "".join(out)
     raise InvalidRequestError("message content must be a string or a list of parts")
 
 
@@ -283,8 +289,9 @@ def encode_contents(messages: JSON) -> tuple[list[JSON], list[JSON]]:
         elif role == "user":
             add("user", _user_parts(msg.get("content")))
         elif role == "assistant":
-            for call in msg.get("tool_calls") or ():
-                names[str(call.get("id"))] = (call.get("function") or {}).get("name") or ""
+            for call in fields.objects(msg.get("tool_calls"), "messages[].tool_calls"):
+                function = fields.opt_obj(call.get("function"), "messages[].tool_calls[].function")
+                names[str(call.get("id"))] = fields.text(function.get("name"), "tool_calls[].name")
             parts = assistant_parts(msg, upstream=True)  # type: ignore[arg-type]
             add("model", parts)
         elif role == "tool":

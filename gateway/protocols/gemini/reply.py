@@ -179,7 +179,8 @@ def _decode_candidate(cand: JSON, calls: list[int], prefix: str) -> Choice:
         msg["tool_calls"] = tool_calls
     if thoughts:
         msg["reasoning_content"] = "".join(thoughts)
-    finish = FINISH_FROM_GEMINI.get(cand.get("finishReason") or "STOP", "stop")
+    reason = cand.get("finishReason") or "STOP"
+    finish = FINISH_FROM_GEMINI.get(reason, "stop") if isinstance(reason, str) else "stop"
     if finish == "stop" and tool_calls:
         finish = "tool_calls"
     return {"index": count(cand.get("index")), "message": msg, "finish_reason": finish}
@@ -192,6 +193,8 @@ def decode_response(payload: JSON) -> ChatResponse:
     calls = [0]
     prefix = f"call_{response_id}_" if response_id else "call_"
     candidates = payload.get("candidates") or []
+    if not isinstance(candidates, list) or not all(isinstance(c, dict) for c in candidates):
+        raise UpstreamError("upstream sent malformed candidates")
     choices = [_decode_candidate(c, calls, prefix) for c in candidates]
     feedback = payload.get("promptFeedback")
     if not choices and isinstance(feedback, dict) and feedback.get("blockReason"):

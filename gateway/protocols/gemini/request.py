@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import orjson
 
+from gateway.errors import InvalidRequestError
+from gateway.protocols import fields
 from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.gemini.contents import decode_contents, encode_contents
 from gateway.protocols.gemini.dialect import (
@@ -40,9 +42,11 @@ def decode_request(payload: JSON, route: RouteMatch) -> ChatRequest:
 
 def decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
     tools: list[JSON] = []
-    for tool in payload.get("tools") or ():
-        for decl in json_fields(tool, "tools[]").get("functionDeclarations") or ():
-            decl = json_fields(decl, "functionDeclarations[]")
+    for i, tool in enumerate(fields.items(payload.get("tools"), "tools")):
+        where = f"tools[{i}].functionDeclarations"
+        declarations = json_fields(tool, f"tools[{i}]").get("functionDeclarations")
+        for decl in fields.items(declarations, where):
+            decl = json_fields(decl, f"{where}[]")
             function: JSON = {"name": decl.get("name")}
             if decl.get("description"):
                 function["description"] = decl["description"]
@@ -60,7 +64,9 @@ def decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
         return  # a tool choice without tools is refused by chat-completions upstreams
     config = json_fields(config, "functionCallingConfig")
     mode = config.get("mode")
-    names = config.get("allowedFunctionNames") or []
+    names = fields.texts(
+        config.get("allowedFunctionNames"), "toolConfig.functionCallingConfig.allowedFunctionNames"
+    )
     if mode == "NONE":
         req["tool_choice"] = "none"
     elif mode == "ANY" and len(names) == 1:
@@ -97,7 +103,7 @@ def decode_generation(config: JSON, req: ChatRequest) -> None:
         if config.get(src) is not None:
             req[dst] = config[src]  # type: ignore[literal-required]
     if config.get("stopSequences"):
-        req["stop"] = list(config["stopSequences"])
+        req["stop"] = fields.texts(config["stopSequences"], "generationConfig.stopSequences")
     if config.get("responseMimeType") == "application/json":
         if "responseJsonSchema" in config:
             schema = config["responseJsonSchema"]
@@ -126,14 +132,16 @@ def decode_generation(config: JSON, req: ChatRequest) -> None:
 
 def _encode_tools(req: ChatRequest, body: JSON) -> None:
     declarations: list[JSON] = []
-    for tool in req.get("tools") or ():
+    for i, tool in enumerate(fields.objects(req.get("tools"), "tools")):
         if tool.get("type") != "function":
             continue
-        function = tool.get("function") or {}
-        decl: JSON = {"name": function.get("name")}
+        function = fields.opt_obj(tool.get("function"), f"tools[{i}].function")
+        decl: JSON = {"name": fields.text(function.get("name"), f"tools[{i}].function.name")}
         if function.get("description"):
             decl["description"] = function["description"]
         params = function.get("parameters")
+        if params is not None and not isinstance(params, dict):
+            raise InvalidRequestError(f"tools[{i}].function.parameters must be an object")
         if params and has_ref(params):
             decl["parametersJsonSchema"] = params
         elif params and (params.get("properties") or params.get("type") != "object"):
@@ -150,7 +158,8 @@ def _encode_tools(req: ChatRequest, body: JSON) -> None:
     elif choice == "required":
         config = {"mode": "ANY"}
     elif isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name")
+        function = fields.opt_obj(choice.get("function"), "tool_choice.function")
+        name = fields.text(function.get("name"), "tool_choice.function.name")
         config = {"mode": "ANY", "allowedFunctionNames": [name]}
     if config is not None and declarations:
         body["toolConfig"] = {"functionCallingConfig": config}
@@ -175,16 +184,16 @@ def _encode_generation(req: ChatRequest) -> JSON:
         config["maxOutputTokens"] = max_tokens
     stop = req.get("stop")
     if stop:
-        config["stopSequences"] = [stop] if isinstance(stop, str) else list(stop)
+        config["stopSequences"] = fields.texts(stop, "stop")
     fmt = req.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
         config["responseMimeType"] = "application/json"
-        schema = (fmt.get("json_schema") or {}).get("schema")
+        schema = fields.opt_obj(fmt.get("json_schema"), "response_format.json_schema").get("schema")
         if schema is not None and has_ref(schema):
             config["responseJsonSchema"] = schema
         elif schema is not None:
             config["responseSchema"] = schema_to_gemini(schema)
-    effort = req.get("reasoning_effort")
+    effort = fields.text(req.get("reasoning_effort"), "reasoning_effort")
     if effort == "none":
         config["thinkingConfig"] = {"thinkingBudget": 0}
     elif effort in EFFORT_BUDGET:

@@ -103,7 +103,12 @@ class GeminiStreamDecoder:
         chunks: list[ChatChunk] = []
         prefix = f"call_{self._ctx.request_id}_"
         finished_now = False
-        for cand in payload.get("candidates") or ():
+        candidates = payload.get("candidates") or ()
+        if not isinstance(candidates, list | tuple):
+            raise UpstreamError("upstream sent malformed candidates")
+        for cand in candidates:
+            if not isinstance(cand, dict):
+                raise UpstreamError("upstream sent a malformed candidate")
             index = count(cand.get("index"))
             content = cand.get("content")
             if isinstance(content, dict) and "parts" in content:
@@ -114,7 +119,9 @@ class GeminiStreamDecoder:
                     chunks.append(self._chunk(index, delta))
             reason = cand.get("finishReason")
             if reason:
-                finish = FINISH_FROM_GEMINI.get(reason, "stop")
+                finish = (
+                    FINISH_FROM_GEMINI.get(reason, "stop") if isinstance(reason, str) else "stop"
+                )
                 if finish == "stop" and index in self._tool_slots:
                     finish = "tool_calls"
                 chunks.append(self._chunk(index, {}, finish))

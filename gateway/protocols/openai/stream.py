@@ -8,7 +8,7 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx
-from gateway.protocols.openai.reply import error_body, stream_error
+from gateway.protocols.openai.reply import check_chunk, error_body, stream_error
 from gateway.sse import DONE, SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Usage
 
@@ -60,6 +60,7 @@ class OpenAIStreamDecoder:
         chunk = load_chunk(data)
         if "error" in chunk:
             raise stream_error(chunk)
+        check_chunk(chunk)
         if not self._finished:
             for c in chunk.get("choices") or ():
                 if c.get("finish_reason"):
