@@ -27,7 +27,7 @@ run: install
 	  $(VENV)/bin/gateway serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
 test: install
-	@bash tests/ensure_packages.sh nginx:nginx-light
+	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)
 	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q
 

@@ -22,6 +22,7 @@ from gateway.store import (
     MICRO,
     Account,
     ConflictError,
+    DailyUsage,
     KeyRecord,
     MissingError,
     Store,
@@ -359,6 +360,19 @@ async def usage(
 # ---- JSON shapes ---------------------------------------------------------------------------
 # usage_json (store/records.py), model_json and channel_json (store/catalogue.py) are imported
 # above: the store writes the same shapes.
+
+
+def daily_json(d: DailyUsage) -> dict[str, JSON]:
+    return {
+        "day": d.day,
+        "account": d.account,
+        "key_id": d.key_id,
+        "model": d.model,
+        "requests": d.requests,
+        "prompt_tokens": d.prompt_tokens,
+        "completion_tokens": d.completion_tokens,
+        "cost": from_micro(d.cost),
+    }
 
 
 def account_json(acct: Account) -> dict[str, JSON]:

@@ -21,6 +21,7 @@ import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, date, datetime, timedelta
 from typing import Protocol, cast
 
 import orjson
@@ -28,13 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts
+from gateway import accounts, console
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
     InvalidRequestError,
     NotFoundError,
+    PermissionDeniedError,
     UpstreamUnavailableError,
 )
 from gateway.store import Store
@@ -42,11 +44,13 @@ from gateway.types import JSON
 
 log = logging.getLogger("gateway.admin")
 
+DAILY_MAX_DAYS = 400  # days one /admin/usage/daily call may span
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ERROR_CODES = {
     400: "invalid_request",
     401: "invalid_admin_token",
+    403: "csrf",
     404: "not_found",
     409: "already_exists",
     503: "store_unavailable",
@@ -108,12 +112,25 @@ def authorized(header: str, admin_token: str) -> bool:
     return hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
+def _console_admin(request: Request) -> bool | None:
+    """Whether the request comes from the console signed in as the admin (None: it is, but a
+    change lacks the session's CSRF token)."""
+    session = console.session_of(request)
+    if session is None or session.role != "admin":
+        return False
+    return True if console.csrf_ok(request, session) else None
+
+
 def _guarded(handler: Handler) -> Endpoint:
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
         if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
-            return error_response(AuthenticationError("missing or invalid admin token"))
+            signed_in = _console_admin(request)
+            if signed_in is None:
+                return error_response(PermissionDeniedError("missing x-console-csrf header"))
+            if not signed_in:
+                return error_response(AuthenticationError("missing or invalid admin token"))
         try:
             async with asyncio.timeout(STORE_TIMEOUT):
                 return await handler(request, state)
@@ -234,6 +251,33 @@ async def usage(request: Request, state: AdminState) -> Response:
     return json_response({"data": [accounts.usage_json(r) for r in records]})
 
 
+async def usage_daily(request: Request, state: AdminState) -> Response:
+    """Daily totals per account, key and model (``?since=&until=`` days, both included;
+    default the last 30; ``account=``), from the store's daily totals."""
+    today = datetime.now(UTC).date()
+    params = request.query_params
+    until = _day(params.get("until"), "until", today)
+    since = _day(params.get("since"), "since", until - timedelta(days=29))
+    if since > until:
+        raise InvalidRequestError("since: must not be after until")
+    if (until - since).days >= DAILY_MAX_DAYS:
+        raise InvalidRequestError(f"since: at most {DAILY_MAX_DAYS} days before until")
+    rows = await state.store.usage_daily(
+        since.isoformat(), until.isoformat(), params.get("account") or None
+    )
+    rows.sort(key=lambda d: (d.day, d.account, d.key_id, d.model))
+    return json_response({"data": [accounts.daily_json(d) for d in rows]})
+
+
+def _day(value: str | None, name: str, default: date) -> date:
+    if not value:
+        return default
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequestError(f"{name}: must be a date, YYYY-MM-DD") from None
+
+
 async def list_models(request: Request, state: AdminState) -> Response:
     return json_response({"data": [accounts.model_json(m) for m in state.settings.models]})
 
@@ -267,6 +311,7 @@ def admin_routes() -> list[BaseRoute]:
         r("/keys/{id}", update_key, "PATCH"),
         r("/keys/{id}", delete_key, "DELETE"),
         r("/usage", usage, "GET"),
+        r("/usage/daily", usage_daily, "GET"),
         r("/models", list_models, "GET"),
         r("/channels", list_channels, "GET"),
         r("/groups", list_groups, "GET"),

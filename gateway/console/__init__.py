@@ -1,0 +1,252 @@
+"""The web console at ``/console`` (CONTRACT §5a): one static page and a few JSON routes.
+
+The page (``static/index.html``, ``app.js``, ``app.css``: no build step, no third-party code)
+signs in with the admin token or an ``sk-`` key (``POST /console/session``), which sets the
+signed, HttpOnly session cookie of ``session.py`` and forgets the token. Signed in as the
+admin, the page calls the admin API itself (``/admin/...``), which accepts the session in
+place of the bearer token (with the CSRF header on any change); signed in with a key, it reads
+that key's own view here: ``/console/me`` (the key, its balance and spend), ``/console/usage``
+(its records and daily totals) and ``/console/square`` (the model square of its group).
+
+Every reply is ``no-store``; the page is served with a strict Content-Security-Policy (only
+this origin's script and style, no inline code, no framing).
+"""
+
+from __future__ import annotations
+
+import hmac
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.accounts import daily_json, key_json, usage_json
+from gateway.auth import check_key, key_hash
+from gateway.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.errors import AuthenticationError, GatewayError
+from gateway.store import MICRO, KeyRecord
+from gateway.store.catalogue import model_json
+from gateway.types import JSON
+
+STATIC = Path(__file__).parent / "static"
+ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+# the endpoints that serve each capability, as the model square shows them
+ENDPOINTS = {
+    "chat": [
+        "POST /v1/chat/completions",
+        "POST /v1/responses",
+        "POST /v1/messages",
+        "POST /v1beta/models/{model}:generateContent",
+    ],
+    "embeddings": ["POST /v1/embeddings", "POST /v1beta/models/{model}:embedContent"],
+    "images": ["POST /v1/images/generations"],
+    "audio": ["POST /v1/audio/transcriptions", "POST /v1/audio/speech"],
+    "rerank": ["POST /v1/rerank"],
+}
+USAGE_DAYS = 30
+USAGE_RECORDS = 1000
+
+
+def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(payload),
+        status_code=status,
+        media_type="application/json",
+        headers={**SECURITY_HEADERS, **(headers or {})},
+    )
+
+
+def _error(status: int, message: str, code: str) -> Response:
+    return _json({"error": {"message": message, "type": "console_error", "code": code}}, status)
+
+
+def signer_of(request: Request) -> Signer:
+    signer: Signer = request.app.state.console
+    return signer
+
+
+def session_of(request: Request) -> Session | None:
+    """The request's console session, if any (CSRF not checked: see ``csrf_ok``)."""
+    return signer_of(request).read(request.cookies.get(COOKIE))
+
+
+def csrf_ok(request: Request, session: Session) -> bool:
+    """Reads need nothing more; a change must carry the session's CSRF token."""
+    if request.method in ("GET", "HEAD"):
+        return True
+    sent = request.headers.get(CSRF_HEADER, "")
+    return hmac.compare_digest(sent, session.csrf(signer_of(request)))
+
+
+def _key_of(request: Request, session: Session) -> KeyRecord:
+    """The signed-in key, still usable now (its session ends when it no longer is)."""
+    state = request.app.state.gateway
+    return check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+
+
+# ---- the page ------------------------------------------------------------------------------
+
+
+async def page(request: Request) -> Response:
+    html = (STATIC / "index.html").read_bytes()
+    headers = {**SECURITY_HEADERS, "content-security-policy": CSP}
+    return Response(html, media_type="text/html; charset=utf-8", headers=headers)
+
+
+async def asset(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name not in ASSETS:
+        return _error(404, f"no console asset {name!r}", "not_found")
+    return Response(
+        (STATIC / name).read_bytes(),
+        media_type=ASSETS[name] + "; charset=utf-8",
+        headers={"cache-control": "no-cache", "x-content-type-options": "nosniff"},
+    )
+
+
+# ---- sign-in -------------------------------------------------------------------------------
+
+
+async def sign_in(request: Request) -> Response:
+    try:
+        body = orjson.loads(await request.body())
+        token = body["token"] if isinstance(body, dict) else None
+    except (orjson.JSONDecodeError, KeyError):
+        token = None
+    if not isinstance(token, str) or not token.strip():
+        return _error(400, "token: give the admin token or an sk- key", "invalid_request")
+    token = token.strip()
+    state = request.app.state.gateway
+    admin_token: str = state.settings.admin_token
+    signer = signer_of(request)
+    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+        cookie, session = signer.issue("admin")
+    else:
+        try:
+            key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
+        except AuthenticationError as err:
+            return _error(401, err.message, "invalid_credentials")
+        cookie, session = signer.issue("key", key.key_hash)
+    resp = _json({"role": session.role, "csrf": session.csrf(signer)})
+    resp.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=LIFETIME,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return resp
+
+
+async def sign_out(request: Request) -> Response:
+    session = session_of(request)
+    if session is not None and not csrf_ok(request, session):
+        return _error(403, "missing or wrong x-console-csrf header", "csrf")
+    resp = _json({"signed_in": False})
+    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return resp
+
+
+# ---- what a signed-in console reads --------------------------------------------------------
+
+
+def _signed_in(request: Request) -> tuple[Session, KeyRecord | None] | Response:
+    session = session_of(request)
+    if session is None:
+        return _error(401, "not signed in", "not_signed_in")
+    if session.role == "admin":
+        return session, None
+    try:
+        return session, _key_of(request, session)
+    except GatewayError as err:
+        return _error(401, err.message, "not_signed_in")
+
+
+async def me(request: Request) -> Response:
+    found = _signed_in(request)
+    if isinstance(found, Response):
+        return found
+    session, key = found
+    out: dict[str, JSON] = {"role": session.role, "csrf": session.csrf(signer_of(request))}
+    if key is not None:
+        state = request.app.state.gateway
+        spent = (await state.store.load_spent()).get(key.id, 0)
+        balance = state.cache.balance(key.account)
+        out["key"] = key_json(key, spent=spent)
+        out["balance"] = None if balance is None else balance / MICRO
+        if key.quota is not None:
+            out["quota_left"] = max(key.quota - spent, 0) / MICRO
+    return _json(out)
+
+
+async def usage(request: Request) -> Response:
+    """The signed-in key's usage records and daily totals (the admin reads /admin/usage)."""
+    found = _signed_in(request)
+    if isinstance(found, Response):
+        return found
+    _, key = found
+    if key is None:
+        return _error(404, "the admin reads /admin/usage", "not_found")
+    state = request.app.state.gateway
+    await state.writer.flush()
+    records = [r for r in await state.store.usage(key.account, USAGE_RECORDS) if r.key_id == key.id]
+    today = datetime.now(UTC).date()
+    since = (today - timedelta(days=USAGE_DAYS - 1)).isoformat()
+    days = await state.store.usage_daily(since, today.isoformat(), key.account)
+    return _json(
+        {
+            "records": [usage_json(r) for r in records],
+            "daily": [daily_json(d) for d in days if d.key_id == key.id],
+        }
+    )
+
+
+async def square(request: Request) -> Response:
+    """The model square: each model of a group with its capabilities, prices and the
+    endpoints that serve it (the key's group, and its ``models`` only; the admin's choice)."""
+    found = _signed_in(request)
+    if isinstance(found, Response):
+        return found
+    _, key = found
+    state = request.app.state.gateway
+    groups = list(state.settings.groups)
+    group = key.group if key is not None else request.query_params.get("group") or groups[0]
+    if group not in groups:
+        return _error(404, f"no group {group!r}", "not_found")
+    models = state.relay.catalogue.group_models(group)
+    if key is not None and key.models is not None:
+        models = tuple(m for m in models if m.name in key.models)
+    entries: list[JSON] = []
+    for m in models:
+        entry = model_json(m)
+        entry["endpoints"] = [e for cap in sorted(m.capabilities) for e in ENDPOINTS.get(cap, [])]
+        entries.append(entry)
+    return _json({"group": group, "groups": groups if key is None else [group], "models": entries})
+
+
+def console_routes() -> list[BaseRoute]:
+    """The console's routes, mounted at ``/console``."""
+    return [
+        Route("/", page, methods=["GET"]),
+        Route("/assets/{name}", asset, methods=["GET"]),
+        Route("/session", sign_in, methods=["POST"]),
+        Route("/session", sign_out, methods=["DELETE"]),
+        Route("/me", me, methods=["GET"]),
+        Route("/usage", usage, methods=["GET"]),
+        Route("/square", square, methods=["GET"]),
+    ]

@@ -1,0 +1,565 @@
+// The console: one module, no dependencies. Every piece of data reaches the page through
+// textContent or attributes (never innerHTML), so nothing the store holds can run as code.
+// The session is an HttpOnly cookie; this script only keeps its CSRF token, in memory.
+
+const state = { role: null, csrf: "", route: "" };
+const PAGE = 25;
+const COLORS = ["#2456d6", "#e07b00", "#1e7b34", "#a0308f", "#b3261e", "#00838f", "#6d4c41", "#5b6475"];
+
+// ---- small helpers ----------------------------------------------------------------------
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "text") el.textContent = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function svg(tag, attrs = {}, ...children) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+  for (const c of children.flat()) if (c) el.append(c);
+  return el;
+}
+
+async function api(method, path, body) {
+  const headers = {};
+  if (body !== undefined) headers["content-type"] = "application/json";
+  if (method !== "GET") headers["x-console-csrf"] = state.csrf;
+  const r = await fetch(path, {
+    method, headers, credentials: "same-origin",
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const type = r.headers.get("content-type") || "";
+  const data = type.includes("json") ? await r.json() : null;
+  if (!r.ok) {
+    const err = new Error((data && data.error && data.error.message) || `HTTP ${r.status}`);
+    err.status = r.status;
+    throw err;
+  }
+  return data;
+}
+
+function notice(message, ok = false) {
+  const box = document.getElementById("notice");
+  box.textContent = message || "";
+  box.hidden = !message;
+  box.className = ok ? "ok" : "";
+}
+
+function money(v) {
+  return v === null || v === undefined ? "—" : Number(v).toLocaleString(undefined, { maximumFractionDigits: 6 });
+}
+
+function num(v) { return Number(v || 0).toLocaleString(); }
+
+function table(columns, rows, empty) {
+  if (!rows.length) return h("p", { class: "muted", text: empty });
+  return h("div", { class: "table-wrap" },
+    h("table", {},
+      h("thead", {}, h("tr", {}, columns.map(c => h("th", { scope: "col", class: c.num ? "num" : null, text: c.label })))),
+      h("tbody", {}, rows.map(r => h("tr", {}, columns.map(c => {
+        const v = c.value(r);
+        return h("td", { class: c.num ? "num" : null }, v instanceof Node ? v : String(v ?? "—"));
+      }))))));
+}
+
+function paged(columns, rows, empty) {
+  const box = h("div");
+  let page = 0;
+  const draw = () => {
+    const pages = Math.max(1, Math.ceil(rows.length / PAGE));
+    page = Math.min(page, pages - 1);
+    box.replaceChildren(...[
+      table(columns, rows.slice(page * PAGE, (page + 1) * PAGE), empty),
+      rows.length > PAGE ? h("div", { class: "pager" },
+        h("button", { type: "button", disabled: page === 0, onclick: () => { page--; draw(); } }, "Previous"),
+        h("span", { class: "muted", text: `Page ${page + 1} of ${pages} (${rows.length} rows)` }),
+        h("button", { type: "button", disabled: page >= pages - 1, onclick: () => { page++; draw(); } }, "Next")) : null,
+    ].filter(Boolean));
+  };
+  draw();
+  return box;
+}
+
+function field(label, input) { return h("label", {}, label, input); }
+
+async function copy(text, what) {
+  try {
+    await navigator.clipboard.writeText(text);
+    notice(`${what} copied.`, true);
+  } catch {
+    notice(`Could not copy; select the ${what.toLowerCase()} and copy it by hand.`);
+  }
+}
+
+function download(name, text) {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+function csv(rows, columns) {
+  const cell = v => {
+    const s = String(v ?? "");
+    return /[",\n]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s;
+  };
+  return [columns.join(","), ...rows.map(r => columns.map(c => cell(r[c])).join(","))].join("\n") + "\n";
+}
+
+// a stacked bar chart of one value per day and model
+function chart(title, days, series, value, format = num) {
+  const names = [...new Set(series.map(s => s.model))].sort();
+  const color = n => COLORS[names.indexOf(n) % COLORS.length];
+  const byDay = new Map(days.map(d => [d, new Map()]));
+  for (const s of series) {
+    const m = byDay.get(s.day);
+    if (m) m.set(s.model, (m.get(s.model) || 0) + Number(value(s)));
+  }
+  const totals = days.map(d => [...byDay.get(d).values()].reduce((a, b) => a + b, 0));
+  const max = Math.max(...totals, 0) || 1;
+  const W = 600, H = 160, bw = W / days.length;
+  const bars = [];
+  days.forEach((d, i) => {
+    let y = H;
+    for (const n of names) {
+      const v = byDay.get(d).get(n) || 0;
+      if (!v) continue;
+      const bh = (v / max) * (H - 10);
+      y -= bh;
+      bars.push(svg("rect", { x: i * bw + 1, y, width: Math.max(bw - 2, 1), height: bh, fill: color(n) },
+        svg("title", {}, document.createTextNode(`${d} ${n}: ${format(v)}`))));
+    }
+  });
+  const label = `${title}, ${days[0]} to ${days[days.length - 1]}, highest ${format(max)}`;
+  return h("figure", { class: "chart card" },
+    h("figcaption", {}, h("strong", { text: title }), h("span", { class: "muted", text: ` (highest ${format(max)} a day)` })),
+    svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label }, bars),
+    h("div", { class: "legend" }, names.map(n => {
+      const sw = h("span", { class: "swatch" });
+      sw.style.background = color(n);
+      return h("span", {}, sw, n);
+    })));
+}
+
+function lastDays(n) {
+  const out = [];
+  const today = new Date();
+  for (let i = n - 1; i >= 0; i--) {
+    const d = new Date(Date.UTC(today.getUTCFullYear(), today.getUTCMonth(), today.getUTCDate() - i));
+    out.push(d.toISOString().slice(0, 10));
+  }
+  return out;
+}
+
+// ---- pages --------------------------------------------------------------------------------
+
+const ADMIN_PAGES = {
+  overview: ["Overview", overview],
+  keys: ["Keys", keysPage],
+  accounts: ["Accounts", accountsPage],
+  usage: ["Usage", usagePage],
+  channels: ["Channels", channelsPage],
+  models: ["Models", modelsPage],
+  groups: ["Groups", groupsPage],
+  square: ["Model square", squarePage],
+};
+const KEY_PAGES = {
+  mine: ["My key", minePage],
+  usage: ["Usage", myUsagePage],
+  square: ["Model square", squarePage],
+};
+
+function pages() { return state.role === "admin" ? ADMIN_PAGES : KEY_PAGES; }
+
+async function overview() {
+  const days = lastDays(30);
+  const { data } = await api("GET", `/admin/usage/daily?since=${days[0]}&until=${days[days.length - 1]}`);
+  const sum = f => data.reduce((a, d) => a + Number(d[f]), 0);
+  const perModel = new Map();
+  for (const d of data) {
+    const m = perModel.get(d.model) || { model: d.model, requests: 0, prompt_tokens: 0, completion_tokens: 0, cost: 0 };
+    m.requests += d.requests; m.prompt_tokens += d.prompt_tokens;
+    m.completion_tokens += d.completion_tokens; m.cost += Number(d.cost);
+    perModel.set(d.model, m);
+  }
+  return [
+    h("h1", { text: "Overview, last 30 days" }),
+    h("div", { class: "grid" },
+      [["Requests", num(sum("requests"))], ["Prompt tokens", num(sum("prompt_tokens"))],
+       ["Completion tokens", num(sum("completion_tokens"))], ["Cost", money(sum("cost"))]]
+        .map(([k, v]) => h("div", { class: "card stat" }, h("span", { class: "muted", text: k }), h("strong", { text: v })))),
+    data.length ? [
+      chart("Cost per day", days, data, d => d.cost, money),
+      chart("Requests per day", days, data, d => d.requests),
+      chart("Tokens per day", days, data, d => d.prompt_tokens + d.completion_tokens),
+    ] : h("p", { class: "card muted", text: "No usage in the last 30 days. Requests made with any key show here within seconds." }),
+    h("h2", { text: "By model" }),
+    table([
+      { label: "Model", value: r => r.model },
+      { label: "Requests", num: true, value: r => num(r.requests) },
+      { label: "Prompt tokens", num: true, value: r => num(r.prompt_tokens) },
+      { label: "Completion tokens", num: true, value: r => num(r.completion_tokens) },
+      { label: "Cost", num: true, value: r => money(r.cost) },
+    ], [...perModel.values()], "No usage yet."),
+  ];
+}
+
+async function keysPage() {
+  const [{ data: keys }, { data: accounts }, { data: groups }] = await Promise.all([
+    api("GET", "/admin/keys"), api("GET", "/admin/accounts"), api("GET", "/admin/groups")]);
+  const shown = h("div", { id: "secret-box" });
+  const list = h("div");
+  const search = h("input", { type: "search", id: "key-search", placeholder: "id, name, account or group" });
+  const draw = () => {
+    const q = search.value.trim().toLowerCase();
+    const rows = keys.filter(k => !q || [k.id, k.name, k.account, k.group].some(v => String(v).toLowerCase().includes(q)));
+    list.replaceChildren(paged([
+      { label: "Id", value: k => k.id },
+      { label: "Name", value: k => k.name || "—" },
+      { label: "Account", value: k => k.account },
+      { label: "Group", value: k => k.group },
+      { label: "Status", value: k => h("span", { class: `badge ${k.status === "enabled" ? "ok" : "off"}`, text: k.status }) },
+      { label: "Quota", num: true, value: k => k.quota === null ? "—" : money(k.quota) },
+      { label: "Spent", num: true, value: k => money(k.spent) },
+      { label: "Expires", value: k => k.expires_at || "never" },
+      { label: "Actions", value: k => h("div", { class: "actions" },
+          h("button", { type: "button", "aria-label": `${k.status === "enabled" ? "Disable" : "Enable"} key ${k.id}`,
+            onclick: () => act(() => api("PATCH", `/admin/keys/${encodeURIComponent(k.id)}`, { status: k.status === "enabled" ? "disabled" : "enabled" }), `Key ${k.id} updated.`) },
+            k.status === "enabled" ? "Disable" : "Enable"),
+          h("button", { type: "button", class: "danger", "aria-label": `Delete key ${k.id}`,
+            onclick: () => confirm(`Delete key ${k.id}? Its holder loses access at once.`) &&
+              act(() => api("DELETE", `/admin/keys/${encodeURIComponent(k.id)}`), `Key ${k.id} deleted.`) }, "Delete")) },
+    ], rows, keys.length ? "No key matches." : "No keys yet: create one above."));
+  };
+  search.addEventListener("input", draw);
+  draw();
+  const accountList = h("datalist", { id: "account-ids" }, accounts.map(a => h("option", { value: a.id })));
+  const form = h("form", { class: "inline", id: "new-key" },
+    field("Account", h("input", { name: "account", required: true, list: "account-ids", autocomplete: "off" })),
+    field("Group", h("select", { name: "group" }, groups.map(g => h("option", { value: g, text: g })))),
+    field("Name", h("input", { name: "name" })),
+    field("Expires (UTC)", h("input", { name: "expires_at", type: "datetime-local" })),
+    field("Quota", h("input", { name: "quota", type: "number", min: "0", step: "any" })),
+    field("Models (comma-separated)", h("input", { name: "models" })),
+    field("Allowed IPs (CIDRs)", h("input", { name: "allowed_ips" })),
+    h("button", { type: "submit", class: "primary" }, "Create key"), accountList);
+  form.addEventListener("submit", async ev => {
+    ev.preventDefault();
+    const f = new FormData(form);
+    const body = { account: f.get("account"), group: f.get("group") };
+    if (f.get("name")) body.name = f.get("name");
+    if (f.get("expires_at")) body.expires_at = `${f.get("expires_at")}:00Z`;
+    if (f.get("quota")) body.quota = Number(f.get("quota"));
+    const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
+    if (f.get("models")) body.models = names(f.get("models"));
+    if (f.get("allowed_ips")) body.allowed_ips = names(f.get("allowed_ips"));
+    try {
+      const made = await api("POST", "/admin/keys", body);
+      keys.push(made);
+      draw();
+      form.reset();
+      shown.replaceChildren(h("div", { class: "secret", role: "status" },
+        h("span", { text: `New key ${made.id}:` }), h("code", { id: "new-secret", text: made.key }),
+        h("button", { type: "button", onclick: () => copy(made.key, "Key") }, "Copy"),
+        h("span", { class: "muted", text: "Shown only this once: store it now." })));
+      notice("");
+    } catch (e) { notice(e.message); }
+  });
+  return [h("h1", { text: "Keys" }), h("div", { class: "card" }, h("h2", { text: "Create a key" }), form, shown),
+    h("div", { class: "card" }, field("Search", search), list)];
+}
+
+async function accountsPage() {
+  const { data } = await api("GET", "/admin/accounts");
+  const form = h("form", { class: "inline", id: "new-account" },
+    field("Id", h("input", { name: "id", required: true })),
+    field("Balance", h("input", { name: "balance", type: "number", step: "any", value: "0" })),
+    h("button", { type: "submit", class: "primary" }, "Create account"));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const f = new FormData(form);
+    act(() => api("POST", "/admin/accounts", { id: f.get("id"), balance: Number(f.get("balance") || 0) }), `Account ${f.get("id")} created.`);
+  });
+  const topup = a => {
+    const amount = h("input", { type: "number", step: "any", "aria-label": `Top-up amount for ${a.id}`, class: "topup" });
+    return h("div", { class: "actions" }, amount, h("button", { type: "button", "aria-label": `Top up ${a.id}`,
+      onclick: () => amount.value && act(() => api("POST", `/admin/accounts/${encodeURIComponent(a.id)}/topup`, { amount: Number(amount.value) }), `Account ${a.id} topped up.`) }, "Top up"));
+  };
+  return [h("h1", { text: "Accounts" }), h("div", { class: "card" }, form),
+    h("div", { class: "card" }, paged([
+      { label: "Id", value: a => a.id },
+      { label: "Balance", num: true, value: a => money(a.balance) },
+      { label: "Top up", value: topup },
+    ], data, "No accounts yet: create one above."))];
+}
+
+const USAGE_COLUMNS = ["time", "request_id", "account", "key_id", "model", "channel", "protocol", "endpoint",
+  "prompt_tokens", "completion_tokens", "cost", "status", "latency_ms"];
+
+function usageTable(records, withAccount) {
+  return paged([
+    { label: "Time", value: r => r.time.replace("T", " ").replace("Z", "") },
+    withAccount ? { label: "Account", value: r => r.account } : null,
+    { label: "Key", value: r => r.key_id },
+    { label: "Model", value: r => r.model },
+    { label: "Channel", value: r => r.channel || "—" },
+    { label: "Protocol", value: r => `${r.protocol} ${r.endpoint}` },
+    { label: "Status", num: true, value: r => r.status },
+    { label: "Tokens in/out", num: true, value: r => `${num(r.prompt_tokens)} / ${num(r.completion_tokens)}` },
+    { label: "Cost", num: true, value: r => money(r.cost) },
+    { label: "ms", num: true, value: r => r.latency_ms },
+  ].filter(Boolean), records, "No usage records match.");
+}
+
+async function usagePage() {
+  const box = h("div");
+  const inputs = {
+    account: h("input", { name: "account", placeholder: "all" }),
+    key: h("input", { name: "key", placeholder: "any" }),
+    model: h("input", { name: "model", placeholder: "any" }),
+    status: h("input", { name: "status", placeholder: "any", inputmode: "numeric" }),
+    from: h("input", { name: "from", type: "date" }),
+    to: h("input", { name: "to", type: "date" }),
+  };
+  let shown = [];
+  const load = async () => {
+    try {
+      const acct = inputs.account.value.trim();
+      const { data } = await api("GET", `/admin/usage?limit=1000${acct ? `&account=${encodeURIComponent(acct)}` : ""}`);
+      const [k, m, s, from, to] = ["key", "model", "status", "from", "to"].map(n => inputs[n].value.trim());
+      shown = data.filter(r => (!k || r.key_id === k) && (!m || r.model === m) && (!s || String(r.status) === s) &&
+        (!from || r.time.slice(0, 10) >= from) && (!to || r.time.slice(0, 10) <= to));
+      box.replaceChildren(usageTable(shown, true));
+    } catch (e) { notice(e.message); }
+  };
+  const form = h("form", { class: "inline", id: "usage-filter" },
+    field("Account", inputs.account), field("Key id", inputs.key), field("Model", inputs.model),
+    field("Status", inputs.status), field("From", inputs.from), field("To", inputs.to),
+    h("button", { type: "submit", class: "primary" }, "Filter"),
+    h("button", { type: "button", onclick: () => download("usage.csv", csv(shown, USAGE_COLUMNS)) }, "Export CSV"));
+  form.addEventListener("submit", ev => { ev.preventDefault(); load(); });
+  await load();
+  return [h("h1", { text: "Usage" }), h("p", { class: "muted", text: "The newest 1,000 records of the account (or of all), filtered here." }),
+    h("div", { class: "card" }, form), h("div", { class: "card" }, box)];
+}
+
+async function channelsPage() {
+  const { data } = await api("GET", "/admin/channels");
+  const result = h("div", { role: "status" });
+  const test = c => h("button", { type: "button", "aria-label": `Test channel ${c.name}`, onclick: async () => {
+    result.textContent = `Testing ${c.name}…`;
+    try {
+      const r = await api("POST", `/admin/channels/${encodeURIComponent(c.name)}/test`);
+      result.textContent = `${c.name}: ${r.ok ? "ok" : "failed"}, status ${r.status}, ${r.latency_ms} ms${r.error ? `: ${r.error}` : ""}`;
+    } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
+  } }, "Test");
+  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, result, table([
+    { label: "Name", value: c => c.name },
+    { label: "Type", value: c => c.type },
+    { label: "Base URL", value: c => c.base_url },
+    { label: "Groups", value: c => (c.groups || []).join(", ") },
+    { label: "Models", value: c => (c.models || []).join(", ") },
+    { label: "Priority", num: true, value: c => c.priority },
+    { label: "Weight", num: true, value: c => c.weight },
+    { label: "Status", value: c => h("span", { class: `badge ${c.status === "disabled" ? "off" : "ok"}`, text: c.status || "enabled" }) },
+    { label: "Test", value: test },
+  ], data, "No channels configured."))];
+}
+
+function prices(p) {
+  const parts = [];
+  if (p.input) parts.push(`in ${p.input}/M`);
+  if (p.output) parts.push(`out ${p.output}/M`);
+  if (p.request) parts.push(`${p.request}/call`);
+  if (p.image) parts.push(`${p.image}/image`);
+  if (p.audio_second) parts.push(`${p.audio_second}/s audio`);
+  if (p.speech_char) parts.push(`${p.speech_char}/M chars`);
+  return parts.join(", ") || "free";
+}
+
+async function modelsPage() {
+  const { data } = await api("GET", "/admin/models");
+  return [h("h1", { text: "Models" }), h("div", { class: "card" }, table([
+    { label: "Name", value: m => m.name },
+    { label: "Capabilities", value: m => h("span", {}, m.capabilities.map(c => h("span", { class: "badge", text: c }))) },
+    { label: "Price", value: m => prices(m.price) },
+    { label: "Default max tokens", num: true, value: m => m.default_max_tokens },
+  ], data, "No models configured."))];
+}
+
+async function groupsPage() {
+  const { data } = await api("GET", "/admin/groups");
+  return [h("h1", { text: "Groups" }), h("div", { class: "card" }, table([{ label: "Group", value: g => g }], data, "No groups."))];
+}
+
+function snippets(model, caps) {
+  const base = location.origin;
+  const chat = caps.includes("chat");
+  const out = {
+    "OpenAI SDK": chat
+      ? `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")\nr = client.chat.completions.create(model="${model}", messages=[{"role": "user", "content": "Hello"}])\nprint(r.choices[0].message.content)`
+      : caps.includes("embeddings")
+        ? `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")\nprint(client.embeddings.create(model="${model}", input="Hello").data[0].embedding[:4])`
+        : `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")`,
+    curl: chat
+      ? `curl ${base}/v1/chat/completions \\\n  -H "Authorization: Bearer YOUR_KEY" -H "Content-Type: application/json" \\\n  -d '{"model": "${model}", "messages": [{"role": "user", "content": "Hello"}]}'`
+      : `curl ${base}/v1/models -H "Authorization: Bearer YOUR_KEY"`,
+  };
+  if (chat) {
+    out["Anthropic SDK"] = `import anthropic\nclient = anthropic.Anthropic(base_url="${base}", api_key="YOUR_KEY")\nm = client.messages.create(model="${model}", max_tokens=256, messages=[{"role": "user", "content": "Hello"}])\nprint(m.content[0].text)`;
+    out["google-genai"] = `from google import genai\nclient = genai.Client(api_key="YOUR_KEY", http_options={"base_url": "${base}"})\nprint(client.models.generate_content(model="${model}", contents="Hello").text)`;
+    out["Claude Code"] = `export ANTHROPIC_BASE_URL=${base}\nexport ANTHROPIC_API_KEY=YOUR_KEY\nclaude --model ${model}`;
+    out["Gemini CLI"] = `export GOOGLE_GEMINI_BASE_URL=${base}\nexport GEMINI_API_KEY=YOUR_KEY\ngemini -m ${model}`;
+    out["Codex CLI"] = `# ~/.codex/config.toml\nmodel = "${model}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "Model Gateway"\nbase_url = "${base}/v1"\nenv_key = "GATEWAY_API_KEY"\nwire_api = "responses"\n\n# then: export GATEWAY_API_KEY=YOUR_KEY; codex`;
+  }
+  return out;
+}
+
+function modelCard(m) {
+  const all = snippets(m.name, m.capabilities);
+  const names = Object.keys(all);
+  const code = h("pre", {}, h("code", { text: all[names[0]] }));
+  let current = names[0];
+  const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": `Clients for ${m.name}` });
+  const select = n => {
+    current = n;
+    code.firstChild.textContent = all[n];
+    for (const b of tabs.children) b.setAttribute("aria-selected", String(b.textContent === n));
+  };
+  for (const n of names) tabs.append(h("button", { type: "button", role: "tab", "aria-selected": String(n === current), onclick: () => select(n) }, n));
+  return h("section", { class: "card model", "aria-label": m.name },
+    h("h2", { text: m.name }),
+    h("div", {}, m.capabilities.map(c => h("span", { class: "badge", text: c }))),
+    h("p", { class: "muted", text: `Price: ${prices(m.price)} (balance units)` }),
+    h("p", {}, h("strong", { text: "Endpoints: " }), m.endpoints.map(e => e.replace("{model}", m.name)).join(" · ") || "—"),
+    tabs, code,
+    h("button", { type: "button", onclick: () => copy(code.textContent, "Snippet") }, "Copy snippet"));
+}
+
+async function squarePage() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const group = params.get("group");
+  const data = await api("GET", `/console/square${group ? `?group=${encodeURIComponent(group)}` : ""}`);
+  const pick = data.groups.length > 1 ? field("Group", h("select", { id: "square-group", onchange: ev => { location.hash = `#square?group=${encodeURIComponent(ev.target.value)}`; } },
+    data.groups.map(g => h("option", { value: g, selected: g === data.group, text: g })))) : null;
+  return [h("h1", { text: `Model square: ${data.group}` }),
+    h("p", { class: "muted", text: `Base URLs: OpenAI SDKs ${location.origin}/v1; Anthropic and google-genai SDKs ${location.origin}. Replace YOUR_KEY with your sk- key.` }),
+    pick, data.models.length ? data.models.map(modelCard) : h("p", { class: "card muted", text: "No model is open to this group yet." })];
+}
+
+async function minePage() {
+  const me = await api("GET", "/console/me");
+  const k = me.key;
+  const stats = [["Balance", money(me.balance)], ["Spent with this key", money(k.spent)]];
+  if (k.quota !== null) stats.push(["Quota", money(k.quota)], ["Quota left", money(me.quota_left)]);
+  return [h("h1", { text: `Key ${k.name || k.id}` }),
+    h("div", { class: "grid" }, stats.map(([a, b]) => h("div", { class: "card stat" }, h("span", { class: "muted", text: a }), h("strong", { text: b })))),
+    h("div", { class: "card" }, table([
+      { label: "Id", value: () => k.id }, { label: "Group", value: () => k.group },
+      { label: "Account", value: () => k.account }, { label: "Status", value: () => k.status },
+      { label: "Expires", value: () => k.expires_at || "never" },
+      { label: "Models", value: () => (k.models || ["all of the group"]).join(", ") },
+    ], [k], ""))];
+}
+
+async function myUsagePage() {
+  const { records, daily } = await api("GET", "/console/usage");
+  const days = lastDays(30);
+  return [h("h1", { text: "My usage" }),
+    daily.length ? chart("Cost per day", days, daily, d => d.cost, money) : null,
+    h("div", { class: "card" }, usageTable(records, false),
+      h("button", { type: "button", onclick: () => download("usage.csv", csv(records, USAGE_COLUMNS)) }, "Export CSV"))];
+}
+
+// ---- sign-in and routing ------------------------------------------------------------------
+
+async function act(run, done) {
+  try {
+    await run();
+    notice(done, true);
+    await render();
+  } catch (e) { notice(e.message); }
+}
+
+function signInPage() {
+  const token = h("input", { id: "token", name: "token", type: "password", required: true, autocomplete: "off" });
+  const form = h("form", { id: "sign-in" },
+    h("h1", { text: "Sign in" }),
+    field("Admin token, or your sk- API key", token),
+    h("button", { type: "submit", class: "primary" }, "Sign in"),
+    h("p", { class: "muted", text: "The admin token opens the whole console; a key shows its own balance, usage and models." }));
+  form.addEventListener("submit", async ev => {
+    ev.preventDefault();
+    try {
+      const r = await api("POST", "/console/session", { token: token.value });
+      token.value = "";
+      state.role = r.role;
+      state.csrf = r.csrf;
+      notice("");
+      location.hash = state.role === "admin" ? "#overview" : "#mine";
+      await render();
+    } catch (e) { notice(e.status === 401 ? `${e.message} Check the token and try again.` : e.message); }
+  });
+  return h("div", { class: "card signin" }, form);
+}
+
+function drawNav() {
+  const nav = document.getElementById("nav");
+  const out = document.getElementById("sign-out");
+  out.hidden = !state.role;
+  if (!state.role) { nav.replaceChildren(); return; }
+  nav.replaceChildren(...Object.entries(pages()).map(([id, [label]]) =>
+    h("a", { href: `#${id}`, "aria-current": id === state.route ? "page" : null, text: label })));
+}
+
+async function render() {
+  const main = document.getElementById("main");
+  if (!state.role) {
+    drawNav();
+    main.replaceChildren(signInPage());
+    return;
+  }
+  const all = pages();
+  const route = location.hash.slice(1).split("?")[0];
+  state.route = route in all ? route : Object.keys(all)[0];
+  drawNav();
+  try {
+    const content = await all[state.route][1]();
+    main.replaceChildren(...[content].flat(3).filter(Boolean));
+  } catch (e) {
+    if (e.status === 401) { state.role = null; notice("Your session ended; sign in again."); return render(); }
+    main.replaceChildren(h("div", { class: "card" }, h("h1", { text: "Something went wrong" }),
+      h("p", { text: e.message }), h("p", { class: "muted", text: "Reload the page, or try again in a moment." })));
+  }
+}
+
+document.getElementById("sign-out").addEventListener("click", async () => {
+  try { await api("DELETE", "/console/session"); } catch { /* signed out either way */ }
+  state.role = null;
+  state.csrf = "";
+  location.hash = "";
+  notice("Signed out.", true);
+  render();
+});
+window.addEventListener("hashchange", () => { notice(""); render(); });
+
+(async () => {
+  try {
+    const me = await api("GET", "/console/me");
+    state.role = me.role;
+    state.csrf = me.csrf;
+  } catch { state.role = null; }
+  render();
+})();

@@ -1,0 +1,148 @@
+"""The console's server side (CONTRACT §5a): sign-in with the admin token or a key sets a
+signed HttpOnly, SameSite=Strict cookie and never keeps the token; the admin API accepts the
+admin's session in place of the bearer token, but a change only with the session's CSRF
+header; a key's session sees only its own view and ends when the key is disabled; the page is
+served with a strict Content-Security-Policy. (The page itself: tests/test_console_browser.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+
+from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def session() -> aiohttp.ClientSession:
+    # unsafe: the cookie jar keeps cookies of an IP address host (127.0.0.1)
+    return aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+
+
+async def sign_in(s: aiohttp.ClientSession, gw: ServedGateway, token: str) -> dict[str, Any]:
+    async with s.post(gw.url + "/console/session", json={"token": token}) as r:
+        assert r.status == 200, await r.text()
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        assert token not in cookie
+        body: dict[str, Any] = await r.json()
+        return body
+
+
+async def test_the_page_is_served_with_a_strict_policy(gateway: ServedGateway) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gateway.url + "/console") as r:
+            assert r.status == 200
+            assert "text/html" in r.headers["content-type"]
+            csp = r.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert "unsafe-inline" not in csp
+            assert '<script type="module" src="/console/assets/app.js">' in await r.text()
+        async with s.get(gateway.url + "/console/assets/app.js") as r:
+            assert r.status == 200
+            assert ".innerHTML" not in await r.text()  # data goes in as text, never as markup
+        async with s.get(gateway.url + "/console/assets/..%2Fsession.py") as r:
+            assert r.status == 404
+
+
+async def test_admin_session_drives_the_admin_api_with_csrf_on_changes(
+    gateway: ServedGateway,
+) -> None:
+    async with session() as s:
+        async with s.post(gateway.url + "/console/session", json={"token": "wrong"}) as r:
+            assert r.status == 401
+        async with s.get(gateway.url + "/admin/keys") as r:
+            assert r.status == 401  # not signed in
+        me = await sign_in(s, gateway, ADMIN_TOKEN)
+        assert me["role"] == "admin"
+        async with s.get(gateway.url + "/admin/keys") as r:
+            assert r.status == 200
+        body = {"id": "console-made", "balance": 3}
+        async with s.post(gateway.url + "/admin/accounts", json=body) as r:
+            assert r.status == 403  # no CSRF header: a cross-site form cannot do this
+        assert await gateway.state.store.get_account("console-made") is None
+        csrf = {"x-console-csrf": me["csrf"]}
+        async with s.post(gateway.url + "/admin/accounts", json=body, headers=csrf) as r:
+            assert r.status == 201
+        async with s.get(gateway.url + "/console/me") as r:
+            assert (await r.json())["csrf"] == me["csrf"]
+        async with s.delete(gateway.url + "/console/session", headers=csrf) as r:
+            assert r.status == 200
+        async with s.get(gateway.url + "/admin/keys") as r:
+            assert r.status == 401
+
+
+async def test_a_forged_or_altered_cookie_is_refused(gateway: ServedGateway) -> None:
+    async with session() as s:
+        await sign_in(s, gateway, KEYS["alice"])
+        cookie = next(c for c in s.cookie_jar if c.key == "gw_console").value
+        body, sig = cookie.split(".")
+    import base64
+
+    import orjson
+
+    payload = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    payload["r"] = "admin"
+    forged = base64.urlsafe_b64encode(orjson.dumps(payload)).rstrip(b"=").decode() + "." + sig
+    async with aiohttp.ClientSession(headers={"cookie": f"gw_console={forged}"}) as s:
+        async with s.get(gateway.url + "/admin/keys") as r:
+            assert r.status == 401
+        async with s.get(gateway.url + "/console/me") as r:
+            assert r.status == 401
+
+
+async def test_a_key_sees_its_own_view_until_it_is_disabled(gateway: ServedGateway) -> None:
+    async with aiohttp.ClientSession() as s:
+        body = {"account": "alice", "group": "default", "models": ["chat-small"], "quota": 1}
+        async with s.post(gateway.url + "/admin/keys", json=body, headers=ADMIN) as r:
+            made = await r.json()
+        chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {made['key']}"}
+        async with s.post(gateway.v1 + "/chat/completions", json=chat, headers=headers) as r:
+            assert r.status == 200
+    async with session() as s:
+        me = await sign_in(s, gateway, made["key"])
+        assert me["role"] == "key"
+        async with s.get(gateway.url + "/console/me") as r:
+            view = await r.json()
+        assert view["key"]["id"] == made["id"]
+        assert "key" not in view["key"]  # never the secret
+        assert view["balance"] > 0
+        async with s.get(gateway.url + "/console/usage") as r:
+            usage = await r.json()
+        assert [u["key_id"] for u in usage["records"]] == [made["id"]]
+        assert usage["daily"][0]["requests"] == 1
+        async with s.get(gateway.url + "/console/square") as r:
+            square = await r.json()
+        assert [m["name"] for m in square["models"]] == ["chat-small"]  # its models only
+        assert "POST /v1/chat/completions" in square["models"][0]["endpoints"]
+        async with s.get(gateway.url + "/admin/keys") as r:
+            assert r.status == 401  # a key is not the admin
+        async with aiohttp.ClientSession() as a:
+            patch = {"status": "disabled"}
+            async with a.patch(
+                f"{gateway.url}/admin/keys/{made['id']}", json=patch, headers=ADMIN
+            ) as r:
+                assert r.status == 200
+        async with s.get(gateway.url + "/console/me") as r:
+            assert r.status == 401
+
+
+async def test_admin_daily_usage(gateway: ServedGateway) -> None:
+    async with aiohttp.ClientSession() as s:
+        chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {KEYS['alice']}"}
+        async with s.post(gateway.v1 + "/chat/completions", json=chat, headers=headers) as r:
+            assert r.status == 200
+        await gateway.state.writer.flush()
+        async with s.get(gateway.url + "/admin/usage/daily", headers=ADMIN) as r:
+            (row,) = (await r.json())["data"]
+        assert (row["account"], row["key_id"], row["model"], row["requests"]) == (
+            "alice",
+            "k-alice",
+            "chat-small",
+            1,
+        )
+        async with s.get(gateway.url + "/admin/usage/daily?since=x", headers=ADMIN) as r:
+            assert r.status == 400
