@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,6 +28,8 @@ from gateway.config import Settings, load_settings
 from gateway.dashboard import Dashboard
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.gc_tuning import collect_periodically, tune_gc
+from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
+from gateway.metrics import Metrics, channel_states, registry_for
 from gateway.model_list import ModelLists
 from gateway.protocols import CLIENTS
 from gateway.relay import Relay
@@ -56,6 +61,31 @@ READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
 # a store that does not answer at start-up is retried after this long, doubling up to the max
 STORE_RETRY_FIRST = 0.5
 STORE_RETRY_MAX = 5.0
+
+
+def metrics_endpoint(
+    settings: Settings, metrics: Metrics
+) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /metrics``, only with ``Authorization: Bearer <metrics.token>`` when one is set."""
+    registry = registry_for(metrics)
+    token = settings.metrics.token.encode()
+
+    async def endpoint(request: Request) -> Response:
+        if token:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token)
+            if not ok:
+                refused = {
+                    "message": "missing or invalid metrics token",
+                    "type": "authentication_error",
+                    "code": "invalid_metrics_token",
+                }
+                return JSONResponse(
+                    {"error": refused}, status_code=401, headers={"www-authenticate": "Bearer"}
+                )
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return endpoint
 
 
 async def healthz(request: Request) -> Response:
@@ -142,6 +172,16 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     upstream = Upstream(settings.upstream)
     relay = Relay(settings, cache, writer, upstream)
     state = GatewayState(settings, store, cache, writer, upstream, relay)
+    metrics = relay.metrics
+    metrics.gauges = lambda: {
+        "usage_writer_backlog": writer.pending,
+        "usage_parked_records": writer.parked,
+    }
+    channel_names = [c.name for c in settings.channels]
+    metrics.channels = lambda: (
+        channel_states(channel_names, relay.health.cooling),
+        relay.health.failures_total,
+    )
 
     scheme = settings.store.split("://", 1)[0]
     tasks: list[asyncio.Task[None]] = []
@@ -178,6 +218,9 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         try:
             await writer.start()  # the journal: what it holds is settled once the store answers
             await upstream.start()
+            snapshots = os.environ.get(METRICS_DIR_ENV)
+            if snapshots:  # one of several workers: the scrape adds every worker's counters
+                tasks.append(asyncio.create_task(metrics.write_snapshots(snapshots)))
             try:
                 await connect()
             except Exception as exc:
@@ -200,14 +243,22 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
             await store.close()
 
     from gateway.admin import admin_routes
+    from gateway.console import console_routes
+    from gateway.console import page as console_page
+    from gateway.console.session import Signer
 
     routes: list[BaseRoute] = [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
+    if settings.metrics.enabled:
+        routes.append(Route("/metrics", metrics_endpoint(settings, metrics), methods=["GET"]))
     routes.append(Mount("/admin", routes=admin_routes()))
+    routes.append(Route("/console", console_page, methods=["GET"]))
+    routes.append(Mount("/console", routes=console_routes()))
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.gateway = state
+    app.state.console = Signer(settings.admin_token)
     return GatewayApp(app, relay, store)

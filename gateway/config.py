@@ -152,6 +152,15 @@ class ServerSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """``GET /metrics`` (optional ``metrics:`` section): served unless ``enabled: false``;
+    with a ``token``, only to ``Authorization: Bearer <token>``."""
+
+    enabled: bool = True
+    token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     store: str
     admin_token: str
@@ -164,6 +173,7 @@ class Settings:
     trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
     upstream: UpstreamSettings = UpstreamSettings()
     server: ServerSettings = ServerSettings()
+    metrics: MetricsSettings = MetricsSettings()
     # the settlement journal's directory (gateway.store.journal); beside a SQLite file, else
     # data/journal
     journal: str = ""
@@ -239,6 +249,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         "trusted_proxies",
         "upstream",
         "server",
+        "metrics",
         "journal",
     }
     for k in raw:
@@ -279,6 +290,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
             raise ConfigError(f"trusted_proxies[{i}]: not an IP network") from None
     upstream = _upstream(raw.get("upstream") or {})
     server = _server(raw.get("server") or {})
+    metrics = _metrics(raw.get("metrics") or {})
     journal = _str(raw.get("journal") or _default_journal(store), "journal")
     return Settings(
         store=store,
@@ -292,6 +304,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         trusted_proxies=proxies,
         upstream=upstream,
         server=server,
+        metrics=metrics,
         journal=journal,
         path=path,
     )
@@ -543,6 +556,16 @@ def _server(v: Any) -> ServerSettings:
     return ServerSettings(
         keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0)
     )
+
+
+def _metrics(v: Any) -> MetricsSettings:
+    d = _mapping(v, "metrics")
+    _no_unknown(d, set(MetricsSettings.__dataclass_fields__), "metrics")
+    enabled = d.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError("metrics.enabled: must be true or false")
+    token = _str(d.get("token", ""), "metrics.token", allow_empty=True)
+    return MetricsSettings(enabled=enabled, token=token)
 
 
 def _upstream(v: Any) -> UpstreamSettings:

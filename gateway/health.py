@@ -31,11 +31,12 @@ SHARE_INTERVAL = 0.5  # seconds between two exchanges of cooldowns with the stor
 class ChannelHealth:
     """This process's view of its channels' health."""
 
-    __slots__ = ("cooling", "_failures", "_cooldown", "_begun")
+    __slots__ = ("cooling", "failures_total", "_failures", "_cooldown", "_begun")
 
     def __init__(self, cooldown_seconds: float) -> None:
         self.cooling: dict[str, float] = {}  # channel -> monotonic time it may serve again
         self._failures: dict[str, int] = {}  # channel -> failures in a row
+        self.failures_total: dict[str, int] = {}  # channel -> failed attempts (metrics)
         self._cooldown = cooldown_seconds
         self._begun: dict[str, int] = {}  # cooldowns to publish: channel -> until (epoch ms)
 
@@ -50,6 +51,8 @@ class ChannelHealth:
         connections says nothing about the channel."""
         if isinstance(err, GatewayOverloadedError):
             return
+        if err.channel_fault or err.status >= 500:
+            self.failures_total[channel] = self.failures_total.get(channel, 0) + 1
         if err.channel_fault:
             self._cool(channel, self._cooldown)
         elif err.status >= 500:

@@ -9,13 +9,16 @@ hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import tempfile
 from typing import TYPE_CHECKING
 
 from gateway.config import Settings
 from gateway.hypercorn_mend import mend_hypercorn
+from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
 
 if TYPE_CHECKING:
     from gateway.app import GatewayApp
@@ -33,15 +36,20 @@ HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
 def serve(
     settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
 ) -> None:
-    """Serve until SIGINT or SIGTERM."""
+    """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
+    snapshots for the run (``gateway.metrics``), removed when the server stops."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     os.environ["GATEWAY_CONFIG"] = settings.path
-    if server == "uvicorn":
-        _uvicorn(host, port, workers, settings.server.keep_alive_seconds)
-    elif server == "granian":
-        _granian(host, port, workers)
-    else:
-        _hypercorn(settings, host, port, workers)
+    with contextlib.ExitStack() as run:
+        if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
+            snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
+            os.environ[METRICS_DIR_ENV] = snapshots
+        if server == "uvicorn":
+            _uvicorn(host, port, workers, settings.server.keep_alive_seconds)
+        elif server == "granian":
+            _granian(host, port, workers)
+        else:
+            _hypercorn(settings, host, port, workers)
 
 
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:

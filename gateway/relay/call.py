@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from gateway.billing import Metered, Rate
+from gateway.metrics import Metrics
 from gateway.store import KeyRecord, UsageRecord
 from gateway.store.writer import UsageWriter
 
@@ -40,6 +41,7 @@ class Call(UsageRecord):
     responded: bool = False  # the response's status line has been sent
     recorded: bool = False  # handed to the writer
     held: int = 0  # micro-units held against the balance until the record replaces them
+    first_chunk: float | None = None  # a stream's seconds from arrival to its first output
 
     @classmethod
     def arriving(
@@ -77,9 +79,10 @@ class Call(UsageRecord):
         self.completion_tokens = used.completion_tokens
         self.cost = rate.cost_of(used) if rate is not None else 0
 
-    def record(self, writer: UsageWriter) -> Awaitable[None] | None:
-        """Hand the record to the writer; once per request, a no-op after that. Returns what
-        to await for the record to be durable (``UsageWriter.submit``)."""
+    def record(self, writer: UsageWriter, metrics: Metrics) -> Awaitable[None] | None:
+        """Hand the record to the writer, and count it in ``metrics``; once per request, a
+        no-op after that. Returns what to await for the record to be durable
+        (``UsageWriter.submit``)."""
         key = self.key
         if key is None or self.recorded:
             return None
@@ -89,4 +92,5 @@ class Call(UsageRecord):
         self.account = key.account
         self.key_id = key.id
         self.latency_ms = int((time.perf_counter() - self.started) * 1000)
+        metrics.observe(self, self.first_chunk)
         return writer.submit(self, self.held)

@@ -45,6 +45,7 @@ from gateway.errors import (
 from gateway.health import ChannelHealth
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind
+from gateway.metrics import Metrics
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, attempt
@@ -90,6 +91,7 @@ class Relay:
         self.store_grace = settings.limits.store_grace or math.inf
         self.first_byte_timeout = settings.upstream.first_byte_timeout
         self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
+        self.metrics = Metrics(m.name for m in settings.models)
 
     def authenticate(
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
@@ -179,7 +181,7 @@ class Relay:
                 )
         finally:
             if not call.recorded:
-                call.record(self.writer)
+                call.record(self.writer, self.metrics)
 
     async def _attempts(
         self,
@@ -300,7 +302,7 @@ class Relay:
         send: Send,
     ) -> None:
         call.bill(used, rate)
-        durable = call.record(self.writer)
+        durable = call.record(self.writer, self.metrics)
         if durable is not None:
             await durable  # the record survives the process before the reply is complete
         call.responded = True
@@ -333,9 +335,12 @@ class Relay:
             # what was generated, even when the stream ended on an error
             call.bill(exchange.used(stream, status == 200), rate)
             call.set_status(status)
-            return call.record(self.writer)
+            return call.record(self.writer, self.metrics)
 
         call.responded = True
+        call.first_chunk = time.perf_counter() - call.started
+        metrics = self.metrics
+        metrics.open_streams += 1
         try:
             err = await pump(
                 answer.resp,
@@ -352,5 +357,7 @@ class Relay:
             # the client left, or the server's grace period ended: what was generated is billed
             call.bill(exchange.used(stream, False), rate)
             raise
+        finally:
+            metrics.open_streams -= 1
         if err is not None:
             log.warning("relay.stream_error channel=%s status=%d", call.channel, err.status)

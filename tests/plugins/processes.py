@@ -88,8 +88,16 @@ def free_port() -> int:
 class Gateway:
     """``gateway serve`` in a process of its own, as an operator runs it."""
 
-    def __init__(self, config: Path, port: int, log: Path) -> None:
+    def __init__(
+        self,
+        config: Path,
+        port: int,
+        log: Path,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.config, self.port, self.log = config, port, log
+        self.workers, self.env = workers, env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -100,10 +108,10 @@ class Gateway:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [GATEWAY, "serve", "--config", str(self.config)]
-                + ["--host", "127.0.0.1", "--port", str(self.port)],
+                + ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         deadline = time.monotonic() + START_DEADLINE
         async with aiohttp.ClientSession() as s:
