@@ -13,8 +13,9 @@ import contextlib
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -33,6 +34,7 @@ from gateway.metrics import Metrics, channel_states, registry_for
 from gateway.model_list import ModelLists
 from gateway.protocols import CLIENTS
 from gateway.relay import Relay
+from gateway.relay.call import request_ids
 from gateway.routes import Router, protocol_of_path
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
@@ -145,18 +147,43 @@ class GatewayApp:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            try:
-                found = self.router.match(scope["method"], scope["path"])
-            except GatewayError as err:
-                await send_error(send, CLIENTS[protocol_of_path(scope["path"])], err)
-                return
-            if found is not None:
-                spec, model = found
-                handler = self.handlers.get(spec.kind, self.relay)
-                await handler.handle(spec, model, scope, receive, send)
-                return
-        await self.inner(scope, receive, send)
+        if scope["type"] != "http":
+            await self.inner(scope, receive, send)
+            return
+        try:
+            found = self.router.match(scope["method"], scope["path"])
+        except GatewayError as err:
+            await send_error(send, CLIENTS[protocol_of_path(scope["path"])], err, reply_id(scope))
+            return
+        if found is not None:
+            spec, model = found
+            handler = self.handlers.get(spec.kind)
+            if handler is None:  # the relay sets its reply's x-request-id itself
+                await self.relay.handle(spec, model, scope, receive, send)
+            else:
+                await handler.handle(spec, model, scope, receive, with_reply_id(scope, send))
+            return
+        await self.inner(scope, receive, with_reply_id(scope, send))
+
+
+def reply_id(scope: Scope) -> str:
+    """The x-request-id of a reply the relay does not make: the client's own when safe."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return request_ids(value)[1]
+    return request_ids(None)[1]
+
+
+def with_reply_id(scope: Scope, send: Send) -> Send:
+    """``send`` with x-request-id added to the response's headers."""
+    header = (b"x-request-id", reply_id(scope).encode())
+
+    async def sending(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 def create_app(settings: Settings | None = None) -> GatewayApp:
@@ -218,6 +245,8 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         try:
             await writer.start()  # the journal: what it holds is settled once the store answers
             await upstream.start()
+            if relay.access is not None:
+                tasks.append(asyncio.create_task(relay.access.run(), name="gw.access_log"))
             snapshots = os.environ.get(METRICS_DIR_ENV)
             if snapshots:  # one of several workers: the scrape adds every worker's counters
                 tasks.append(asyncio.create_task(metrics.write_snapshots(snapshots)))

@@ -25,6 +25,7 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
 RELAY_HEADERS = frozenset(
     {
+        b"x-request-id",
         b"authorization",
         b"x-api-key",
         b"x-goog-api-key",

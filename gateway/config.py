@@ -160,6 +160,20 @@ class MetricsSettings:
     token: str = ""
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("json", "text")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    """Optional ``logging:`` section: the level of the gateway's log, and the one line per
+    request (``access``) in JSON or text (``format``)."""
+
+    level: str = "info"
+    format: str = "json"
+    access: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     store: str
@@ -174,6 +188,7 @@ class Settings:
     upstream: UpstreamSettings = UpstreamSettings()
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    logging: LoggingSettings = LoggingSettings()
     # the settlement journal's directory (gateway.store.journal); beside a SQLite file, else
     # data/journal
     journal: str = ""
@@ -250,6 +265,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         "upstream",
         "server",
         "metrics",
+        "logging",
         "journal",
     }
     for k in raw:
@@ -291,6 +307,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     upstream = _upstream(raw.get("upstream") or {})
     server = _server(raw.get("server") or {})
     metrics = _metrics(raw.get("metrics") or {})
+    logging_ = _logging(raw.get("logging") or {})
     journal = _str(raw.get("journal") or _default_journal(store), "journal")
     return Settings(
         store=store,
@@ -305,6 +322,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         upstream=upstream,
         server=server,
         metrics=metrics,
+        logging=logging_,
         journal=journal,
         path=path,
     )
@@ -566,6 +584,22 @@ def _metrics(v: Any) -> MetricsSettings:
         raise ConfigError("metrics.enabled: must be true or false")
     token = _str(d.get("token", ""), "metrics.token", allow_empty=True)
     return MetricsSettings(enabled=enabled, token=token)
+
+
+def _logging(v: Any) -> LoggingSettings:
+    d = _mapping(v, "logging")
+    _no_unknown(d, set(LoggingSettings.__dataclass_fields__), "logging")
+    base = LoggingSettings()
+    level = d.get("level", base.level)
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"logging.level: must be one of {', '.join(LOG_LEVELS)}")
+    fmt = d.get("format", base.format)
+    if fmt not in LOG_FORMATS:
+        raise ConfigError(f"logging.format: must be one of {', '.join(LOG_FORMATS)}")
+    access = d.get("access", base.access)
+    if not isinstance(access, bool):
+        raise ConfigError("logging.access: must be true or false")
+    return LoggingSettings(level=level, format=fmt, access=access)
 
 
 def _upstream(v: Any) -> UpstreamSettings:

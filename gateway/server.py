@@ -38,7 +38,9 @@ def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
     snapshots for the run (``gateway.metrics``), removed when the server stops."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=settings.logging.level.upper(), format="%(asctime)s %(levelname)s %(message)s"
+    )
     os.environ["GATEWAY_CONFIG"] = settings.path
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own

@@ -79,8 +79,12 @@ def signer_of(request: Request) -> Signer:
 
 
 def session_of(request: Request) -> Session | None:
-    """The request's console session, if any (CSRF not checked: see ``csrf_ok``)."""
-    return signer_of(request).read(request.cookies.get(COOKIE))
+    """The request's console session, if any (CSRF not checked: see ``csrf_ok``); none in
+    an app without the console (the admin routes mounted on their own)."""
+    signer: Signer | None = getattr(request.app.state, "console", None)
+    if signer is None:
+        return None
+    return signer.read(request.cookies.get(COOKIE))
 
 
 def csrf_ok(request: Request, session: Session) -> bool:

@@ -38,7 +38,7 @@ class Answer:
 
 
 async def open_attempt(
-    upstream: Upstream, exchange: Exchange, target: Channel, health: ChannelHealth
+    upstream: Upstream, exchange: Exchange, target: Channel, health: ChannelHealth, rid: str
 ) -> UpstreamResponse:
     """The upstream's response once its status is known and is a success."""
     assert exchange.call is not None
@@ -55,7 +55,9 @@ async def open_attempt(
     finally:
         resp.close()
     failure = exchange.decode_error(resp.status, raw)
-    log.warning("relay.upstream_status channel=%s status=%d", channel, resp.status)
+    log.warning(
+        "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
+    )
     health.failed(channel, failure)
     retry_after = resp.headers.get("retry-after")
     if failure.status == 429 and failure.retry_after is None and retry_after:
@@ -95,6 +97,7 @@ async def attempt(
     quiet: Quiet | None,
     stream: bool,
     first_byte_timeout: float | None,
+    rid: str,
 ) -> Answer:
     """Send the exchange's call and read until there is something for the client: the whole
     reply, or a stream's first output. Raises the gateway error of a failure before then.
@@ -108,10 +111,10 @@ async def attempt(
         first_byte_timeout = channel.timeouts.first_byte
     try:
         if first_byte_timeout is None:
-            answer = await _answer(upstream, exchange, channel, health, quiet, stream)
+            answer = await _answer(upstream, exchange, channel, health, quiet, stream, rid)
         else:
             async with asyncio.timeout(first_byte_timeout):
-                answer = await _answer(upstream, exchange, channel, health, quiet, stream)
+                answer = await _answer(upstream, exchange, channel, health, quiet, stream, rid)
     except TimeoutError:
         failure = UpstreamTimeoutError(
             f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
@@ -129,8 +132,9 @@ async def _answer(
     health: ChannelHealth,
     quiet: Quiet | None,
     stream: bool,
+    rid: str,
 ) -> Answer:
-    resp = await open_attempt(upstream, exchange, target, health)
+    resp = await open_attempt(upstream, exchange, target, health, rid)
     channel = target.name
     try:
         if not stream:
@@ -152,7 +156,12 @@ async def _answer(
         resp.close()
         if err.status >= 500:
             err.retryable = True  # nothing reached the client yet
-            log.warning("relay.upstream_bad_reply channel=%s status=%d", channel, err.status)
+            log.warning(
+                "relay.upstream_bad_reply request_id=%s channel=%s status=%d",
+                rid,
+                channel,
+                err.status,
+            )
         health.failed(channel, err)
         raise
     except BaseException:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 
+from gateway.access_log import AccessLog
 from gateway.billing import Metered, Rate
 from gateway.metrics import Metrics
 from gateway.store import KeyRecord, UsageRecord
@@ -27,8 +29,23 @@ _REQUEST_IDS = itertools.count(1)
 _PROCESS_TAG = os.urandom(4).hex()
 
 
+SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
 def new_request_id() -> str:
     return f"{_PROCESS_TAG}{next(_REQUEST_IDS):08x}"
+
+
+def request_ids(given: bytes | None) -> tuple[str, str]:
+    """(the usage record's request_id, the reply's x-request-id). A client's own
+    x-request-id that is a safe token (1-128 of A-Z a-z 0-9 . _ : -) is echoed, and is the
+    record's id before ``/`` and the gateway's own id: a record's id stays unique (settlement
+    recognises a record by it) even when a client sends the same id twice."""
+    own = new_request_id()
+    if given is None or not SAFE_ID.fullmatch(given):
+        return own, own
+    echoed = given.decode()
+    return f"{echoed}/{own}", echoed
 
 
 @dataclass(slots=True)
@@ -42,15 +59,18 @@ class Call(UsageRecord):
     recorded: bool = False  # handed to the writer
     held: int = 0  # micro-units held against the balance until the record replaces them
     first_chunk: float | None = None  # a stream's seconds from arrival to its first output
+    reply_id: str = ""  # the reply's x-request-id: the client's own, else request_id
 
     @classmethod
     def arriving(
-        cls, at: datetime, request_id: str, protocol: str, endpoint: str, ip_range: str
+        cls, at: datetime, ids: tuple[str, str], protocol: str, endpoint: str, ip_range: str
     ) -> Call:
-        """A request's record as it arrives: no key, model, channel or tokens yet."""
+        """A request's record as it arrives (``ids``: ``request_ids()``): no key, model,
+        channel or tokens yet."""
         return cls(
             time=at,
-            request_id=request_id,
+            request_id=ids[0],
+            reply_id=ids[1],
             account="",  # the key's, once known
             key_id="",
             model="",
@@ -79,9 +99,11 @@ class Call(UsageRecord):
         self.completion_tokens = used.completion_tokens
         self.cost = rate.cost_of(used) if rate is not None else 0
 
-    def record(self, writer: UsageWriter, metrics: Metrics) -> Awaitable[None] | None:
-        """Hand the record to the writer, and count it in ``metrics``; once per request, a
-        no-op after that. Returns what to await for the record to be durable
+    def record(
+        self, writer: UsageWriter, metrics: Metrics, access: AccessLog | None
+    ) -> Awaitable[None] | None:
+        """Hand the record to the writer, count it in ``metrics`` and log its line; once
+        per request, a no-op after that. Returns what to await for the record to be durable
         (``UsageWriter.submit``)."""
         key = self.key
         if key is None or self.recorded:
@@ -93,4 +115,6 @@ class Call(UsageRecord):
         self.key_id = key.id
         self.latency_ms = int((time.perf_counter() - self.started) * 1000)
         metrics.observe(self, self.first_chunk)
+        if access is not None:
+            access.write(self, self.reply_id)
         return writer.submit(self, self.held)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.access_log import AccessLog
 from gateway.asgi import (
     ClientGone,
     Watchlist,
@@ -49,7 +50,7 @@ from gateway.metrics import Metrics
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, attempt
-from gateway.relay.call import CLIENT_GONE, Call, new_request_id
+from gateway.relay.call import CLIENT_GONE, Call, request_ids
 from gateway.relay.stream import KeepAlive, Quiet, pump
 from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
@@ -92,6 +93,8 @@ class Relay:
         self.first_byte_timeout = settings.upstream.first_byte_timeout
         self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
         self.metrics = Metrics(m.name for m in settings.models)
+        logs = settings.logging
+        self.access = AccessLog(logs.format) if logs.access else None
 
     def authenticate(
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
@@ -121,7 +124,7 @@ class Relay:
         headers = request_headers(scope)
         call = Call.arriving(
             datetime.now(UTC),
-            new_request_id(),
+            request_ids(headers.get(b"x-request-id")),
             spec.protocol,
             kind.name,
             self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
@@ -166,7 +169,7 @@ class Relay:
         except GatewayError as err:
             call.set_status(err.status)
             if not call.responded:
-                await send_error(send, CLIENTS[spec.protocol], err, call.request_id)
+                await send_error(send, CLIENTS[spec.protocol], err, call.reply_id)
         except ClientGone:
             call.set_status(CLIENT_GONE)
         except asyncio.CancelledError:
@@ -177,11 +180,11 @@ class Relay:
             call.set_status(500)
             if not call.responded:
                 await send_error(
-                    send, CLIENTS[spec.protocol], InternalError("internal error"), call.request_id
+                    send, CLIENTS[spec.protocol], InternalError("internal error"), call.reply_id
                 )
         finally:
             if not call.recorded:
-                call.record(self.writer, self.metrics)
+                call.record(self.writer, self.metrics, self.access)
 
     async def _attempts(
         self,
@@ -198,7 +201,7 @@ class Relay:
         """Try the channels in order until one answers, and relay its reply."""
         stream = bool(job.route.stream)
         ctx = Ctx(
-            request_id=call.request_id,
+            request_id=call.request_id.rpartition("/")[2],  # the gateway's own: reply ids
             model=call.model,
             created=int(time.time()),
             include_usage=job.route.include_usage,
@@ -227,6 +230,7 @@ class Relay:
                         quiet,
                         stream,
                         self.first_byte_timeout,
+                        call.request_id,
                     )
                 except GatewayError as err:
                     last = err
@@ -302,7 +306,7 @@ class Relay:
         send: Send,
     ) -> None:
         call.bill(used, rate)
-        durable = call.record(self.writer, self.metrics)
+        durable = call.record(self.writer, self.metrics, self.access)
         if durable is not None:
             await durable  # the record survives the process before the reply is complete
         call.responded = True
@@ -313,7 +317,7 @@ class Relay:
                 "headers": [
                     (b"content-type", content_type),
                     (b"content-length", str(len(body)).encode()),
-                    (b"x-request-id", call.request_id.encode()),
+                    (b"x-request-id", call.reply_id.encode()),
                 ],
             }
         )
@@ -335,7 +339,7 @@ class Relay:
             # what was generated, even when the stream ended on an error
             call.bill(exchange.used(stream, status == 200), rate)
             call.set_status(status)
-            return call.record(self.writer, self.metrics)
+            return call.record(self.writer, self.metrics, self.access)
 
         call.responded = True
         call.first_chunk = time.perf_counter() - call.started
@@ -351,7 +355,7 @@ class Relay:
                 send,
                 settle,
                 quiet,
-                call.request_id.encode(),
+                call.reply_id.encode(),
             )
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
@@ -360,4 +364,9 @@ class Relay:
         finally:
             metrics.open_streams -= 1
         if err is not None:
-            log.warning("relay.stream_error channel=%s status=%d", call.channel, err.status)
+            log.warning(
+                "relay.stream_error request_id=%s channel=%s status=%d",
+                call.request_id,
+                call.channel,
+                err.status,
+            )

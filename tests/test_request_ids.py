@@ -1,0 +1,126 @@
+"""Request ids (CONTRACT §5a): every reply carries ``x-request-id``, the client's own when it
+is a safe token; the same id is in the request's usage record and its log line, and a
+client that sends one id twice is still billed twice. One access-log line per request, in
+JSON by default or text, with nothing of the key, the prompt or the full address."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from bench.fake_upstream import FakeUpstream
+from gateway.config import parse_settings
+from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
+
+ALICE = {"Authorization": f"Bearer {KEYS['alice']}"}
+PROMPT = "nothing of this may be logged"
+CHAT = {"model": "chat-small", "messages": [{"role": "user", "content": PROMPT}]}
+
+
+async def post(
+    s: aiohttp.ClientSession, url: str, body: Any, headers: dict[str, str]
+) -> tuple[int, str, bytes]:
+    async with s.post(url, json=body, headers=headers) as r:
+        return r.status, r.headers.get("x-request-id", ""), await r.read()
+
+
+async def test_the_clients_id_is_echoed_recorded_and_never_merges_two_requests(
+    gateway: ServedGateway,
+) -> None:
+    store = gateway.state.store
+    before = (await store.get_account("alice")).balance  # type: ignore[union-attr]
+    mine = {**ALICE, "x-request-id": "trace-42.a:b_c"}
+    async with aiohttp.ClientSession() as s:
+        for _ in range(2):
+            status, rid, _ = await post(s, gateway.v1 + "/chat/completions", CHAT, mine)
+            assert (status, rid) == (200, "trace-42.a:b_c")
+        stream = {**CHAT, "stream": True}
+        status, rid, body = await post(s, gateway.v1 + "/chat/completions", stream, mine)
+        assert (status, rid) == (200, "trace-42.a:b_c") and b"[DONE]" in body
+    await gateway.state.writer.flush()
+    records = [r for r in await store.usage("alice", 100) if r.request_id.startswith("trace-42")]
+    assert len(records) == 3 == len({r.request_id for r in records})
+    after = (await store.get_account("alice")).balance  # type: ignore[union-attr]
+    assert before - after == sum(r.cost for r in records) > 0
+
+
+@pytest.mark.parametrize("given", ["has spaces", "x" * 129, "semi;colon", ""])
+async def test_an_unsafe_id_is_replaced(gateway: ServedGateway, given: str) -> None:
+    async with aiohttp.ClientSession() as s:
+        status, rid, _ = await post(
+            s, gateway.v1 + "/chat/completions", CHAT, {**ALICE, "x-request-id": given}
+        )
+    assert status == 200
+    assert rid and rid != given and "/" not in rid
+
+
+async def test_every_reply_carries_one(gateway: ServedGateway) -> None:
+    mine = {"x-request-id": "every-1"}
+    async with aiohttp.ClientSession() as s:
+        status, rid, _ = await post(s, gateway.v1 + "/chat/completions", CHAT, mine)  # no key
+        assert (status, rid) == (401, "every-1")
+        for path, headers in (
+            ("/v1/models", {**ALICE, **mine}),
+            ("/v1/nowhere", mine),
+            ("/healthz", mine),
+            ("/admin/accounts", {"Authorization": f"Bearer {ADMIN_TOKEN}", **mine}),
+            ("/v1/dashboard/billing/subscription", {**ALICE, **mine}),
+        ):
+            async with s.get(gateway.url + path, headers=headers) as r:
+                assert r.headers.get("x-request-id") == "every-1", path
+        async with s.get(gateway.url + "/healthz") as r:
+            assert r.headers["x-request-id"]  # one of the gateway's own
+
+
+async def test_one_json_line_per_request(
+    gateway: ServedGateway, capfd: pytest.CaptureFixture[str]
+) -> None:
+    async with aiohttp.ClientSession() as s:
+        status, rid, _ = await post(
+            s, gateway.v1 + "/chat/completions", CHAT, {**ALICE, "x-request-id": "logged-1"}
+        )
+        assert status == 200
+    access = gateway.state.relay.access
+    assert access is not None
+    access.flush()
+    err = capfd.readouterr().err
+    assert PROMPT not in err and KEYS["alice"] not in err and "127.0.0.1" not in err
+    lines = [orjson.loads(line) for line in err.splitlines() if '"reply_id":"logged-1"' in line]
+    (line,) = lines
+    await gateway.state.writer.flush()
+    (rec,) = [
+        r
+        for r in await gateway.state.store.usage("alice", 10)
+        if r.request_id.startswith("logged-1/")
+    ]
+    assert line["request_id"] == rec.request_id
+    assert (line["key_id"], line["model"], line["channel"], line["status"]) == (
+        "k-alice",
+        "chat-small",
+        "oa",
+        200,
+    )
+    assert (line["prompt_tokens"], line["completion_tokens"]) == (
+        rec.prompt_tokens,
+        rec.completion_tokens,
+    )
+    assert line["ip_range"] == "127.0.0.0/24"
+
+
+async def test_text_lines_when_asked(
+    fake: FakeUpstream, store_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    cfg = make_config(fake.url, store_url, logging={"format": "text"})
+    async with serve_app(parse_settings(cfg)) as gw, aiohttp.ClientSession() as s:
+        mine = {**ALICE, "x-request-id": "texty"}
+        assert (await post(s, gw.v1 + "/chat/completions", CHAT, mine))[0] == 200
+        assert gw.state.relay.access is not None
+        gw.state.relay.access.flush()
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if " texty/" in x]
+    assert " 200 openai chat model=chat-small channel=oa key=k-alice " in line
+    cfg = make_config(fake.url, store_url, logging={"access": False})
+    async with serve_app(parse_settings(cfg)) as gw:
+        assert gw.state.relay.access is None
