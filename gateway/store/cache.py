@@ -121,12 +121,18 @@ class Cache:
         async with self._lock:
             seq = self._settled_seq
             version = await self._store.version()
+            keys = None
             if force or version != self._version:
                 keys = await self._store.load_keys()
+            balances = await self._store.load_balances()
+            spent = await self._store.load_spent()
+            # all read, then all swapped in: a key never serves before its account's balance
+            # (a read that fails half-way leaves the old snapshot whole)
+            if keys is not None:
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
-            self._balances = await self._store.load_balances()
-            self._spent = await self._store.load_spent()
+            self._balances = balances
+            self._spent = spent
             self.fresh_at = time.monotonic()
             done = [s for s in self._unseen if s <= seq]
             if done:
