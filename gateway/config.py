@@ -341,9 +341,11 @@ def _check_store_url(url: Any) -> None:
         raise ConfigError("store: must be a string")
     if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
         return
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
         return
-    raise ConfigError("store: must be sqlite:///path or redis://host:port/db")
+    raise ConfigError(
+        "store: must be sqlite:///path, redis://host:port/db or redis+cluster://host:port,..."
+    )
 
 
 def _list(raw: dict[str, Any], name: str) -> list[Any]:

@@ -5,17 +5,26 @@ balance, the usage is what the requests cost, a key with a quota sees its own.""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from gateway.store import MICRO, UsageRecord
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
+from tests.plugins.stores import ALL_BACKENDS, backend_url
 
 ALICE = {"Authorization": f"Bearer {KEYS['alice']}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHAT = {"model": "chat-small", "messages": [{"role": "user", "content": "hello there"}]}
 MESSAGES = {"model": "claude-small", "max_tokens": 16, "messages": CHAT["messages"]}
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """These run on a Redis Cluster too."""
+    return backend_url(request, tmp_path)
 
 
 async def get(s: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[int, Any]:

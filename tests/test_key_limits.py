@@ -6,6 +6,7 @@ set at creation or by PATCH, ``null`` clears each, bad values get 400 naming the
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,10 +15,17 @@ import pytest
 from bench.fake_upstream import FakeUpstream
 from gateway.store import MICRO
 from tests.plugins.servers import ADMIN_TOKEN, ServedGateway
+from tests.plugins.stores import ALL_BACKENDS, backend_url
 from tests.test_holds import BODY, COST, HOLD
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CHAT = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """These run on a Redis Cluster too."""
+    return backend_url(request, tmp_path)
 
 
 async def make_key(s: aiohttp.ClientSession, gw: ServedGateway, **limits: Any) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""One suite over both store backends (SQLite, Redis), plus the cache and the usage writer."""
+"""One suite over every store backend (SQLite, Redis, Redis Cluster), plus the cache and the
+usage writer."""
 
 from __future__ import annotations
 
@@ -33,9 +34,17 @@ from gateway.store import writer as writer_module
 from gateway.store.cache import Cache
 from gateway.store.sqlite import SQLiteStore
 from gateway.store.writer import UsageWriter
-from tests.plugins.stores import sqlite_url
+from tests.plugins.stores import ALL_BACKENDS, backend_url, sqlite_url
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
+
+
+@pytest.fixture(params=ALL_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """This suite runs on a Redis Cluster too."""
+    return backend_url(request, tmp_path)
+
+
 SECRET = "sk-test-secret-4f1c9a7e2b"
 UPSTREAM_SECRET = "upstream-secret-9d8e7f"
 REPO_ROOT = str(Path(__file__).resolve().parents[1])
@@ -929,6 +938,10 @@ async def test_redis_batch_resent_after_a_partial_failure_never_doubles(redis_ur
 
 
 async def _everything_in_redis(url: str) -> bytes:
+    if url.startswith(rstore.CLUSTER_SCHEME):  # each node's own keys
+        nodes, _ = rstore.cluster_nodes(url)
+        dumps = [await _everything_in_redis(f"redis://{n.host}:{n.port}/0") for n in nodes]
+        return b"\n".join(dumps)
     client = aioredis.from_url(url)
     parts: list[bytes] = []
     try:

@@ -2,8 +2,9 @@
 
 Two backends pass one test suite: SQLite (``sqlite:///path``, the embedded default; WAL, one
 writer thread, safe with several worker processes) and Redis (``redis://host:port/db``, shared
-by several instances; cluster-safe key names). Money is integer micro-units (1 balance unit =
-1,000,000), never floats. Keys are stored by the SHA-256 of their secret, never the secret.
+by several instances, or a Redis Cluster: ``redis+cluster://host:port,host:port``). Money is
+integer micro-units (1 balance unit = 1,000,000), never floats. Keys are stored by the
+SHA-256 of their secret, never the secret.
 
 The hot path never awaits the store: it reads ``cache.Cache`` (a snapshot at most one second
 stale) and hands usage records to ``writer.UsageWriter``.
@@ -179,7 +180,7 @@ def open_store(url: str) -> Store:
         from gateway.store.sqlite import SQLiteStore
 
         return SQLiteStore(url)
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
         from gateway.store.redis import RedisStore
 
         return RedisStore(url)

@@ -1,4 +1,6 @@
-"""The shared store: Redis, for several gateway instances (``redis://host:port/db``).
+"""The shared store: Redis, for several gateway instances (``redis://host:port/db``), or a
+Redis Cluster (``redis+cluster://host:port,host:port,...``: the nodes to start from; a
+password as ``redis+cluster://:password@host:port,...``).
 
 Every key name the gateway uses is a constant below. Keys that one Lua script touches together
 share a hash tag, so the layout works on a Redis Cluster too: an account's balance and its usage
@@ -11,18 +13,24 @@ records that change rarely; the hot path reads them from the cache, never from h
 - ``gw:version`` is INCR'd after every key change, account creation and top-up (never by a
   debit), and the new value is PUBLISHed on ``gw:changes``; caches poll the version.
 - Secrets are never stored: key records are found by the SHA-256 of the secret.
+- On a cluster every script's keys are in one slot (the tags above); pipelines hold plain
+  commands only, across slots (a cluster client splits them by node); scripts, which a cluster
+  pipeline cannot hold, are sent one by one and concurrently (settlement of a batch).
 """
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, cast
+from urllib.parse import unquote
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.commands.core import AsyncScript
 
 from gateway.store import (
@@ -48,6 +56,9 @@ from gateway.store.records import (
 
 if TYPE_CHECKING:
     from gateway.config import Settings
+
+CLUSTER_SCHEME = "redis+cluster://"
+CLUSTER_CONCURRENCY = 16  # scripts in flight at once on a cluster (its client's pool is small)
 
 # -- key names -------------------------------------------------------------------------------
 VERSION_KEY = "gw:version"  # string counter, INCR'd on every change but debits
@@ -162,6 +173,44 @@ def spent_key(account: str) -> str:
     return SPENT_KEY.format(account=account)
 
 
+def _settle_call(rec: UsageRecord) -> tuple[list[str], list[bytes | str | int]]:
+    """SETTLE_LUA's keys (all in the account's slot) and arguments for one record."""
+    account = rec.account
+    keys = [
+        balance_key(account),
+        usage_key(account),
+        spent_key(account),
+        DAY_KEY.format(account=account, day=day_of(rec)),
+    ]
+    args: list[bytes | str | int] = [
+        rec.cost,
+        to_micros(rec.time),
+        encode_usage(rec),
+        USAGE_KEEP,
+        rec.key_id,
+        f"{rec.key_id}\t{rec.model}\t",
+        rec.prompt_tokens,
+        rec.completion_tokens,
+    ]
+    return keys, args
+
+
+def cluster_nodes(url: str) -> tuple[list[ClusterNode], str | None]:
+    """The start-up nodes (and the password) of a ``redis+cluster://`` URL."""
+    rest = url[len(CLUSTER_SCHEME) :].split("/", 1)[0]
+    password = None
+    if "@" in rest:
+        auth, rest = rest.rsplit("@", 1)
+        password = unquote(auth.split(":", 1)[-1]) or None
+    nodes = []
+    for part in rest.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"redis+cluster URL: {part!r} is not host:port")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    return nodes, password
+
+
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
@@ -179,6 +228,7 @@ class RedisStore:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.cluster = url.startswith(CLUSTER_SCHEME)
         self._client: aioredis.Redis | None = None
 
     @property
@@ -190,12 +240,25 @@ class RedisStore:
     async def open(self) -> None:
         if self._client is not None:
             return
-        client = aioredis.from_url(
-            self.url,
-            decode_responses=False,
-            socket_connect_timeout=CONNECT_TIMEOUT,
-            socket_timeout=COMMAND_TIMEOUT,
-        )
+        if self.cluster:
+            nodes, password = cluster_nodes(self.url)
+            cluster = RedisCluster(
+                startup_nodes=nodes,
+                password=password,
+                decode_responses=False,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                socket_timeout=COMMAND_TIMEOUT,
+            )
+            # the cluster client has every command the store uses (not MULTI, not scripts
+            # inside pipelines: see the module's notes), so it stands in for a Redis
+            client = cast(aioredis.Redis, cluster)
+        else:
+            client = aioredis.from_url(
+                self.url,
+                decode_responses=False,
+                socket_connect_timeout=CONNECT_TIMEOUT,
+                socket_timeout=COMMAND_TIMEOUT,
+            )
         self._settle = client.register_script(SETTLE_LUA)
         self._share_cooling = client.register_script(SHARE_COOLING_LUA)
         self._publish_holds = client.register_script(PUBLISH_HOLDS_LUA)
@@ -347,26 +410,19 @@ class RedisStore:
     async def settle(self, records: Sequence[UsageRecord]) -> None:
         if not records:
             return
+        if self.cluster:  # no scripts in a cluster's pipelines: the records one by one, at once
+            await self.client.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
+            calls = [_settle_call(r) for r in records]
+            for i in range(0, len(calls), CLUSTER_CONCURRENCY):
+                part = calls[i : i + CLUSTER_CONCURRENCY]
+                await asyncio.gather(*(self._settle(keys=k, args=a) for k, a in part))
+            return
         async with self.client.pipeline(transaction=False) as pipe:
             # the index first: no record is ever stored under an account it does not list
             pipe.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
             for rec in records:
-                account = rec.account
-                day = DAY_KEY.format(account=account, day=day_of(rec))
-                await self._settle(
-                    keys=[balance_key(account), usage_key(account), spent_key(account), day],
-                    args=[
-                        rec.cost,
-                        to_micros(rec.time),
-                        encode_usage(rec),
-                        USAGE_KEEP,
-                        rec.key_id,
-                        f"{rec.key_id}\t{rec.model}\t",
-                        rec.prompt_tokens,
-                        rec.completion_tokens,
-                    ],
-                    client=pipe,
-                )
+                keys, args = _settle_call(rec)
+                await self._settle(keys=keys, args=args, client=pipe)
             await pipe.execute()
 
     async def usage_daily(

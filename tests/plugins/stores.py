@@ -1,5 +1,7 @@
 """Store fixtures: ``redis_url`` (a flushed test database), ``store_url`` (every backend) and
-``store`` (an opened store on it).
+``store`` (an opened store on it); ``cluster_url``, a Redis Cluster of three masters that the
+tests start on loopback (Debian's redis-server and ``redis-cli --cluster create``), flushed
+before each test; a module adds it to its backends with ``ALL_BACKENDS``.
 
 Redis is found at ``GATEWAY_TEST_REDIS`` (default ``redis://127.0.0.1:6379/13``;
 ``tests/ensure_redis.sh`` starts one). When it does not answer, Redis tests are skipped with the
@@ -9,7 +11,11 @@ reason locally and fail when ``CI`` is set.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,9 @@ from gateway.store import Store, open_store
 REDIS_ENV = "GATEWAY_TEST_REDIS"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
 BACKENDS = ["sqlite", "redis"]
+ALL_BACKENDS = [*BACKENDS, "cluster"]
+CLUSTER_NODES = 3
+CLUSTER_DEADLINE = 30.0
 
 
 def sqlite_url(path: Path) -> str:
@@ -48,12 +57,95 @@ def redis_url() -> str:
     return url
 
 
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The URL of the backend named by ``request.param``."""
     if request.param == "sqlite":
         return sqlite_url(tmp_path / "store" / "gateway.db")
-    url: str = request.getfixturevalue("redis_url")
+    name = "cluster_url" if request.param == "cluster" else "redis_url"
+    url: str = request.getfixturevalue(name)
     return url
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request, tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _until(ready: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + CLUSTER_DEADLINE
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the test cluster: {what}")
+        time.sleep(0.05)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except (redis.exceptions.ConnectionError, OSError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """Three masters on free loopback ports, started once for the session."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server or redis-cli is not installed")
+    directory = tmp_path_factory.mktemp("redis-cluster")
+    ports = [_free_port() for _ in range(CLUSTER_NODES)]
+    procs = [
+        subprocess.Popen(
+            ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
+            + ["--cluster-config-file", f"nodes-{p}.conf", "--save", "", "--appendonly", "no"]
+            + ["--dir", str(directory)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    clients = [
+        redis.Redis(host="127.0.0.1", port=p, socket_connect_timeout=1, socket_timeout=5)
+        for p in ports
+    ]
+    try:
+        for client in clients:
+            _until(lambda c=client: _answers(c), "a node does not answer")  # type: ignore[misc]
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports]]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=CLUSTER_DEADLINE,
+        )
+        for client in clients:
+            _until(
+                lambda c=client: c.cluster("info")["cluster_state"] == "ok",  # type: ignore[misc]
+                "cluster_state never ok",
+            )
+        yield ports
+    finally:
+        for client in clients:
+            client.close()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: list[int]) -> str:
+    """The test cluster, every node emptied (FLUSHALL) before the test."""
+    for port in redis_cluster:
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=5) as client:
+            client.flushall()
+    return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in redis_cluster)
 
 
 @pytest.fixture
