@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -86,6 +87,22 @@ def metrics_endpoint(
                     {"error": refused}, status_code=401, headers={"www-authenticate": "Bearer"}
                 )
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return endpoint
+
+
+def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /openapi.json``: the client surface to anyone, the admin API too with the admin
+    token."""
+    from gateway.admin import authorized
+    from gateway.openapi import document
+
+    public = orjson.dumps(document(with_admin=False))
+    whole = orjson.dumps(document(with_admin=True))
+
+    async def endpoint(request: Request) -> Response:
+        admin = authorized(request.headers.get("authorization", ""), settings.admin_token)
+        return Response(whole if admin else public, media_type="application/json")
 
     return endpoint
 
@@ -280,6 +297,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint(settings), methods=["GET"]),
     ]
     if settings.metrics.enabled:
         routes.append(Route("/metrics", metrics_endpoint(settings, metrics), methods=["GET"]))

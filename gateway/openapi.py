@@ -1,0 +1,376 @@
+"""The gateway's OpenAPI 3.1 document: the client surface (every route of ``routes.ROUTES``),
+the admin API, the probes and ``/metrics``.
+
+``GET /openapi.json`` serves the client part to anyone, and the admin part too to a request
+with the admin token. The document is built here from the route table (so a route cannot be
+missing from it) and kept in the repository as ``gateway/openapi.json``
+(``python -m gateway.openapi > gateway/openapi.json``); tests check the file against this
+module and every route against the document. Request bodies list the fields the contract
+names and allow more (clients send more); errors are each path's protocol shape.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+
+from gateway import __version__
+from gateway.routes import ROUTES, RouteSpec
+
+JSONObject = dict[str, Any]
+
+OBJECT: JSONObject = {"type": "object"}
+STRING: JSONObject = {"type": "string"}
+TEXT_OR_LIST: JSONObject = {"oneOf": [STRING, {"type": "array"}]}
+
+
+def body(required: list[str], properties: JSONObject) -> JSONObject:
+    """A JSON request body: these fields (the ones the contract names), any more allowed."""
+    return {
+        "type": "object",
+        "required": required,
+        "properties": properties,
+        "additionalProperties": True,
+    }
+
+
+REQUESTS: dict[tuple[str, str], JSONObject] = {
+    ("openai", "chat"): body(
+        ["model", "messages"],
+        {
+            "model": STRING,
+            "messages": {"type": "array", "items": OBJECT},
+            "stream": {"type": "boolean"},
+            "max_tokens": {"type": "integer"},
+            "tools": {"type": "array", "items": OBJECT},
+        },
+    ),
+    ("responses", "chat"): body(
+        ["model"],
+        {
+            "model": STRING,
+            "input": TEXT_OR_LIST,
+            "instructions": STRING,
+            "stream": {"type": "boolean"},
+        },
+    ),
+    ("anthropic", "chat"): body(
+        ["model", "messages", "max_tokens"],
+        {
+            "model": STRING,
+            "messages": {"type": "array", "items": OBJECT},
+            "max_tokens": {"type": "integer"},
+            "system": TEXT_OR_LIST,
+            "stream": {"type": "boolean"},
+        },
+    ),
+    ("anthropic", "count_tokens"): body(
+        ["model", "messages"], {"model": STRING, "messages": {"type": "array", "items": OBJECT}}
+    ),
+    ("openai", "embeddings"): body(
+        ["model", "input"],
+        {"model": STRING, "input": TEXT_OR_LIST, "encoding_format": {"enum": ["float", "base64"]}},
+    ),
+    ("openai", "images"): body(
+        ["model", "prompt"], {"model": STRING, "prompt": STRING, "n": {"type": "integer"}}
+    ),
+    ("openai", "audio_speech"): body(
+        ["model", "input"], {"model": STRING, "input": STRING, "voice": STRING}
+    ),
+    ("openai", "rerank"): body(
+        ["model", "query", "documents"],
+        {
+            "model": STRING,
+            "query": STRING,
+            "documents": {"type": "array", "items": TEXT_OR_LIST},
+            "top_n": {"type": "integer"},
+        },
+    ),
+    ("gemini", "chat"): body(
+        ["contents"], {"contents": {"type": "array", "items": OBJECT}, "generationConfig": OBJECT}
+    ),
+    ("gemini", "count_tokens"): body([], {"contents": {"type": "array", "items": OBJECT}}),
+    ("gemini", "embeddings"): body(
+        [], {"content": OBJECT, "requests": {"type": "array", "items": OBJECT}}
+    ),
+}
+MULTIPART = {
+    "multipart/form-data": {
+        "schema": {
+            "type": "object",
+            "required": ["file", "model"],
+            "properties": {"file": {"type": "string", "format": "binary"}, "model": STRING},
+        }
+    }
+}
+ERRORS = {
+    "openai": "#/components/schemas/OpenAIError",
+    "responses": "#/components/schemas/OpenAIError",
+    "anthropic": "#/components/schemas/AnthropicError",
+    "gemini": "#/components/schemas/GeminiError",
+}
+# each status the contract names (400, 401, 402, 403, 404, 405, 408, 413, 429; 502, 503,
+# 504) is in a range, in the path's protocol's shape
+RANGES = ("4XX", "5XX")
+SECURITY: list[JSONObject] = [{"bearer": []}, {"x-api-key": []}, {"x-goog-api-key": []}]
+
+
+def _errors(protocol: str, statuses: tuple[str, ...] = RANGES) -> JSONObject:
+    return {status: {"$ref": f"#/components/responses/{protocol}Error"} for status in statuses}
+
+
+def _success(spec: RouteSpec) -> JSONObject:
+    if spec.kind == "audio_speech":
+        return {
+            "description": "the audio, streamed",
+            "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    content: JSONObject = {"application/json": {"schema": OBJECT}}
+    if spec.kind == "chat" or spec.kind == "audio_transcription":
+        content["text/event-stream"] = {"schema": STRING}  # when the request streams
+    return {"description": "the reply", "content": content}
+
+
+def _operation(spec: RouteSpec) -> JSONObject:
+    op: JSONObject = {
+        "operationId": f"{spec.method.lower()}_{spec.protocol}_{spec.kind}"
+        + (f"_{spec.action}" if spec.action else "")
+        + ("_v1" if spec.path.startswith("/v1/models/{model}:") else ""),
+        "tags": [spec.protocol],
+        "security": SECURITY + ([{"key-query": []}] if spec.key_in_query else []),
+        "responses": {
+            "200": _success(spec),
+            **_errors(spec.protocol),
+        },
+    }
+    params = []
+    if "{model}" in spec.path:
+        params.append({"name": "model", "in": "path", "required": True, "schema": STRING})
+    if spec.key_in_query:
+        params.append(
+            {"name": "alt", "in": "query", "required": False, "schema": {"enum": ["sse"]}}
+        )
+    if params:
+        op["parameters"] = params
+    if spec.method == "POST":
+        if spec.kind == "audio_transcription":
+            op["requestBody"] = {"required": True, "content": MULTIPART}
+        else:
+            schema = REQUESTS[(spec.protocol, spec.kind)]
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": schema}},
+            }
+    return op
+
+
+def _admin(
+    summary: str,
+    *,
+    request: JSONObject | None = None,
+    created: bool = False,
+    params: tuple[str, ...] = (),
+    query: tuple[str, ...] = (),
+) -> JSONObject:
+    ok = "201" if created else "200"
+    op: JSONObject = {
+        "summary": summary,
+        "tags": ["admin"],
+        "security": [{"admin": []}],
+        "responses": {
+            ok: {"description": "done", "content": {"application/json": {"schema": OBJECT}}},
+            **_errors("openai"),
+        },
+    }
+    parameters = [{"name": p, "in": "path", "required": True, "schema": STRING} for p in params]
+    parameters += [{"name": q, "in": "query", "required": False, "schema": STRING} for q in query]
+    if parameters:
+        op["parameters"] = parameters
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+    return op
+
+
+MONEY: JSONObject = {"type": "number"}
+KEY_FIELDS: JSONObject = {
+    "account": STRING,
+    "group": STRING,
+    "name": STRING,
+    "expires_at": {"type": ["string", "null"]},
+    "quota": {"type": ["number", "null"]},
+    "models": {"type": ["array", "null"], "items": STRING},
+    "allowed_ips": {"type": ["array", "null"], "items": STRING},
+}
+
+
+def admin_paths() -> JSONObject:
+    return {
+        "/admin/accounts": {
+            "get": _admin("list accounts"),
+            "post": _admin(
+                "create an account",
+                request=body(["id"], {"id": STRING, "balance": MONEY}),
+                created=True,
+            ),
+        },
+        "/admin/accounts/{id}": {"get": _admin("an account", params=("id",))},
+        "/admin/accounts/{id}/topup": {
+            "post": _admin("top up", request=body(["amount"], {"amount": MONEY}), params=("id",))
+        },
+        "/admin/keys": {
+            "get": _admin("list keys (never their secrets)", query=("account",)),
+            "post": _admin(
+                "make a key (its secret shown once)",
+                request=body(["account"], KEY_FIELDS),
+                created=True,
+            ),
+        },
+        "/admin/keys/{id}": {
+            "get": _admin("a key", params=("id",)),
+            "patch": _admin(
+                "change a key",
+                request=body([], {**KEY_FIELDS, "status": {"enum": ["enabled", "disabled"]}}),
+                params=("id",),
+            ),
+            "delete": _admin("delete a key", params=("id",)),
+        },
+        "/admin/usage": {"get": _admin("usage records, newest first", query=("account", "limit"))},
+        "/admin/usage/daily": {"get": _admin("daily totals", query=("since", "until", "account"))},
+        "/admin/models": {"get": _admin("the catalogue's models")},
+        "/admin/channels": {"get": _admin("the channels (never their keys)")},
+        "/admin/groups": {"get": _admin("the groups")},
+    }
+
+
+def probe_paths() -> JSONObject:
+    ok = {"200": {"description": "yes", "content": {"application/json": {"schema": OBJECT}}}}
+    return {
+        "/healthz": {
+            "get": {"summary": "liveness", "tags": ["probes"], "security": [], "responses": ok}
+        },
+        "/readyz": {
+            "get": {
+                "summary": "readiness: the store answers",
+                "tags": ["probes"],
+                "security": [],
+                "responses": {
+                    **ok,
+                    "503": {
+                        "description": "not ready",
+                        "content": {"application/json": {"schema": OBJECT}},
+                    },
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "tags": ["probes"],
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "the exposition",
+                        "content": {"text/plain": {"schema": STRING}},
+                    },
+                    "401": {
+                        "description": "a metrics token is set and was not given",
+                        "content": {"application/json": {"schema": OBJECT}},
+                    },
+                },
+            }
+        },
+    }
+
+
+COMPONENTS: JSONObject = {
+    "responses": {
+        f"{protocol}Error": {
+            "description": "an error, in the path's protocol's shape",
+            "content": {"application/json": {"schema": {"$ref": ref}}},
+        }
+        for protocol, ref in ERRORS.items()
+    },
+    "securitySchemes": {
+        "bearer": {"type": "http", "scheme": "bearer", "description": "an sk- key"},
+        "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+        "x-goog-api-key": {"type": "apiKey", "in": "header", "name": "x-goog-api-key"},
+        "key-query": {"type": "apiKey", "in": "query", "name": "key"},
+        "admin": {"type": "http", "scheme": "bearer", "description": "the admin token"},
+    },
+    "schemas": {
+        "OpenAIError": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["message", "type"],
+                    "properties": {
+                        "message": STRING,
+                        "type": STRING,
+                        "code": {"type": ["string", "null"]},
+                    },
+                }
+            },
+        },
+        "AnthropicError": {
+            "type": "object",
+            "required": ["type", "error"],
+            "properties": {
+                "type": {"const": "error"},
+                "error": {
+                    "type": "object",
+                    "required": ["type", "message"],
+                    "properties": {"type": STRING, "message": STRING},
+                },
+            },
+        },
+        "GeminiError": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message", "status"],
+                    "properties": {
+                        "code": {"type": "integer"},
+                        "message": STRING,
+                        "status": STRING,
+                    },
+                }
+            },
+        },
+    },
+}
+
+
+def document(with_admin: bool = True) -> JSONObject:
+    """The document: the client surface and probes, and the admin API when ``with_admin``."""
+    paths: JSONObject = {}
+    for spec in ROUTES:
+        paths.setdefault(spec.path, {})[spec.method.lower()] = _operation(spec)
+    paths.update(probe_paths())
+    if with_admin:
+        paths.update(admin_paths())
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Model Gateway",
+            "version": __version__,
+            "description": (
+                "One endpoint for OpenAI, Anthropic and Gemini models, in each of their protocols."
+            ),
+        },
+        "components": COMPONENTS,
+        "paths": dict(sorted(paths.items())),
+    }
+
+
+def main() -> None:
+    sys.stdout.write(orjson.dumps(document(), option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+if __name__ == "__main__":
+    main()
