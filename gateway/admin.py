@@ -36,6 +36,7 @@ from gateway.errors import (
     GatewayError,
     InvalidRequestError,
     NotFoundError,
+    PayloadTooLargeError,
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
@@ -45,6 +46,7 @@ from gateway.types import JSON
 log = logging.getLogger("gateway.admin")
 
 DAILY_MAX_DAYS = 400  # days one /admin/usage/daily call may span
+MAX_BODY = 64 * 1024  # bytes of an admin request body (the largest real one is a few KiB)
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ERROR_CODES = {
@@ -53,6 +55,7 @@ ERROR_CODES = {
     403: "csrf",
     404: "not_found",
     409: "already_exists",
+    413: "request_too_large",
     503: "store_unavailable",
 }
 
@@ -147,7 +150,19 @@ def _guarded(handler: Handler) -> Endpoint:
 
 
 async def _body(request: Request) -> dict[str, JSON]:
-    raw = await request.body()
+    """The request's JSON object, at most ``MAX_BODY`` bytes (413 past it, before reading
+    more than that)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:

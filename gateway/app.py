@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from gateway import __version__
+from gateway import __version__, accept_errors
 from gateway.asgi import send_error
 from gateway.config import Settings, load_settings
 from gateway.dashboard import Dashboard
@@ -259,6 +259,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         stop_collecting = collect_periodically(asyncio.get_running_loop())
+        accept_errors.install(asyncio.get_running_loop())
         try:
             await writer.start()  # the journal: what it holds is settled once the store answers
             await upstream.start()

@@ -7,8 +7,10 @@ readable; nothing here knows about keys, channels or money.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import deque
+from typing import Any
 
 import orjson
 
@@ -17,6 +19,7 @@ from gateway.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
 )
 from gateway.protocols.base import ClientSide
 from gateway.types import JSON, Receive, Scope, Send
@@ -36,6 +39,8 @@ RELAY_HEADERS = frozenset(
 )
 Headers = dict[bytes, bytes]
 WATCH_TICK = 0.05  # seconds between looks at the requests in flight (see Watchlist)
+# bytes a second a body that takes longer than the body timeout must have kept up on average
+BODY_MIN_RATE = 16 * 1024
 
 
 class ClientGone(Exception):
@@ -62,8 +67,11 @@ def forwarded_headers(headers: Headers) -> dict[str, str]:
     }
 
 
-async def read_body(receive: Receive, limit: int, declared: bytes | None) -> bytes:
-    """The whole request body; 413 past ``limit`` (checked against Content-Length first)."""
+async def read_body(
+    receive: Receive, limit: int, declared: bytes | None, reading: BodyRead | None = None
+) -> bytes:
+    """The whole request body; 413 past ``limit`` (checked against Content-Length first);
+    408 when ``reading`` (``BodyDeadlines.begin``) ran out of time."""
     if declared is not None:
         try:
             if int(declared) > limit:
@@ -72,19 +80,122 @@ async def read_body(receive: Receive, limit: int, declared: bytes | None) -> byt
             raise InvalidRequestError("bad Content-Length") from None
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        body = message.get("body", b"")
-        if body:
-            size += len(body)
-            if size > limit:
-                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
-            chunks.append(body)
-        if not message.get("more_body", False):
-            break
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone()
+            body = message.get("body", b"")
+            if body:
+                size += len(body)
+                if size > limit:
+                    raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
+                chunks.append(body)
+                if reading is not None:
+                    reading.received = size
+            if not message.get("more_body", False):
+                break
+    except asyncio.CancelledError:
+        if reading is not None and reading.timed_out():
+            raise too_slow() from None
+        raise
+    finally:
+        if reading is not None:
+            reading.finish()
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def too_slow() -> RequestTimeoutError:
+    return RequestTimeoutError("The request body did not arrive in time.")
+
+
+class BodyRead:
+    """One request's body being read, as ``BodyDeadlines`` watches it."""
+
+    __slots__ = ("task", "started", "received", "done", "_expired")
+
+    def __init__(self, task: asyncio.Task[Any] | None, started: float) -> None:
+        self.task = task
+        self.started = started
+        self.received = 0
+        self.done = False
+        self._expired = False
+
+    def finish(self) -> None:
+        """The body is read (or will never be): nothing to watch, no task to hold on to."""
+        self.done = True
+        self.task = None
+
+    def expire(self) -> None:
+        self._expired = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: True (and the cancellation absorbed) when the deadline
+        caused it."""
+        if not self._expired:
+            return False
+        if self.task is not None:
+            self.task.uncancel()
+        return True
+
+
+class BodyDeadlines:
+    """Request bodies that arrive too slowly get 408 (slow-drip and lying-Content-Length
+    clients hold a connection and a task otherwise). A body has ``timeout`` seconds, plus a
+    second for every ``min_rate`` bytes it has sent, so a large upload at a real speed is never
+    cut. One timer looks at the bodies being read every ``WATCH_TICK`` seconds while there are
+    any (as ``Watchlist`` does), instead of a timer per request."""
+
+    __slots__ = ("timeout", "min_rate", "_fresh", "_slow", "_timer", "_loop", "_seq")
+
+    def __init__(self, timeout: float, min_rate: float = BODY_MIN_RATE) -> None:
+        self.timeout = timeout
+        self.min_rate = min_rate
+        # every body's first deadline is its start + timeout: in the order they began
+        self._fresh: deque[tuple[float, BodyRead]] = deque()
+        # the bodies still arriving at their first deadline, by their later ones
+        self._slow: list[tuple[float, int, BodyRead]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._seq = 0
+
+    def begin(self) -> BodyRead | None:
+        """Watch the calling task's body (None: no timeout configured)."""
+        if self.timeout <= 0:
+            return None
+        now = time.monotonic()
+        reading = BodyRead(asyncio.current_task(), now)
+        self._fresh.append((now + self.timeout, reading))
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._loop is not loop:
+            self._loop = loop
+            self._timer = loop.call_later(WATCH_TICK, self._sweep)
+        return reading
+
+    def _check(self, reading: BodyRead, now: float) -> None:
+        allowed = reading.started + self.timeout + reading.received / self.min_rate
+        if allowed <= now:
+            reading.expire()
+        else:
+            self._seq += 1
+            heapq.heappush(self._slow, (allowed, self._seq, reading))
+
+    def _sweep(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        fresh, slow = self._fresh, self._slow
+        while fresh and fresh[0][0] <= now:
+            reading = fresh.popleft()[1]
+            if not reading.done:
+                self._check(reading, now)
+        while slow and slow[0][0] <= now:
+            reading = heapq.heappop(slow)[2]
+            if not reading.done:
+                self._check(reading, now)
+        if (fresh or slow) and self._loop is not None:
+            self._timer = self._loop.call_later(WATCH_TICK, self._sweep)
 
 
 def parse_json(raw: bytes) -> JSON:
@@ -199,10 +310,15 @@ async def send_json(
 
 
 async def send_error(
-    send: Send, client: ClientSide, err: GatewayError, request_id: str | None = None
+    send: Send,
+    client: ClientSide,
+    err: GatewayError,
+    request_id: str | None = None,
+    close: bool = False,
 ) -> None:
     """The error in the client's protocol, with ``Retry-After``, ``Allow`` and
-    ``x-request-id`` where they apply."""
+    ``x-request-id`` where they apply; ``close``: the request's body was not read, so the
+    connection ends with the reply (``Connection: close``) rather than read what is left."""
     status, body = client.encode_error(err)
     extra = []
     if err.retry_after is not None:
@@ -211,4 +327,6 @@ async def send_error(
         extra.append((b"allow", ", ".join(err.allow).encode()))
     if request_id is not None:
         extra.append((b"x-request-id", request_id.encode()))
+    if close:
+        extra.append((b"connection", b"close"))
     await send_json(send, status, body, extra)

@@ -149,6 +149,12 @@ class ServerSettings:
     go at once (under hypercorn thanks to ``gateway.hypercorn_mend``)."""
 
     keep_alive_seconds: float = 75.0
+    # a request body must arrive within this many seconds, plus one for every 16 KiB it has
+    # sent by then (a slow-drip or lying-Content-Length client gets 408); 0: no limit
+    body_timeout_seconds: float = 10.0
+    # connections one process holds at once; past it a new one gets a short 503 and is
+    # closed. 0: about half the open-file limit (each stream also holds an upstream socket)
+    max_connections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -572,9 +578,14 @@ def _limits(v: Any) -> Limits:
 def _server(v: Any) -> ServerSettings:
     d = _mapping(v, "server")
     _no_unknown(d, set(ServerSettings.__dataclass_fields__), "server")
-    keep_alive = d.get("keep_alive_seconds", ServerSettings().keep_alive_seconds)
+    base = ServerSettings()
+    keep_alive = d.get("keep_alive_seconds", base.keep_alive_seconds)
+    body = d.get("body_timeout_seconds", base.body_timeout_seconds)
+    connections = d.get("max_connections", base.max_connections)
     return ServerSettings(
-        keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0)
+        keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0),
+        body_timeout_seconds=_num(body, "server.body_timeout_seconds", minimum=0.0),
+        max_connections=_int(connections, "server.max_connections", minimum=0),
     )
 
 

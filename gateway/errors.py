@@ -91,6 +91,14 @@ class MethodNotAllowedError(GatewayError):
         self.allow = allow
 
 
+class RequestTimeoutError(GatewayError):
+    """408: the client did not send its request body in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLargeError(GatewayError):
     status = 413
     type = "request_too_large"

@@ -1,5 +1,5 @@
-"""A mend for hypercorn (0.18, the newest): a connection its client closed while idle is let go
-at once instead of after the keep-alive.
+"""Mends for hypercorn (0.18, the newest): a connection its client closed while idle is let go
+at once instead of after the keep-alive; and a cap on the connections one process holds.
 
 hypercorn's ``TCPServer`` runs a connection in a TaskGroup that holds, between requests, an
 idle task sleeping ``keep_alive_timeout``. When the client closes an idle connection, the read
@@ -12,6 +12,11 @@ The mend stops the idle task as soon as the read loop has ended. Nothing can arr
 connection any more, so nothing is lost; a request still being answered is not touched (its
 stream was closed by the read loop, as before). A hypercorn without that read loop or idle task
 is left alone, and says so in the log once.
+
+hypercorn has no limit on connections: enough idle or half-open ones (20,000 seen) use every
+file descriptor, and then the probes and every client fail. ``limit_connections`` counts the
+connections of ``TCPServer.run``; past the cap a new one gets a short 503 in the OpenAI error
+shape with ``Retry-After`` and ``Connection: close`` before anything is read, and is closed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,82 @@ from typing import Any
 
 log = logging.getLogger("gateway.server")
 _MENDED = "_gateway_mended_idle_close"
+_CAPPED = "_gateway_connection_cap"
+_REFUSAL_BODY = (
+    b'{"error":{"message":"The gateway has too many connections open; retry shortly.",'
+    b'"type":"overloaded_error","code":"too_many_connections"}}'
+)
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s"
+    % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+)
+
+
+class ConnectionCap:
+    """Connections open in this process, and how many it may hold (0: no cap)."""
+
+    def __init__(self) -> None:
+        self.limit = 0
+        self.open = 0
+        self.refused = 0
+
+
+CONNECTIONS = ConnectionCap()
+
+
+def limit_connections(limit: int) -> bool:
+    """Cap the connections this process's hypercorn holds at ``limit``; True when it can."""
+    CONNECTIONS.limit = limit
+    module = sys.modules.get("hypercorn.asyncio.tcp_server")
+    server_class = getattr(module, "TCPServer", None)
+    if server_class is None:
+        return False
+    if getattr(server_class, _CAPPED, False):
+        return True
+    run: Callable[[Any], Coroutine[Any, Any, None]] | None = getattr(server_class, "run", None)
+    if run is None:
+        log.warning("server.connections_not_capped reason=no_run")
+        return False
+
+    async def capped_run(self: Any) -> None:
+        cap = CONNECTIONS
+        if cap.limit and cap.open >= cap.limit:
+            cap.refused += 1
+            if cap.refused == 1 or cap.refused % 1000 == 0:
+                log.warning("server.connections_refused open=%d refused=%d", cap.open, cap.refused)
+            writer = self.writer
+            try:
+                writer.write(REFUSAL)
+                await writer.drain()
+            except OSError:
+                pass
+            finally:
+                writer.close()
+            return
+        cap.open += 1
+        try:
+            await run(self)
+        finally:
+            cap.open -= 1
+
+    server_class.run = capped_run
+    setattr(server_class, _CAPPED, True)
+    return True
+
+
+def default_connection_limit() -> int:
+    """About half the open-file limit (each stream holds its client's socket and an upstream
+    one), less a reserve for the store, the journal and the listening sockets; at most 10,000."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 10_000
+    if soft == resource.RLIM_INFINITY:
+        return 10_000
+    return max(16, min(10_000, (soft - 64) // 2))
 
 
 def mend_hypercorn() -> bool:

@@ -17,7 +17,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from gateway.config import Settings
-from gateway.hypercorn_mend import mend_hypercorn
+from gateway.hypercorn_mend import default_connection_limit, limit_connections, mend_hypercorn
 from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ def serve(
             snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
             os.environ[METRICS_DIR_ENV] = snapshots
         if server == "uvicorn":
-            _uvicorn(host, port, workers, settings.server.keep_alive_seconds)
+            limit = settings.server.max_connections or default_connection_limit()
+            _uvicorn(host, port, workers, settings.server.keep_alive_seconds, limit)
         elif server == "granian":
             _granian(host, port, workers)
         else:
@@ -81,6 +82,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     from gateway.gc_tuning import tune_gc
 
     mend_hypercorn()
+    limit_connections(settings.server.max_connections or default_connection_limit())
     app = create_app(settings)
     tune_gc()  # as every other server's worker does in create_app()
 
@@ -101,10 +103,13 @@ def hypercorn_worker_app() -> GatewayApp:
     from gateway.app import create_app
 
     mend_hypercorn()
-    return create_app()
+    app = create_app()
+    limit = app.state.gateway.settings.server.max_connections
+    limit_connections(limit or default_connection_limit())
+    return app
 
 
-def _uvicorn(host: str, port: int, workers: int, keep_alive: float) -> None:
+def _uvicorn(host: str, port: int, workers: int, keep_alive: float, limit: int) -> None:
     import uvicorn
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
@@ -120,6 +125,7 @@ def _uvicorn(host: str, port: int, workers: int, keep_alive: float) -> None:
         timeout_keep_alive=round(keep_alive),  # the config allows no less than 1
         log_level="warning",
         timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
+        limit_concurrency=limit,  # past it, uvicorn answers 503 itself
     )
 
 

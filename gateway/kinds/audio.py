@@ -26,7 +26,7 @@ from typing import IO
 
 import orjson
 
-from gateway.asgi import ClientGone
+from gateway.asgi import BodyRead, ClientGone
 from gateway.billing import Metered, billable_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
@@ -65,6 +65,7 @@ class TranscriptionJob:
     # the client's fault found while the upload went out (it grew past the limit): the upload
     # is cut short and this, not the upstream's answer to the cut body, is the reply
     failure: GatewayError | None = None
+    reading: BodyRead | None = None  # the body's deadline, told of each piece that arrives
 
     def release(self) -> None:
         pass  # the spool is let go as the upload sends it
@@ -92,6 +93,10 @@ class TranscriptionJob:
             body = message.get("body", b"")
             self.more = message.get("more_body", False)
             self.size += len(body)
+            if self.reading is not None:
+                self.reading.received = self.size
+                if not self.more:
+                    self.reading.finish()
             if self.size > self.limit:
                 self.failure = too_large(self.limit)
                 return
@@ -206,6 +211,8 @@ class TranscriptionKind:
                 body = message.get("body", b"")
                 more = message.get("more_body", False)
                 size += len(body)
+                if incoming.reading is not None:
+                    incoming.reading.received = size
                 if size > limit:
                     raise too_large(limit)
                 spool.write(body)
@@ -225,7 +232,12 @@ class TranscriptionKind:
             model=model,
             stream=fields.fields.get("stream", "").lower() == "true",
         )
-        return TranscriptionJob(route, boundary, incoming.receive, limit, spool, size, more)
+        reading = incoming.reading
+        if reading is not None and not more:
+            reading.finish()
+        return TranscriptionJob(
+            route, boundary, incoming.receive, limit, spool, size, more, reading=reading
+        )
 
     def exchange(
         self, job: TranscriptionJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from gateway.asgi import Headers
+from gateway.asgi import BodyRead, Headers
 from gateway.billing import Metered
 from gateway.config import Channel, Limits
 from gateway.errors import GatewayError
@@ -37,6 +37,7 @@ class Incoming:
     headers: Headers  # the headers the relay reads (``asgi.RELAY_HEADERS``)
     limits: Limits
     query: bytes  # the query string
+    reading: BodyRead | None = None  # the body's deadline (asgi.BodyDeadlines)
 
 
 class Job(Protocol):

@@ -116,7 +116,10 @@ def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
 async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
     spec = incoming.spec
     raw = await read_body(
-        incoming.receive, incoming.limits.max_request_bytes, incoming.headers.get(b"content-length")
+        incoming.receive,
+        incoming.limits.max_request_bytes,
+        incoming.headers.get(b"content-length"),
+        incoming.reading,
     )
     payload = parse_json(raw)
     client = CLIENTS[spec.protocol]

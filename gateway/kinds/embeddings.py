@@ -125,6 +125,7 @@ class EmbeddingsKind:
             incoming.receive,
             incoming.limits.max_request_bytes,
             incoming.headers.get(b"content-length"),
+            incoming.reading,
         )
         payload = parse_json(raw)
         client = EMBEDDINGS[spec.protocol]

@@ -195,6 +195,7 @@ class MediaKind:
             incoming.receive,
             incoming.limits.max_request_bytes,
             incoming.headers.get(b"content-length"),
+            incoming.reading,
         )
         payload = json_object(parse_json(raw))
         route = RouteMatch(

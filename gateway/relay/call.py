@@ -100,7 +100,7 @@ class Call(UsageRecord):
         self.cost = rate.cost_of(used) if rate is not None else 0
 
     def record(
-        self, writer: UsageWriter, metrics: Metrics, access: AccessLog | None
+        self, writer: UsageWriter, metrics: Metrics | None, access: AccessLog | None
     ) -> Awaitable[None] | None:
         """Hand the record to the writer, count it in ``metrics`` and log its line; once
         per request, a no-op after that. Returns what to await for the record to be durable
@@ -114,7 +114,8 @@ class Call(UsageRecord):
         self.account = key.account
         self.key_id = key.id
         self.latency_ms = int((time.perf_counter() - self.started) * 1000)
-        metrics.observe(self, self.first_chunk)
+        if metrics is not None:
+            metrics.observe(self, self.first_chunk)
         if access is not None:
             access.write(self, self.reply_id)
         return writer.submit(self, self.held)

@@ -25,11 +25,13 @@ from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.asgi import (
+    BodyDeadlines,
     ClientGone,
     Watchlist,
     forwarded_headers,
     request_headers,
     send_error,
+    too_slow,
 )
 from gateway.auth import address_allowed, check_key, extract_key, key_hash
 from gateway.billing import ClientAddress, Metered, Rate
@@ -92,7 +94,10 @@ class Relay:
         self.store_grace = settings.limits.store_grace or math.inf
         self.first_byte_timeout = settings.upstream.first_byte_timeout
         self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
+        self.bodies = BodyDeadlines(settings.server.body_timeout_seconds)
         self.metrics = Metrics(m.name for m in settings.models)
+        # what records are counted in: none when /metrics is off (nothing reads them)
+        self.observed = self.metrics if settings.metrics.enabled else None
         logs = settings.logging
         self.access = AccessLog(logs.format) if logs.access else None
 
@@ -129,6 +134,8 @@ class Relay:
             kind.name,
             self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
+        reading = self.bodies.begin()
+        read = False  # the body is read: the connection may serve another request after this
         try:
             call.key = self.authenticate(spec, scope, headers, call.time)
             incoming = Incoming(
@@ -139,8 +146,10 @@ class Relay:
                 headers,
                 self.settings.limits,
                 scope.get("query_string", b""),
+                reading,
             )
             job = await kind.read(incoming)
+            read = True
             call.model = job.route.model or ""
             if call.key.models is not None and call.model not in call.key.models:
                 raise NotFoundError(
@@ -169,12 +178,18 @@ class Relay:
         except GatewayError as err:
             call.set_status(err.status)
             if not call.responded:
-                await send_error(send, CLIENTS[spec.protocol], err, call.reply_id)
+                # refused before its body was read (a bad key, too large, too slow): the
+                # connection ends with the reply instead of waiting for the rest
+                await send_error(send, CLIENTS[spec.protocol], err, call.reply_id, not read)
         except ClientGone:
             call.set_status(CLIENT_GONE)
         except asyncio.CancelledError:
-            call.set_status(CLIENT_GONE)
-            raise
+            if reading is None or not reading.timed_out():
+                call.set_status(CLIENT_GONE)
+                raise
+            call.set_status(408)  # an upload that stopped arriving while it streamed
+            if not call.responded:
+                await send_error(send, CLIENTS[spec.protocol], too_slow(), call.reply_id, True)
         except Exception:
             log.exception("relay.unexpected request_id=%s", call.request_id)
             call.set_status(500)
@@ -183,8 +198,10 @@ class Relay:
                     send, CLIENTS[spec.protocol], InternalError("internal error"), call.reply_id
                 )
         finally:
+            if reading is not None:
+                reading.finish()
             if not call.recorded:
-                call.record(self.writer, self.metrics, self.access)
+                call.record(self.writer, self.observed, self.access)
 
     async def _attempts(
         self,
@@ -306,7 +323,7 @@ class Relay:
         send: Send,
     ) -> None:
         call.bill(used, rate)
-        durable = call.record(self.writer, self.metrics, self.access)
+        durable = call.record(self.writer, self.observed, self.access)
         if durable is not None:
             await durable  # the record survives the process before the reply is complete
         call.responded = True
@@ -339,7 +356,7 @@ class Relay:
             # what was generated, even when the stream ended on an error
             call.bill(exchange.used(stream, status == 200), rate)
             call.set_status(status)
-            return call.record(self.writer, self.metrics, self.access)
+            return call.record(self.writer, self.observed, self.access)
 
         call.responded = True
         call.first_chunk = time.perf_counter() - call.started

@@ -99,6 +99,7 @@ class Gateway:
         self.config, self.port, self.log = config, port, log
         self.workers, self.env = workers, env or {}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.preexec: Callable[[], None] | None = None  # run in the child before it starts
 
     @property
     def url(self) -> str:
@@ -112,6 +113,7 @@ class Gateway:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                preexec_fn=self.preexec,
             )
         deadline = time.monotonic() + START_DEADLINE
         async with aiohttp.ClientSession() as s:

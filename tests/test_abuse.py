@@ -1,0 +1,248 @@
+"""Abusive connections are held off (issue: hardening): a body that drips or never arrives
+gets 408 within the body timeout while a large upload at a real speed is served; a request
+without a valid key is refused 401 and its connection closed without reading its body; past
+the connection cap a new connection gets a short 503 and is closed; accept errors when the
+process runs out of file descriptors are logged once, not per attempt; admin bodies are
+bounded. Real sockets throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import yaml
+
+from bench.fake_upstream import FakeUpstream
+from gateway import accept_errors
+from gateway.config import parse_settings
+from tests.plugins.processes import Gateway, free_port, write_config
+from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
+
+DEADLINE = 20.0
+
+
+def chat_body(size: int = 0) -> bytes:
+    text = "hi" + " " * max(0, size - 100)
+    return orjson.dumps({"model": "chat-small", "messages": [{"role": "user", "content": text}]})
+
+
+async def connect(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+def head(length: int, key: str | None = KEYS["alice"], path: str = "/v1/chat/completions") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "host: test", "content-type: application/json"]
+    lines.append(f"content-length: {length}")
+    if key is not None:
+        lines.append(f"authorization: Bearer {key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length, within the deadline."""
+    async with asyncio.timeout(DEADLINE):
+        status_line = await reader.readline()
+        headers: dict[str, str] = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.fixture
+async def quick(fake: FakeUpstream, store_url: str) -> Any:
+    cfg = make_config(fake.url, store_url, server={"body_timeout_seconds": 1})
+    async with serve_app(parse_settings(cfg)) as gw:
+        yield gw
+
+
+async def test_a_dripping_body_gets_408(quick: ServedGateway) -> None:
+    body = chat_body()
+    reader, writer = await connect(quick.url)
+    writer.write(head(len(body)))
+    started = time.monotonic()
+    answer = asyncio.create_task(response(reader))
+    for byte in body:  # a byte every 0.2 s: far below any real client's speed
+        if answer.done():
+            break
+        with contextlib.suppress(ConnectionError):
+            writer.write(bytes([byte]))
+            await writer.drain()
+        await asyncio.sleep(0.2)
+    status, headers, raw = await answer
+    assert status == 408
+    assert orjson.loads(raw)["error"]["code"] == "request_timeout"
+    assert headers["connection"] == "close"
+    assert time.monotonic() - started < 1 + 5  # the timeout, and a sweep; not the body's time
+    writer.close()
+
+
+async def test_a_lying_content_length_gets_408(quick: ServedGateway) -> None:
+    reader, writer = await connect(quick.url)
+    writer.write(head(1000) + b'{"model": "chat')  # then nothing more
+    status, _, _ = await response(reader)
+    assert status == 408
+    writer.close()
+    await quick.state.writer.flush()
+    records = await quick.state.store.usage("alice", 10)
+    assert records[0].status == 408
+
+
+async def test_a_large_body_at_a_real_speed_is_served(quick: ServedGateway) -> None:
+    body = chat_body(64 * 1024)  # 2 s at 32 KiB/s: past the 1 s timeout, above the least rate
+    reader, writer = await connect(quick.url)
+    writer.write(head(len(body)))
+    for i in range(0, len(body), 8 * 1024):
+        writer.write(body[i : i + 8 * 1024])
+        await writer.drain()
+        await asyncio.sleep(0.25)
+    status, _, raw = await response(reader)
+    assert status == 200, raw
+    writer.close()
+
+
+async def test_without_a_key_the_body_is_not_waited_for(gateway: ServedGateway) -> None:
+    reader, writer = await connect(gateway.url)
+    writer.write(head(10_000_000, key=None) + b"x" * 1024)  # 10 MB announced, 1 KiB sent
+    status, headers, _ = await response(reader)
+    assert status == 401
+    assert headers["connection"] == "close"
+    async with asyncio.timeout(DEADLINE):
+        assert await reader.read() == b""  # closed by the gateway: nothing more is read
+    writer.close()
+
+
+async def test_admin_bodies_are_bounded(gateway: ServedGateway) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
+    huge = b'{"id": "x", "balance": 1, "pad": "' + b"a" * 100_000 + b'"}'
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.url + "/admin/accounts", data=huge, headers=admin) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["code"] == "request_too_large"
+
+
+def accept_failure(n: int) -> dict[str, Any]:
+    return {"message": "socket.accept() out of system resource", "exception": OSError(n, "x")}
+
+
+async def test_accept_errors_are_one_line_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    before = loop.get_exception_handler()
+    seen: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: seen.append(context))
+    try:
+        handler = accept_errors.install(loop)
+        with caplog.at_level(logging.ERROR, logger="gateway.server"):
+            for _ in range(1000):
+                handler(loop, accept_failure(errno.EMFILE))
+        lines = [r for r in caplog.records if "accept_failed" in r.message]
+        assert len(lines) == 1 and "EMFILE" in lines[0].message
+        assert handler.count == 999  # counted for the next line
+        handler(loop, {"message": "something else"})
+        assert seen == [{"message": "something else"}]  # the rest goes where it went before
+    finally:
+        loop.set_exception_handler(before)
+
+
+def serve_config(tmp_path: Path, fake: FakeUpstream, **server: Any) -> Path:
+    path = write_config(tmp_path, fake.url, f"sqlite:///{tmp_path / 'gw.db'}")
+    cfg = yaml.safe_load(path.read_text())
+    cfg["server"] = server
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+async def healthy(url: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + "/healthz") as r:
+            return r.status == 200
+    except (aiohttp.ClientError, OSError):
+        return False
+
+
+async def test_past_the_connection_cap_a_new_one_gets_503(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    gw = Gateway(serve_config(tmp_path, fake, max_connections=5), free_port(), tmp_path / "log")
+    await gw.start()
+    held: list[asyncio.StreamWriter] = []
+    try:
+        while len(held) < 5:  # idle connections, as a flood would hold them
+            _, writer = await connect(gw.url)
+            held.append(writer)
+        deadline = time.monotonic() + DEADLINE
+        while True:  # the server counts a connection once its task has started
+            reader, writer = await connect(gw.url)
+            data = b""
+            with contextlib.suppress(TimeoutError, ConnectionError):
+                async with asyncio.timeout(0.5):
+                    data = await reader.read()
+            writer.close()
+            if data.startswith(b"HTTP/1.1 503"):
+                break
+            assert time.monotonic() < deadline, data
+        assert b"too_many_connections" in data and b"connection: close" in data
+        for writer in held:
+            writer.close()
+        held.clear()
+        deadline = time.monotonic() + DEADLINE
+        while not await healthy(gw.url):
+            assert time.monotonic() < deadline, "never served again"
+            await asyncio.sleep(0.1)
+    finally:
+        for writer in held:
+            writer.close()
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()
+
+
+async def test_out_of_file_descriptors_is_logged_once_and_survived(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 128:
+        pytest.skip("the hard file limit is too low to run the gateway under a lower one")
+    gw = Gateway(
+        serve_config(tmp_path, fake, max_connections=100_000), free_port(), tmp_path / "log"
+    )
+    limit = 96
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+    gw.preexec = low_limit
+    await gw.start()
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(limit + 50):  # more than the process may open
+            with contextlib.suppress(OSError):
+                _, writer = await connect(gw.url)
+                held.append(writer)
+        await asyncio.sleep(2.5)  # the accept loop retries once a second, failing each time
+        for writer in held:
+            writer.close()
+        held.clear()
+        deadline = time.monotonic() + DEADLINE
+        while not await healthy(gw.url):
+            assert time.monotonic() < deadline, "never served again"
+            await asyncio.sleep(0.1)
+        log = gw.log.read_text()
+        assert 1 <= log.count("server.accept_failed") <= 2
+        assert log.count("Traceback") == 0
+    finally:
+        for writer in held:
+            writer.close()
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()
