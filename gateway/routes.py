@@ -85,7 +85,7 @@ class Router:
         by_method = self._exact.get(path)
         model = None
         if by_method is None:
-            found = self._with_model(path)
+            found = self._with_model(method, path)
             if found is None:
                 return None
             by_method, model = found
@@ -100,7 +100,7 @@ class Router:
             )
         return spec, model
 
-    def _with_model(self, path: str) -> tuple[dict[str, RouteSpec], str] | None:
+    def _with_model(self, method: str, path: str) -> tuple[dict[str, RouteSpec], str] | None:
         for prefix in GENERATE_PREFIXES:
             if not path.startswith(prefix):
                 continue
@@ -111,11 +111,16 @@ class Router:
             if not name or "/" in name:
                 return None
             by_method = self._modelled.get((prefix, colon + action))
-            if by_method is None:
-                if action:
-                    raise UnknownURLError(f"Unknown request URL: {path}")
-                return None
-            return by_method, name
+            if by_method is not None:
+                return by_method, name
+            # a model id with a colon (OpenAI's fine-tuned "ft:base:org::id"): read, it is
+            # the model's own page; sent, an action this gateway does not know
+            plain = self._modelled.get((prefix, ""))
+            if plain is not None and method in ("GET", "HEAD") and "/" not in rest:
+                return plain, rest
+            if action:
+                raise UnknownURLError(f"Unknown request URL: {path}")
+            return None
         return None
 
 

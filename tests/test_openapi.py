@@ -84,3 +84,21 @@ async def test_served_with_the_admin_part_only_for_the_admin(gateway: ServedGate
     assert not any(p.startswith("/admin") for p in public["paths"])
     assert "/admin/keys" in whole["paths"]
     assert "/v1/chat/completions" in public["paths"]
+
+
+def test_a_model_id_with_colons_is_read_not_taken_for_an_action() -> None:
+    """Found by the schemathesis run: OpenAI's fine-tuned ids (ft:base:org::id) were taken
+    for a generate-content action and answered 404 in Gemini's shape."""
+    router = Router()
+    found = router.match("GET", "/v1/models/ft:gpt-4o-mini:acme::a1b2")
+    assert found is not None
+    spec, model = found
+    assert (spec.kind, spec.protocol, model) == ("model", "openai", "ft:gpt-4o-mini:acme::a1b2")
+    found = router.match("POST", "/v1/models/gemini-small:generateContent")
+    assert found is not None and found[0].action == "generateContent"
+    import pytest
+
+    from gateway.errors import UnknownURLError
+
+    with pytest.raises(UnknownURLError):
+        router.match("POST", "/v1/models/gemini-small:fly")

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from gateway.errors import GatewayError
 from gateway.protocols.base import Passthrough
 from tests.test_conversion import ROOT, Case, load, run_stream, upstream_request
+from tests.test_embeddings_conversion import Case as EmbedCase
+from tests.test_embeddings_conversion import cases as embed_cases
 
 CASES = sorted(p.parent for p in ROOT.glob("*/*/request.json"))
 REPLY_CASES = [p for p in CASES if (p / "upstream_response.json").exists()]
@@ -187,3 +189,55 @@ def test_an_upstream_stream_of_any_shape_is_a_gateway_error_at_worst(
 ) -> None:
     path, raw = example
     run_stream(Case(path), raw)  # a GatewayError is caught there and sent in the stream
+
+
+# --- the embeddings endpoints (their own adapters and fixtures) ----------------------------
+
+EMBED_CASES = [p.values[0] for p in embed_cases()]
+EMBED_REPLIES = [p for p in EMBED_CASES if (p / "upstream_response.json").exists()]
+
+
+@st.composite
+def embed_requests(draw: st.DrawFn) -> tuple[Path, Any]:
+    path = draw(st.sampled_from(EMBED_CASES))
+    return path, draw(mutated(load(path / "request.json")))
+
+
+@BOUNDED
+@given(embed_requests())
+def test_an_embeddings_body_of_any_shape_is_a_gateway_error_at_worst(
+    example: tuple[Path, Any],
+) -> None:
+    path, request = example
+    c = EmbedCase(path)
+    c.request, c.error = request, None
+    try:
+        c.run_request()
+    except GatewayError as err:
+        assert err.status < 500, (err.status, err.message)
+
+
+@st.composite
+def embed_replies(draw: st.DrawFn) -> tuple[Path, Any]:
+    path = draw(st.sampled_from(EMBED_REPLIES))
+    return path, draw(mutated(load(path / "upstream_response.json")))
+
+
+@BOUNDED
+@given(embed_replies())
+def test_an_embeddings_reply_of_any_shape_is_a_gateway_error_at_worst(
+    example: tuple[Path, Any],
+) -> None:
+    path, payload = example
+    c = EmbedCase(path)
+    if c.error is not None:
+        return  # an error case: its reply is not the point
+    route, req, _ = c.run_request()
+    try:
+        if c.passthrough:
+            c.client.embeddings_passthrough_response(payload, c.ctx(route))
+        else:
+            resp = c.upstream.decode_embeddings_response(payload, req)
+            c.client.encode_embeddings(resp, req, c.ctx(route))
+    except GatewayError as err:
+        assert err.status >= 500, (err.status, err.message)
