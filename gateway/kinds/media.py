@@ -196,14 +196,15 @@ class MediaKind:
             incoming.limits.max_request_bytes,
             incoming.headers.get(b"content-length"),
         )
-        payload = json_object(parse_json(raw))
+        return self.job(parse_json(raw), incoming.spec.protocol)
+
+    def job(self, payload: JSON, protocol: str = "openai") -> MediaJob:
+        """The request read from its parsed body (pure: what ``read`` does past the bytes)."""
+        body = json_object(payload)
         route = RouteMatch(
-            protocol=incoming.spec.protocol,
-            capability=self.name,
-            model=body_model(payload),
-            stream=self.streams,
+            protocol=protocol, capability=self.name, model=body_model(body), stream=self.streams
         )
-        return MediaJob(route, payload, self.asks(payload))
+        return MediaJob(route, body, self.asks(body))
 
     def exchange(
         self, job: MediaJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool

@@ -81,10 +81,10 @@ def decode_tools(tools: JSON) -> list[JSON]:
                 if not isinstance(member, dict) or member.get("type") != "function":
                     raise bad(f"'{where}.tools[{j}]': only function tools are carried")
                 out.append(decode_function(member, f"{where}.tools[{j}]", namespace))
-        elif kind not in HOSTED_TOOLS:
+        elif not isinstance(kind, str) or kind not in HOSTED_TOOLS:
             raise bad(
-                f"'{where}': tool type {kind!r} is not supported; function tools are carried to "
-                "every provider"
+                f"'{where}.type' {str(kind)[:40]!r} is not supported; function tools are carried "
+                "to every provider"
             )
     return out
 
