@@ -20,6 +20,7 @@ from gateway.protocols.anthropic.reply import (
     stream_error,
 )
 from gateway.protocols.base import Ctx, count
+from gateway.protocols.fields import REPLY
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
@@ -116,15 +117,20 @@ class AnthropicStreamDecoder:
             self._tools[count(payload.get("index"))] = tool
             call: ToolCall = {
                 "index": tool,
-                "id": str(block.get("id") or ""),
+                "id": REPLY.opt_text(block.get("id"), "content_block", "id") or "",
                 "type": "function",
-                "function": {"name": str(block.get("name") or ""), "arguments": ""},
+                "function": {
+                    "name": REPLY.opt_text(block.get("name"), "content_block", "name") or "",
+                    "arguments": "",
+                },
             }
             return [self._chunk({"tool_calls": [call]})]
-        if btype == "text" and block.get("text"):
-            return [self._chunk({"content": block["text"]})]
-        if btype == "thinking" and block.get("thinking"):
-            return [self._chunk({"reasoning_content": block["thinking"]})]
+        if btype == "text":
+            text = REPLY.opt_text(block.get("text"), "content_block", "text")
+            return [self._chunk({"content": text})] if text else []
+        if btype == "thinking":
+            thinking = REPLY.opt_text(block.get("thinking"), "content_block", "thinking")
+            return [self._chunk({"reasoning_content": thinking})] if thinking else []
         return []
 
     def _delta(self, payload: dict[str, JSON]) -> list[ChatChunk]:
@@ -133,10 +139,10 @@ class AnthropicStreamDecoder:
             raise UpstreamError("upstream sent a malformed content_block_delta")
         dtype = delta.get("type")
         if dtype == "text_delta":
-            text = delta.get("text")
+            text = REPLY.opt_text(delta.get("text"), "delta", "text")
             return [self._chunk({"content": text})] if text else []
         if dtype == "input_json_delta":
-            part = delta.get("partial_json")
+            part = REPLY.opt_text(delta.get("partial_json"), "delta", "partial_json")
             if not part:
                 return []
             tool = self._tools.get(count(payload.get("index")))
@@ -144,10 +150,10 @@ class AnthropicStreamDecoder:
                 raise UpstreamError("upstream sent tool input outside a tool_use block")
             return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})]
         if dtype == "thinking_delta":
-            thinking = delta.get("thinking")
+            thinking = REPLY.opt_text(delta.get("thinking"), "delta", "thinking")
             return [self._chunk({"reasoning_content": thinking})] if thinking else []
         if dtype == "signature_delta":
-            signature = delta.get("signature")
+            signature = REPLY.opt_text(delta.get("signature"), "delta", "signature")
             return [self._chunk({"reasoning_signature": signature})] if signature else []
         return []  # citations_delta and later delta types are not carried
 

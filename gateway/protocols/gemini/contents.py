@@ -375,15 +375,17 @@ def part_deltas(parts: JSON, ctx_calls: list[int], id_prefix: str) -> list[Delta
     for part in parts:
         if not isinstance(part, dict):
             raise UpstreamError("upstream part is not an object")
-        signature = part.get("thoughtSignature")
+        signature = REPLY.opt_text(part.get("thoughtSignature"), "part", "thoughtSignature")
         call = part.get("functionCall")
         if isinstance(call, dict):
+            args = REPLY.opt_obj(call.get("args"), "functionCall", "args")
             tool: ToolCall = {
-                "id": call.get("id") or f"{id_prefix}{ctx_calls[0]}",
+                "id": REPLY.opt_text(call.get("id"), "functionCall", "id")
+                or f"{id_prefix}{ctx_calls[0]}",
                 "type": "function",
                 "function": {
-                    "name": str(call.get("name", "")),
-                    "arguments": orjson.dumps(call.get("args") or {}).decode(),
+                    "name": REPLY.opt_text(call.get("name"), "functionCall", "name") or "",
+                    "arguments": orjson.dumps(args or {}).decode(),
                 },
             }
             ctx_calls[0] += 1
@@ -396,8 +398,8 @@ def part_deltas(parts: JSON, ctx_calls: list[int], id_prefix: str) -> list[Delta
             continue
         if signature:
             deltas.append({"reasoning_signature": signature})
-        text = part.get("text")
-        if not isinstance(text, str) or not text:
+        text = REPLY.opt_text(part.get("text"), "part", "text")
+        if not text:
             continue
         key = "reasoning_content" if part.get("thought") else "content"
         last = deltas[-1] if deltas else None

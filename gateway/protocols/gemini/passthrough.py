@@ -70,7 +70,8 @@ def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
 
 
 def _finishes(payload: JSON) -> bool:
-    for cand in payload.get("candidates") or ():
+    candidates = payload.get("candidates")
+    for cand in candidates if isinstance(candidates, list) else ():
         if isinstance(cand, dict) and cand.get("finishReason"):
             return True
     feedback = payload.get("promptFeedback")
@@ -80,7 +81,8 @@ def _finishes(payload: JSON) -> bool:
 def _part_chars(payload: JSON) -> int:
     """Characters of text and function-call arguments in a reply chunk's parts."""
     chars = 0
-    for candidate in payload.get("candidates") or ():
+    candidates = payload.get("candidates")
+    for candidate in candidates if isinstance(candidates, list) else ():
         content = candidate.get("content") if isinstance(candidate, dict) else None
         parts = content.get("parts") if isinstance(content, dict) else None
         for part in parts if isinstance(parts, list) else ():

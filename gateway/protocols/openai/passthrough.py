@@ -273,7 +273,11 @@ class OpenAIPassthrough:
         events = SSEParser().feed(self._last)
         if events:
             last = load_chunk(events[-1].data)
-            if last.get("usage") or any(c.get("finish_reason") for c in last.get("choices") or ()):
+            choices = last.get("choices")
+            if last.get("usage") or any(
+                isinstance(c, dict) and c.get("finish_reason")
+                for c in (choices if isinstance(choices, list) else ())
+            ):
                 return out + DONE  # an upstream that ends without [DONE], but ended properly
         raise UpstreamError("upstream stream ended before it was complete")
 

@@ -9,6 +9,7 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
 from gateway.protocols.base import Ctx
+from gateway.protocols.fields import REPLY
 from gateway.types import JSON, ChatResponse
 
 ERROR_CODES = {
@@ -38,9 +39,52 @@ def error_body(err: GatewayError) -> JSON:
 
 
 def decode_response(payload: JSON) -> ChatResponse:
+    """A chat completion is the internal shape already: checked where the client encoders read
+    it (choices, their message, tool calls, usage), not copied."""
     if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
         raise UpstreamError("upstream sent a malformed chat completion")
+    for i, choice in enumerate(payload["choices"]):
+        where = f"choices[{i}]"
+        choice = REPLY.obj(choice, where)
+        REPLY.opt_integer(choice.get("index"), where, "index")
+        REPLY.opt_text(choice.get("finish_reason"), where, "finish_reason")
+        message = REPLY.opt_obj(choice.get("message"), where, "message")
+        if message is not None:
+            check_message(message, f"{where}.message")
+    check_usage(payload.get("usage"))
     return payload  # type: ignore[return-value]
+
+
+def check_message(msg: dict[str, JSON], where: str) -> None:
+    """An assistant message or a stream delta of an openai channel, where it is read."""
+    content = msg.get("content")
+    if isinstance(content, list):
+        for k, part in enumerate(content):
+            REPLY.opt_text(REPLY.obj(part, f"{where}.content", k).get("text"), where, "text")
+    else:
+        REPLY.opt_text(content, where, "content")
+    for key in ("reasoning_content", "reasoning_signature", "refusal"):
+        REPLY.opt_text(msg.get(key), where, key)
+    calls = REPLY.opt_array(msg.get("tool_calls"), where, "tool_calls")
+    for k, call in enumerate(calls):
+        at = f"{where}.tool_calls[{k}]"
+        call = REPLY.obj(call, at)
+        REPLY.opt_integer(call.get("index"), at, "index")
+        REPLY.opt_text(call.get("id"), at, "id")
+        REPLY.opt_text(call.get("thought_signature"), at, "thought_signature")
+        function = REPLY.opt_obj(call.get("function"), at, "function")
+        if function is not None:
+            REPLY.opt_text(function.get("name"), at, "function.name")
+            REPLY.opt_text(function.get("arguments"), at, "function.arguments")
+
+
+def check_usage(usage: JSON) -> None:
+    """A usage object: its counts are read leniently (``count``), its details must be objects."""
+    usage = REPLY.opt_obj(usage, "usage")
+    if usage:
+        REPLY.opt_obj(usage.get("prompt_tokens_details"), "usage", "prompt_tokens_details")
+        details = usage.get("completion_tokens_details")
+        REPLY.opt_obj(details, "usage", "completion_tokens_details")
 
 
 def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
