@@ -31,7 +31,8 @@ def _content_chars(content: JSON) -> tuple[int, int]:
                 continue
             kind = part.get("type")
             if kind == "text":
-                chars += len(part.get("text") or "")
+                text = part.get("text")
+                chars += len(text) if isinstance(text, str) else 0
             elif kind in ("image_url", "input_image", "image"):
                 images += 1
             else:
@@ -39,17 +40,29 @@ def _content_chars(content: JSON) -> tuple[int, int]:
     return chars, images
 
 
+def _len(value: JSON) -> int:
+    return len(value) if isinstance(value, str) else 0
+
+
 def estimate_prompt_tokens(req: ChatRequest) -> int:
+    """Lenient: a field of the wrong type counts nothing here (an estimate is made before the
+    channel's encoder reads the request, and that encoder names the field in its 400)."""
     chars = images = 0
-    messages = req.get("messages") or []
+    messages = req.get("messages")
+    if not isinstance(messages, list):
+        return 0
     for m in messages:
+        if not isinstance(m, dict):
+            continue
         c, i = _content_chars(m.get("content"))
         chars += c
         images += i
-        for tc in m.get("tool_calls") or ():
-            fn = tc.get("function") or {}
-            chars += len(fn.get("name") or "") + len(fn.get("arguments") or "")
-        chars += len(m.get("reasoning_content") or "")
+        calls = m.get("tool_calls")
+        for tc in calls if isinstance(calls, list) else ():
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(fn, dict):
+                chars += _len(fn.get("name")) + _len(fn.get("arguments"))
+        chars += _len(m.get("reasoning_content"))
     tools = req.get("tools")
     if tools:
         chars += len(orjson.dumps(tools))

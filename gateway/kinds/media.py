@@ -28,6 +28,7 @@ from gateway.kinds.base import JSON_TYPE, Incoming, Reply
 from gateway.kinds.chat import upstream_json
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.types import JSON, Usage
 
 OPENAI_ONLY = frozenset({"openai"})
@@ -159,10 +160,33 @@ def speech_asks(payload: dict[str, JSON]) -> Metered:
     text = payload.get("input")
     if not isinstance(text, str) or not text:
         raise InvalidRequestError("'input' is required and must be a string")
+    for key in ("response_format", "instructions"):
+        REQUEST.opt_text(payload.get(key), key)
+    REQUEST.opt_bool(payload.get("stream"), "stream")
     return Metered(speech_chars=len(text))
 
 
 def nothing_asked(payload: dict[str, JSON]) -> Metered:
+    return Metered()
+
+
+def images_asks(payload: dict[str, JSON]) -> Metered:
+    """The fields of an images request of known type, checked (the body goes as it came)."""
+    REQUEST.text(payload.get("prompt"), "prompt")
+    REQUEST.opt_integer(payload.get("n"), "n")
+    for key in ("size", "quality", "response_format", "style", "user"):
+        REQUEST.opt_text(payload.get(key), key)
+    return Metered()
+
+
+def rerank_asks(payload: dict[str, JSON]) -> Metered:
+    """``{model, query, documents, top_n}``: a query string, a list of documents (strings, or
+    objects as the Cohere-compatible APIs take), a top_n integer."""
+    REQUEST.text(payload.get("query"), "query")
+    for i, document in enumerate(REQUEST.array(payload.get("documents"), "documents")):
+        if not isinstance(document, str | dict):
+            raise REQUEST.bad("documents", i, "a string or an object")
+    REQUEST.opt_integer(payload.get("top_n"), "top_n")
     return Metered()
 
 
@@ -197,14 +221,15 @@ class MediaKind:
             incoming.headers.get(b"content-length"),
             incoming.reading,
         )
-        payload = json_object(parse_json(raw))
+        return self.job(parse_json(raw), incoming.spec.protocol)
+
+    def job(self, payload: JSON, protocol: str = "openai") -> MediaJob:
+        """The request read from its parsed body (pure: what ``read`` does past the bytes)."""
+        body = json_object(payload)
         route = RouteMatch(
-            protocol=incoming.spec.protocol,
-            capability=self.name,
-            model=body_model(payload),
-            stream=self.streams,
+            protocol=protocol, capability=self.name, model=body_model(body), stream=self.streams
         )
-        return MediaJob(route, payload, self.asks(payload))
+        return MediaJob(route, body, self.asks(body))
 
     def exchange(
         self, job: MediaJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
@@ -212,8 +237,8 @@ class MediaKind:
         return MediaExchange(self, job, target, ctx)
 
 
-IMAGES = MediaKind("images", "images", "/images/generations", images_used)
-RERANK = MediaKind("rerank", "rerank", "/rerank", rerank_used)
+IMAGES = MediaKind("images", "images", "/images/generations", images_used, asks=images_asks)
+RERANK = MediaKind("rerank", "rerank", "/rerank", rerank_used, asks=rerank_asks)
 SPEECH = MediaKind(
     "audio_speech", "audio", "/audio/speech", speech_used, asks=speech_asks, streams=True
 )

@@ -262,14 +262,18 @@ def delta_chars(choices: list[ChunkChoice]) -> int:
     return chars
 
 
+COUNT_MAX = 2**53  # a count past this is no count (and would not fit the JSON written back)
+
+
 def count(value: object) -> int:
     """A whole-number field of an upstream's JSON (a token count, an index) as an int: a
-    float is cut to its whole part; anything else (missing, text, a bool, NaN, infinite) is
-    0, so a broken upstream's odd value cannot stop a conversion halfway."""
-    if type(value) is int:
-        return value
+    float is cut to its whole part; anything else (missing, text, a bool, NaN, infinite,
+    beyond ``COUNT_MAX`` either way) is 0, so a broken upstream's odd value cannot stop a
+    conversion halfway."""
     if type(value) is float and math.isfinite(value):
-        return int(value)
+        value = int(value)
+    if type(value) is int and -COUNT_MAX <= value <= COUNT_MAX:
+        return value
     return 0
 
 

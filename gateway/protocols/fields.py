@@ -1,65 +1,125 @@
-"""Reading a client's fields with checks: a value of the wrong JSON type is the client's
-mistake, answered 400 with the field's name, never a ``TypeError`` deep in a conversion.
+"""Typed readers of JSON fields, for the decoders of both sides.
 
-Each reader takes the value and the field's path as the client wrote it (``tools[0].function``)
-and returns it typed, or raises ``InvalidRequestError``. Optional fields read ``None`` as their
-empty value. They cost an ``isinstance`` each: conversions call them while converting, not in a
-separate pass over the body.
+A decoder reads each field it converts through one of these as it converts it (no separate
+validation pass): the value comes back unchanged when it has the type asked for, else the
+reader raises the side's error naming the field. ``REQUEST`` raises ``InvalidRequestError``
+(400: the client's body), ``REPLY`` raises ``UpstreamError`` (502: the upstream sent a reply
+that is not what its protocol says). A field's name is built only when it is wrong: callers
+pass where the object is (``messages[2]``, ``messages.2`` in Anthropic's own style) and the
+key apart, so a valid body pays for a type test per field and nothing more.
 """
 
 from __future__ import annotations
 
-from gateway.errors import InvalidRequestError
+from collections.abc import Callable
+
+from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.types import JSON
 
-
-def obj(value: JSON, where: str) -> dict[str, JSON]:
-    """An object field that must be there."""
-    if not isinstance(value, dict):
-        raise InvalidRequestError(f"{where} must be an object")
-    return value
+Key = str | int | None
 
 
-def opt_obj(value: JSON, where: str) -> dict[str, JSON]:
-    """An optional object field: absent or null is empty."""
-    if value is None:
-        return {}
-    return obj(value, where)
+def name_of(where: str, key: Key) -> str:
+    """The name of ``key`` inside ``where``: ``messages[2]``, ``messages[2].content``."""
+    if key is None:
+        return where or "the request body"
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else key
 
 
-def items(value: JSON, where: str) -> list[JSON]:
-    """An optional array field: absent or null is empty."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRequestError(f"{where} must be an array")
-    return value
+class Reader:
+    """The readers of one side; ``error(name, expected)`` makes that side's error."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Callable[[str, str], GatewayError]) -> None:
+        self.error = error
+
+    def bad(self, where: str, key: Key, expected: str) -> GatewayError:
+        return self.error(name_of(where, key), expected)
+
+    def text(self, value: JSON, where: str, key: Key = None) -> str:
+        if type(value) is str:
+            return value
+        raise self.bad(where, key, "a string")
+
+    def opt_text(self, value: JSON, where: str, key: Key = None) -> str | None:
+        """A string, or None when absent (null)."""
+        if value is None or type(value) is str:
+            return value
+        raise self.bad(where, key, "a string")
+
+    def obj(self, value: JSON, where: str, key: Key = None) -> dict[str, JSON]:
+        if type(value) is dict:
+            return value
+        raise self.bad(where, key, "an object")
+
+    def opt_obj(self, value: JSON, where: str, key: Key = None) -> dict[str, JSON] | None:
+        if value is None or type(value) is dict:
+            return value
+        raise self.bad(where, key, "an object")
+
+    def array(self, value: JSON, where: str, key: Key = None) -> list[JSON]:
+        if type(value) is list:
+            return value
+        raise self.bad(where, key, "a list")
+
+    def opt_array(self, value: JSON, where: str, key: Key = None) -> list[JSON]:
+        """A list; absent (null) reads as an empty one."""
+        if type(value) is list:
+            return value
+        if value is None:
+            return []
+        raise self.bad(where, key, "a list")
+
+    def texts(self, value: JSON, where: str, key: Key = None) -> list[str]:
+        """A list of strings."""
+        if type(value) is list and all(type(v) is str for v in value):
+            return value
+        raise self.bad(where, key, "a list of strings")
+
+    def integer(self, value: JSON, where: str, key: Key = None) -> int:
+        if type(value) is int:
+            return value
+        raise self.bad(where, key, "an integer")
+
+    def opt_integer(self, value: JSON, where: str, key: Key = None) -> int | None:
+        if value is None or type(value) is int:
+            return value
+        raise self.bad(where, key, "an integer")
+
+    def number(self, value: JSON, where: str, key: Key = None) -> int | float:
+        if type(value) is float or type(value) is int:
+            return value
+        raise self.bad(where, key, "a number")
+
+    def boolean(self, value: JSON, where: str, key: Key = None) -> bool:
+        if type(value) is bool:
+            return value
+        raise self.bad(where, key, "a boolean")
+
+    def opt_bool(self, value: JSON, where: str, key: Key = None) -> bool | None:
+        if value is None or type(value) is bool:
+            return value
+        raise self.bad(where, key, "a boolean")
+
+    def stop(self, value: JSON, where: str, key: Key = None) -> list[str]:
+        """Stop sequences: a string or a list of strings, as a list."""
+        if type(value) is str:
+            return [value]
+        if type(value) is list and all(type(v) is str for v in value):
+            return value
+        raise self.bad(where, key, "a string or a list of strings")
 
 
-def objects(value: JSON, where: str) -> list[dict[str, JSON]]:
-    """An optional array of objects."""
-    out = items(value, where)
-    for i, item in enumerate(out):
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"{where}[{i}] must be an object")
-    return out
+def _client_error(name: str, expected: str) -> GatewayError:
+    return InvalidRequestError(f"{name} must be {expected}")
 
 
-def text(value: JSON, where: str, default: str = "") -> str:
-    """An optional string field."""
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{where} must be a string")
-    return value
+def _reply_error(name: str, expected: str) -> GatewayError:
+    return UpstreamError(f"upstream sent a malformed reply: {name} must be {expected}")
 
 
-def texts(value: JSON, where: str) -> list[str]:
-    """A string or an array of strings (``stop``, stop sequences)."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise InvalidRequestError(f"{where} must be a string or an array of strings")
-    return value
+REQUEST = Reader(_client_error)
+REPLY = Reader(_reply_error)

@@ -71,6 +71,7 @@ from gateway.protocols.anthropic.reply import decode_message, encode_message, er
 from gateway.protocols.anthropic.request import decode_messages_request
 from gateway.protocols.anthropic.stream import AnthropicStreamDecoder, AnthropicStreamEncoder
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.protocols.openai.request import body_model
 from gateway.types import JSON, ChatRequest, ChatResponse, Usage
 
@@ -94,6 +95,8 @@ class AnthropicAdapter:
         self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
     ) -> RouteMatch:
         model = body_model(payload)
+        REQUEST.opt_bool(payload.get("stream"), "stream")
+        REQUEST.opt_integer(payload.get("max_tokens"), "max_tokens")
         if stream is None:
             stream = kind == "chat" and payload.get("stream") is True
         return RouteMatch(protocol=self.name, capability=kind, model=model, stream=stream)

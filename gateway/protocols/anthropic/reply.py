@@ -20,8 +20,8 @@ from gateway.errors import (
     UpstreamUnavailableError,
     error_for_status,
 )
-from gateway.protocols import fields
 from gateway.protocols.base import Ctx, count, field_of
+from gateway.protocols.fields import REPLY, REQUEST, Reader
 from gateway.types import JSON, ChatMessage, ChatResponse, ToolCall, Usage
 
 FINISH_REASONS = {  # Anthropic stop_reason -> chat finish_reason
@@ -61,8 +61,8 @@ def finish_reason(stop_reason: JSON) -> str:
     return FINISH_REASONS.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
-def stop_reason(finish: str | None) -> str:
-    return STOP_REASONS.get(finish or "stop", "end_turn")
+def stop_reason(finish: JSON) -> str:
+    return STOP_REASONS.get(finish, "end_turn") if isinstance(finish, str) else "end_turn"
 
 
 def decode_usage(usage: JSON) -> Usage:
@@ -165,7 +165,9 @@ def stream_error(data: bytes) -> GatewayError:
 
 
 # whole replies ---------------------------------------------------------------------------
-def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
+def decode_assistant_blocks(content: JSON, where: str, fields: Reader = REQUEST) -> ChatMessage:
+    """An assistant turn's blocks (a request's history, or a reply when ``fields`` is
+    ``REPLY``) -> a chat assistant message."""
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
@@ -175,27 +177,30 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
     calls: list[ToolCall] = []
     for j, block in enumerate(content):
         btype = block.get("type") if isinstance(block, dict) else None
+        at = f"{where}.{j}"
         if btype == "text":
-            texts.append(fields.text(block.get("text"), f"{where}.{j}.text"))
+            texts.append(fields.opt_text(block.get("text"), at, "text") or "")
         elif btype == "tool_use":
+            tool_input = fields.opt_obj(block.get("input"), at, "input")
             calls.append(
                 {
-                    "id": str(block.get("id") or ""),
+                    "id": fields.opt_text(block.get("id"), at, "id") or "",
                     "type": "function",
                     "function": {
-                        "name": str(block.get("name") or ""),
-                        "arguments": orjson.dumps(block.get("input") or {}).decode(),
+                        "name": fields.opt_text(block.get("name"), at, "name") or "",
+                        "arguments": orjson.dumps(tool_input or {}).decode(),
                     },
                 }
             )
         elif btype == "thinking":
-            thinking.append(fields.text(block.get("thinking"), f"{where}.{j}.thinking"))
-            if block.get("signature"):
-                signature = block["signature"]
+            thinking.append(fields.opt_text(block.get("thinking"), at, "thinking") or "")
+            block_signature = fields.opt_text(block.get("signature"), at, "signature")
+            if block_signature:
+                signature = block_signature
         elif btype == "redacted_thinking":
-            redacted.append(str(block.get("data") or ""))
+            redacted.append(fields.opt_text(block.get("data"), at, "data") or "")
         elif btype is None:
-            raise InvalidRequestError(f"{where}.{j}: must be a content block with a type")
+            raise fields.bad(at, "type", "a content block type")
     msg: ChatMessage = {"role": "assistant", "content": "".join(texts) if texts else None}
     if calls:
         msg["tool_calls"] = calls
@@ -213,10 +218,7 @@ def decode_assistant_blocks(content: JSON, where: str) -> ChatMessage:
 def decode_message(payload: JSON) -> ChatResponse:
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
         raise UpstreamError("upstream sent a malformed message")
-    try:
-        msg = decode_assistant_blocks(payload["content"], "content")
-    except InvalidRequestError as err:  # the same reader as a client's turns: here, upstream's
-        raise UpstreamError(f"upstream sent a malformed message: {err.message}") from None
+    msg = decode_assistant_blocks(payload["content"], "content", REPLY)
     if msg.get("content") == "" and msg.get("tool_calls"):
         msg["content"] = None
     return {
@@ -234,8 +236,8 @@ def decode_message(payload: JSON) -> ChatResponse:
 def _call_signature(calls: list[ToolCall] | None) -> str | None:
     """A Gemini thoughtSignature on a function call has no place on a tool_use block; it rides
     in a thinking block (empty text) so that it comes back as ``reasoning_signature``."""
-    for call in calls or ():
-        if call.get("thought_signature"):
+    for call in calls if isinstance(calls, list) else ():
+        if isinstance(call, dict) and isinstance(call.get("thought_signature"), str):
             return call["thought_signature"]
     return None
 
@@ -246,31 +248,42 @@ def assistant_blocks(
     thinking: str | None,
     signature: str | None,
     bad_arguments: Callable[[int], GatewayError],
+    fields: Reader = REQUEST,
+    where: str = "",
 ) -> list[JSON]:
     """An assistant turn's blocks in the order Messages gives them: thinking (when it has text
     or a signature), redacted thinking, ``content`` (its text, media), the refusal, tool uses.
-    ``bad_arguments(k)`` is raised when tool call ``k``'s arguments are not JSON."""
+    ``bad_arguments(k)`` is raised when tool call ``k``'s arguments are not JSON; a field of the
+    wrong type raises ``fields``' error, named from ``where`` (the message)."""
     blocks: list[JSON] = []
+    thinking = fields.opt_text(thinking, where, "reasoning_content")
+    signature = fields.opt_text(signature, where, "reasoning_signature")
     if thinking or signature:
         blocks.append(
             {"type": "thinking", "thinking": thinking or "", "signature": signature or ""}
         )
-    for data in fields.texts(msg.get("redacted_reasoning"), "redacted_reasoning"):
-        blocks.append({"type": "redacted_thinking", "data": data})
+    redacted = fields.opt_array(msg.get("redacted_reasoning"), where, "redacted_reasoning")
+    for k, data in enumerate(redacted):
+        blocks.append({"type": "redacted_thinking", "data": fields.text(data, where, k)})
     blocks.extend(content)
-    if msg.get("refusal"):
-        blocks.append({"type": "text", "text": msg["refusal"]})
-    for k, call in enumerate(fields.objects(msg.get("tool_calls"), "tool_calls")):
-        function = fields.opt_obj(call.get("function"), f"tool_calls[{k}].function")
+    refusal = fields.opt_text(msg.get("refusal"), where, "refusal")
+    if refusal:
+        blocks.append({"type": "text", "text": refusal})
+    calls = fields.opt_array(msg.get("tool_calls"), where, "tool_calls")
+    for k, call in enumerate(calls):
+        at = f"{where}.tool_calls[{k}]"
+        call = fields.obj(call, at)
+        function = fields.opt_obj(call.get("function"), at, "function") or {}
+        arguments = fields.opt_text(function.get("arguments"), at, "function.arguments")
         try:
-            args = orjson.loads(function.get("arguments") or "{}")
+            args = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError:
             raise bad_arguments(k) from None
         blocks.append(
             {
                 "type": "tool_use",
-                "id": call.get("id") or "",
-                "name": function.get("name") or "",
+                "id": fields.opt_text(call.get("id"), at, "id") or "",
+                "name": fields.opt_text(function.get("name"), at, "function.name") or "",
                 "input": args if isinstance(args, dict) else {},
             }  # fmt: skip
         )
@@ -288,13 +301,17 @@ def encode_message(resp: ChatResponse, ctx: Ctx) -> JSON:
     msg = choices[0].get("message") or {}
     text = msg.get("content")
     if isinstance(text, list):
-        text = "".join(p.get("text") or "" for p in text if isinstance(p, dict))
+        text = "".join(
+            p["text"] for p in text if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     content = assistant_blocks(
         msg,
-        [{"type": "text", "text": text}] if text else [],
+        [{"type": "text", "text": REPLY.text(text, "message", "content")}] if text else [],
         msg.get("reasoning_content"),
         msg.get("reasoning_signature") or _call_signature(msg.get("tool_calls")),
         _bad_reply_arguments,
+        REPLY,
+        "message",
     )
     return {
         "id": f"msg_{ctx.request_id}",

@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError
-from gateway.protocols import fields
 from gateway.protocols.anthropic.reply import assistant_blocks, decode_assistant_blocks
 from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.types import JSON, ChatMessage, ChatRequest
 
 DEFAULT_VERSION = "2023-06-01"
@@ -50,6 +50,9 @@ def _decode_media(block: dict[str, JSON], where: str) -> JSON:
     if not isinstance(source, dict):
         raise InvalidRequestError(f"{where}.source: required")
     stype = source.get("type")
+    if stype == "base64":
+        REQUEST.text(source.get("media_type"), f"{where}.source", "media_type")
+        REQUEST.text(source.get("data"), f"{where}.source", "data")
     if block["type"] == "image":
         if stype == "base64":
             url = f"data:{source.get('media_type')};base64,{source.get('data')}"
@@ -65,7 +68,7 @@ def _decode_media(block: dict[str, JSON], where: str) -> JSON:
             return {"type": "file", "file": part}
         if stype == "text" and isinstance(source.get("data"), str):
             return {"type": "text", "text": source["data"]}
-    raise InvalidRequestError(f"{where}.source.type: {stype!r} cannot be sent to this model")
+    raise InvalidRequestError(f"{where}.source.type: {str(stype)!r} cannot be sent to this model")
 
 
 def _decode_parts(blocks: list[JSON], where: str) -> list[JSON]:
@@ -73,7 +76,8 @@ def _decode_parts(blocks: list[JSON], where: str) -> list[JSON]:
     for j, block in enumerate(blocks):
         btype = block.get("type") if isinstance(block, dict) else None
         if btype == "text":
-            parts.append({"type": "text", "text": block.get("text") or ""})
+            text = REQUEST.opt_text(block.get("text"), f"{where}.{j}", "text")
+            parts.append({"type": "text", "text": text or ""})
         elif btype in ("image", "document"):
             parts.append(_decode_media(block, f"{where}.{j}"))
         elif btype is None:
@@ -96,13 +100,16 @@ def _decode_user(content: JSON, where: str) -> list[ChatMessage]:
     rest: list[JSON] = []
     for j, block in enumerate(content):
         if isinstance(block, dict) and block.get("type") == "tool_result":
+            at = f"{where}.{j}"
             result = block.get("content")
             if isinstance(result, list):
-                result = _simplify(_decode_parts(result, f"{where}.{j}.content"))
+                result = _simplify(_decode_parts(result, f"{at}.content"))
+            elif result is not None and not isinstance(result, str):
+                raise REQUEST.bad(at, "content", "a string or a list of blocks")
             out.append(
                 {
                     "role": "tool",
-                    "tool_call_id": str(block.get("tool_use_id") or ""),
+                    "tool_call_id": REQUEST.text(block.get("tool_use_id"), at, "tool_use_id"),
                     "content": result if result is not None else "",
                 }
             )
@@ -126,9 +133,10 @@ def _decode_tool_choice(choice: JSON, req: ChatRequest) -> None:
     elif ctype == "none":
         req["tool_choice"] = "none"
     elif ctype == "tool":
-        req["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        name = REQUEST.text(choice.get("name"), "tool_choice", "name")
+        req["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:
-        raise InvalidRequestError(f"tool_choice.type: unknown value {ctype!r}")
+        raise InvalidRequestError(f"tool_choice.type: unknown value {str(ctype)!r}")
     if choice.get("disable_parallel_tool_use") is True:
         req["parallel_tool_calls"] = False
 
@@ -141,7 +149,7 @@ def _effort(thinking: JSON) -> str | None:
     if thinking.get("type") != "enabled":
         return None
     budget = thinking.get("budget_tokens")
-    if not isinstance(budget, int):
+    if type(budget) is not int:
         raise InvalidRequestError("thinking.budget_tokens: must be an integer")
     return "low" if budget <= 2048 else "medium" if budget <= 8192 else "high"
 
@@ -183,37 +191,37 @@ def decode_messages_request(payload: JSON, route: RouteMatch) -> ChatRequest:
         req["max_tokens"] = max_tokens
         if payload.get("stream") is True:
             req["stream"] = True
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p"):
         if payload.get(key) is not None:
-            req[key] = payload[key]
-    stops = payload.get("stop_sequences")
+            req[key] = REQUEST.number(payload[key], key)
+    if payload.get("top_k") is not None:
+        req["top_k"] = REQUEST.integer(payload["top_k"], "top_k")
+    stops = REQUEST.opt_array(payload.get("stop_sequences"), "stop_sequences")
     if stops:
-        req["stop"] = fields.texts(stops, "stop_sequences")
-    tools = fields.items(payload.get("tools"), "tools")
+        req["stop"] = REQUEST.texts(stops, "stop_sequences")
+    tools = REQUEST.opt_array(payload.get("tools"), "tools")
     if tools:
-        converted = [
-            {
-                "type": "function",
-                "function": {
-                    k: v
-                    for k, v in (
-                        ("name", t.get("name")),
-                        ("description", t.get("description")),
-                        ("parameters", t.get("input_schema")),
-                    )
-                    if v is not None
-                },
-            }
-            for t in tools
-            if isinstance(t, dict) and t.get("type") in (None, "custom")
-        ]
+        converted = []
+        for i, t in enumerate(tools):
+            t = REQUEST.obj(t, "tools", i)
+            if t.get("type") not in (None, "custom"):
+                continue
+            at = f"tools.{i}"
+            function: dict[str, JSON] = {"name": REQUEST.text(t.get("name"), at, "name")}
+            description = REQUEST.opt_text(t.get("description"), at, "description")
+            if description is not None:
+                function["description"] = description
+            schema = REQUEST.opt_obj(t.get("input_schema"), at, "input_schema")
+            if schema is not None:
+                function["parameters"] = schema
+            converted.append({"type": "function", "function": function})
         if converted:
             req["tools"] = converted
             if payload.get("tool_choice") is not None:
                 _decode_tool_choice(payload["tool_choice"], req)
-    metadata = payload.get("metadata")
-    if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        req["user"] = metadata["user_id"]
+    metadata = REQUEST.opt_obj(payload.get("metadata"), "metadata")
+    if metadata is not None and metadata.get("user_id") is not None:
+        req["user"] = REQUEST.text(metadata["user_id"], "metadata", "user_id")
     effort = _effort(payload.get("thinking"))
     if effort:
         req["reasoning_effort"] = effort
@@ -235,7 +243,7 @@ def _encode_part(part: JSON, where: str) -> JSON | None:
         raise InvalidRequestError(f"{where}: must be a content part")
     ptype = part.get("type")
     if ptype in ("text", "refusal"):
-        text = part.get(ptype)
+        text = REQUEST.opt_text(part.get(ptype), where, ptype)
         return {"type": "text", "text": text} if text else None
     if ptype == "image_url":
         image = part.get("image_url")
@@ -258,7 +266,7 @@ def _encode_part(part: JSON, where: str) -> JSON | None:
         if isinstance(file, dict) and isinstance(file.get("filename"), str):
             block["title"] = file["filename"]
         return block
-    raise InvalidRequestError(f"{where}.type: {ptype!r} cannot be sent to this model")
+    raise InvalidRequestError(f"{where}.type: {str(ptype)!r} cannot be sent to this model")
 
 
 def _encode_content(content: JSON, where: str) -> list[JSON]:
@@ -282,7 +290,7 @@ def _encode_assistant(msg: ChatMessage, where: str) -> list[JSON]:
 
     content = _encode_content(msg.get("content"), f"{where}.content")
     thinking = msg.get("reasoning_content") if signature else None
-    return assistant_blocks(msg, content, thinking, signature, bad_arguments)
+    return assistant_blocks(msg, content, thinking, signature, bad_arguments, REQUEST, where)
 
 
 def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]]:
@@ -303,14 +311,15 @@ def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]
             blocks = _encode_assistant(msg, where)
         elif role in ("tool", "function"):
             result = msg.get("content")
-            block: dict[str, JSON] = {"type": "tool_result", "tool_use_id": msg.get("tool_call_id")}
+            call_id = REQUEST.text(msg.get("tool_call_id"), where, "tool_call_id")
+            block: dict[str, JSON] = {"type": "tool_result", "tool_use_id": call_id}
             if isinstance(result, list):
                 block["content"] = _encode_content(result, f"{where}.content")
             elif result:
-                block["content"] = result
+                block["content"] = REQUEST.text(result, where, "content")
             blocks, role = [block], "user"
         else:
-            raise InvalidRequestError(f"{where}.role: unknown role {role!r}")
+            raise InvalidRequestError(f"{where}.role: unknown role {str(role)!r}")
         if not blocks:
             continue  # the Messages API rejects empty turns
         if turns and turns[-1][0] == role:
@@ -328,14 +337,18 @@ def _encode_messages(messages: list[ChatMessage]) -> tuple[list[JSON], list[str]
 
 def _encode_tools(req: ChatRequest, body: dict[str, JSON]) -> None:
     tools = []
-    for tool in fields.items(req.get("tools"), "tools"):
+    for i, tool in enumerate(REQUEST.opt_array(req.get("tools"), "tools")):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not function.get("name"):
             raise InvalidRequestError("tools: each tool must be a function with a name")
-        out: dict[str, JSON] = {"name": function["name"]}
+        at = f"tools[{i}].function"
+        out: dict[str, JSON] = {"name": REQUEST.text(function["name"], at, "name")}
         if function.get("description"):
-            out["description"] = function["description"]
-        out["input_schema"] = function.get("parameters") or {"type": "object", "properties": {}}
+            out["description"] = REQUEST.text(function["description"], at, "description")
+        out["input_schema"] = REQUEST.opt_obj(function.get("parameters"), at, "parameters") or {
+            "type": "object",
+            "properties": {},
+        }
         tools.append(out)
     if not tools:
         return
@@ -351,11 +364,11 @@ def _encode_tools(req: ChatRequest, body: dict[str, JSON]) -> None:
     elif isinstance(choice, dict):
         function = choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
-        if not name:
-            raise InvalidRequestError("tool_choice.function.name: required")
+        if not name or not isinstance(name, str):
+            raise InvalidRequestError("tool_choice.function.name: required, a string")
         encoded = {"type": "tool", "name": name}
     elif choice is not None:
-        raise InvalidRequestError(f"tool_choice: unknown value {choice!r}")
+        raise InvalidRequestError(f"tool_choice: unknown value {str(choice)[:40]!r}")
     if req.get("parallel_tool_calls") is False and (encoded or {}).get("type") != "none":
         encoded = encoded or {"type": "auto"}
         encoded["disable_parallel_tool_use"] = True
@@ -364,9 +377,11 @@ def _encode_tools(req: ChatRequest, body: dict[str, JSON]) -> None:
 
 
 def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, JSON]:
-    messages, system = _encode_messages(req.get("messages") or [])
-    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
-    if not isinstance(max_tokens, int):
+    messages, system = _encode_messages(REQUEST.opt_array(req.get("messages"), "messages"))
+    max_tokens = REQUEST.opt_integer(
+        req.get("max_completion_tokens"), "max_completion_tokens"
+    ) or REQUEST.opt_integer(req.get("max_tokens"), "max_tokens")
+    if not max_tokens:
         max_tokens = target.default_max_tokens
     body: dict[str, JSON] = {"model": target.model, "max_tokens": max_tokens}
     if len(system) == 1:
@@ -374,22 +389,26 @@ def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, 
     elif system:
         body["system"] = [{"type": "text", "text": t} for t in system]
     body["messages"] = messages
-    for key in ("temperature", "top_p", "top_k"):
+    for key in ("temperature", "top_p"):
         if req.get(key) is not None:
-            body[key] = req[key]
+            body[key] = REQUEST.number(req[key], key)
+    if req.get("top_k") is not None:
+        body["top_k"] = REQUEST.integer(req["top_k"], "top_k")
     stop = req.get("stop")
-    if isinstance(stop, str):
-        body["stop_sequences"] = [stop]
-    elif isinstance(stop, list) and stop:
-        body["stop_sequences"] = stop
+    if stop is not None:
+        stops = REQUEST.stop(stop, "stop")
+        if stops:
+            body["stop_sequences"] = stops
     _encode_tools(req, body)
-    budget = EFFORT_BUDGETS.get(fields.text(req.get("reasoning_effort"), "reasoning_effort"))
+    budget = EFFORT_BUDGETS.get(
+        REQUEST.opt_text(req.get("reasoning_effort"), "reasoning_effort") or ""
+    )
     if budget:
         budget = min(budget, max_tokens - 1)
         if budget >= MIN_BUDGET:
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     if req.get("user"):
-        body["metadata"] = {"user_id": req["user"]}
+        body["metadata"] = {"user_id": REQUEST.text(req["user"], "user")}
     if target.stream:
         body["stream"] = True
     return body

@@ -20,6 +20,7 @@ from gateway.protocols.anthropic.reply import (
     stream_error,
 )
 from gateway.protocols.base import Ctx, count
+from gateway.protocols.fields import REPLY
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
@@ -116,16 +117,20 @@ class AnthropicStreamDecoder:
             self._tools[count(payload.get("index"))] = tool
             call: ToolCall = {
                 "index": tool,
-                "id": str(block.get("id") or ""),
+                "id": REPLY.opt_text(block.get("id"), "content_block", "id") or "",
                 "type": "function",
-                "function": {"name": str(block.get("name") or ""), "arguments": ""},
+                "function": {
+                    "name": REPLY.opt_text(block.get("name"), "content_block", "name") or "",
+                    "arguments": "",
+                },
             }
             return [self._chunk({"tool_calls": [call]})]
-        if btype == "text" and block.get("text"):
-            return [self._chunk({"content": _text(block["text"], "content_block.text")})]
-        if btype == "thinking" and block.get("thinking"):
-            thinking = _text(block["thinking"], "content_block.thinking")
-            return [self._chunk({"reasoning_content": thinking})]
+        if btype == "text":
+            text = REPLY.opt_text(block.get("text"), "content_block", "text")
+            return [self._chunk({"content": text})] if text else []
+        if btype == "thinking":
+            thinking = REPLY.opt_text(block.get("thinking"), "content_block", "thinking")
+            return [self._chunk({"reasoning_content": thinking})] if thinking else []
         return []
 
     def _delta(self, payload: dict[str, JSON]) -> list[ChatChunk]:
@@ -134,39 +139,28 @@ class AnthropicStreamDecoder:
             raise UpstreamError("upstream sent a malformed content_block_delta")
         dtype = delta.get("type")
         if dtype == "text_delta":
-            text = delta.get("text")
-            return [self._chunk({"content": _text(text, "delta.text")})] if text else []
+            text = REPLY.opt_text(delta.get("text"), "delta", "text")
+            return [self._chunk({"content": text})] if text else []
         if dtype == "input_json_delta":
-            part = delta.get("partial_json")
+            part = REPLY.opt_text(delta.get("partial_json"), "delta", "partial_json")
             if not part:
                 return []
-            part = _text(part, "delta.partial_json")
             tool = self._tools.get(count(payload.get("index")))
             if tool is None:
                 raise UpstreamError("upstream sent tool input outside a tool_use block")
             return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})]
         if dtype == "thinking_delta":
-            thinking = delta.get("thinking")
-            if not thinking:
-                return []
-            return [self._chunk({"reasoning_content": _text(thinking, "delta.thinking")})]
+            thinking = REPLY.opt_text(delta.get("thinking"), "delta", "thinking")
+            return [self._chunk({"reasoning_content": thinking})] if thinking else []
         if dtype == "signature_delta":
-            signature = delta.get("signature")
-            if not signature:
-                return []
-            return [self._chunk({"reasoning_signature": _text(signature, "delta.signature")})]
+            signature = REPLY.opt_text(delta.get("signature"), "delta", "signature")
+            return [self._chunk({"reasoning_signature": signature})] if signature else []
         return []  # citations_delta and later delta types are not carried
 
     def close(self) -> list[ChatChunk]:
         if not self._done:
             raise UpstreamError("upstream stream ended before message_stop")
         return []
-
-
-def _text(value: JSON, where: str) -> str:
-    if not isinstance(value, str):
-        raise UpstreamError(f"upstream sent a malformed event ({where} is not a string)")
-    return value
 
 
 # client side: chat chunks -> Anthropic events ---------------------------------------------------

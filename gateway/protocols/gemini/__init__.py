@@ -69,6 +69,7 @@ from typing import ClassVar
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.protocols.gemini import passthrough, reply, request
 from gateway.protocols.gemini.passthrough import GeminiPassthroughStream
 from gateway.protocols.gemini.reply import error_body
@@ -102,6 +103,12 @@ class GeminiAdapter:
             raise InvalidRequestError("the model is required in the path: models/{model}:action")
         if not isinstance(payload, dict):
             raise InvalidRequestError("the request body must be a JSON object")
+        config = REQUEST.opt_obj(
+            payload.get("generationConfig", payload.get("generation_config")), "generationConfig"
+        )
+        if config is not None:
+            tokens = config.get("maxOutputTokens", config.get("max_output_tokens"))
+            REQUEST.opt_integer(tokens, "generationConfig", "maxOutputTokens")
         stream = bool(stream)
         if kind == "count_tokens":
             action = "countTokens"

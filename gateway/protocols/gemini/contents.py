@@ -12,7 +12,7 @@ import mimetypes
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
-from gateway.protocols import fields
+from gateway.protocols.fields import REPLY, REQUEST, Reader
 from gateway.protocols.gemini.dialect import json_fields, require_dict, standard_base64
 from gateway.types import JSON, ChatMessage, Delta, ToolCall
 
@@ -23,11 +23,11 @@ def _merged_contents(contents: JSON) -> list[tuple[str, list[JSON]]]:
     if not isinstance(contents, list):
         raise InvalidRequestError("contents must be a list")
     merged: list[tuple[str, list[JSON]]] = []
-    for content in contents:
-        content = json_fields(content, "contents[]")
-        role = content.get("role") or "user"
+    for i, content in enumerate(contents):
+        content = json_fields(content, f"contents[{i}]")
+        role = REQUEST.opt_text(content.get("role"), f"contents[{i}]", "role") or "user"
         if role not in ("user", "model", "function"):
-            raise InvalidRequestError(f"contents[].role: unknown role {role!r}")
+            raise InvalidRequestError(f"contents[{i}].role: unknown role {role!r}")
         role = "model" if role == "model" else "user"
         parts = content.get("parts") or []
         if not isinstance(parts, list):
@@ -41,7 +41,7 @@ def _merged_contents(contents: JSON) -> list[tuple[str, list[JSON]]]:
 
 def _data_part(blob: JSON) -> JSON:
     blob = json_fields(blob, "inlineData")
-    mime = str(blob.get("mimeType") or "")
+    mime = REQUEST.opt_text(blob.get("mimeType"), "inlineData", "mimeType") or ""
     data = blob.get("data")
     if not isinstance(data, str):
         raise InvalidRequestError("inlineData.data must be a base64 string")
@@ -65,8 +65,11 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
     system = payload.get("systemInstruction")
     if system is not None:
         system = json_fields(system, "systemInstruction")
-        parts = fields.objects(system.get("parts"), "systemInstruction.parts")
-        lines = [p["text"] for p in parts if isinstance(p.get("text"), str)]
+        lines = []
+        for k, p in enumerate(REQUEST.opt_array(system.get("parts"), "systemInstruction.parts")):
+            text = json_fields(p, f"systemInstruction.parts[{k}]").get("text")
+            if text is not None:
+                lines.append(REQUEST.text(text, f"systemInstruction.parts[{k}]", "text"))
         if lines:
             content: JSON = (
                 lines[0] if len(lines) == 1 else [{"type": "text", "text": t} for t in lines]
@@ -85,26 +88,31 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
                 call = part.get("functionCall")
                 if call is not None:
                     call = json_fields(call, "functionCall")
-                    name = str(call.get("name") or "")
-                    call_id = call.get("id") or f"call_{counter}"
+                    name = REQUEST.text(call.get("name"), "functionCall", "name")
+                    call_id = REQUEST.opt_text(call.get("id"), "functionCall", "id")
+                    call_id = call_id or f"call_{counter}"
                     counter += 1
+                    args = REQUEST.opt_obj(call.get("args"), "functionCall", "args")
                     tool: ToolCall = {
                         "id": call_id,
                         "type": "function",
-                        "function": {
-                            "name": name,
-                            "arguments": orjson.dumps(call.get("args") or {}).decode(),
-                        },
+                        "function": {"name": name, "arguments": orjson.dumps(args or {}).decode()},
                     }
-                    if isinstance(part.get("thoughtSignature"), str) and part["thoughtSignature"]:
-                        tool["thought_signature"] = standard_base64(part["thoughtSignature"])
+                    signed = REQUEST.opt_text(
+                        part.get("thoughtSignature"), "parts[]", "thoughtSignature"
+                    )
+                    if signed:
+                        tool["thought_signature"] = standard_base64(signed)
                     calls.append(tool)
                     unanswered.setdefault(name, []).append(call_id)
                     continue
-                if isinstance(part.get("thoughtSignature"), str) and part["thoughtSignature"]:
-                    signature = standard_base64(part["thoughtSignature"])
-                text = part.get("text")
-                if isinstance(text, str) and text:
+                signed = REQUEST.opt_text(
+                    part.get("thoughtSignature"), "parts[]", "thoughtSignature"
+                )
+                if signed:
+                    signature = standard_base64(signed)
+                text = REQUEST.opt_text(part.get("text"), "parts[]", "text")
+                if text:
                     (thoughts if part.get("thought") else texts).append(text)
             msg: ChatMessage = {"role": "assistant", "content": "".join(texts) or None}
             if not texts and not calls:
@@ -123,9 +131,9 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
             response = part.get("functionResponse")
             if response is not None:
                 response = json_fields(response, "functionResponse")
-                name = str(response.get("name") or "")
+                name = REQUEST.opt_text(response.get("name"), "functionResponse", "name") or ""
                 waiting = unanswered.get(name) or []
-                call_id = response.get("id")
+                call_id = REQUEST.opt_text(response.get("id"), "functionResponse", "id")
                 if call_id:
                     if call_id in waiting:
                         waiting.remove(call_id)
@@ -146,8 +154,13 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
                 user_parts.append({"type": "text", "text": part["text"]})
             elif "inlineData" in part:
                 user_parts.append(_data_part(part["inlineData"]))
+            elif part.get("text") is not None:
+                raise REQUEST.bad("parts[]", "text", "a string")
             elif "fileData" in part:
                 uri = json_fields(part["fileData"], "fileData").get("fileUri")
+                uri = REQUEST.text(uri, "fileData", "fileUri")
+                if not uri:
+                    raise InvalidRequestError("fileData.fileUri must not be empty")
                 user_parts.append({"type": "image_url", "image_url": {"url": uri}})
         if user_parts:
             messages.append({"role": "user", "content": _user_content(user_parts)})
@@ -157,18 +170,18 @@ def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
 # --- chat messages -> contents toward a gemini channel ------------------------------------
 
 
-def text_of(content: JSON) -> str:
+def text_of(content: JSON, fields: Reader = REQUEST, where: str = "message") -> str:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        out = []
-        for p in content:
-            if isinstance(p, dict):
-                out.append(fields.text(p.get("text"), "messages[].content[].text"))
-        return "".join(out)
-    raise InvalidRequestError("message content must be a string or a list of parts")
+        return "".join(
+            fields.opt_text(p.get("text"), f"{where}.content[{k}]", "text") or ""
+            for k, p in enumerate(content)
+            if isinstance(p, dict)
+        )
+    raise fields.bad(where, "content", "a string or a list of parts")
 
 
 def _url_part(url: JSON) -> JSON:
@@ -196,18 +209,22 @@ def _user_parts(content: JSON) -> list[JSON]:
         part = require_dict(part, "content[]")
         kind = part.get("type")
         if kind == "text":
-            parts.append({"text": part.get("text", "")})
+            parts.append({"text": REQUEST.opt_text(part.get("text"), "content[]", "text") or ""})
         elif kind == "image_url":
             parts.append(_url_part(require_dict(part.get("image_url"), "image_url").get("url")))
         elif kind == "input_audio":
             audio = require_dict(part.get("input_audio"), "input_audio")
-            mime = f"audio/{audio.get('format') or 'wav'}"
-            parts.append({"inlineData": {"mimeType": mime, "data": audio.get("data")}})
+            mime = (
+                f"audio/{REQUEST.opt_text(audio.get('format'), 'input_audio', 'format') or 'wav'}"
+            )
+            data = REQUEST.text(audio.get("data"), "input_audio", "data")
+            parts.append({"inlineData": {"mimeType": mime, "data": data}})
         elif kind == "file":
-            data = require_dict(part.get("file"), "file").get("file_data")
-            parts.append(_url_part(data))
+            parts.append(_url_part(require_dict(part.get("file"), "file").get("file_data")))
         else:
-            raise InvalidRequestError(f"content part type {kind!r} is not supported by Gemini")
+            raise InvalidRequestError(
+                f"content part type {str(kind)[:40]!r} is not supported by Gemini"
+            )
     return parts
 
 
@@ -216,34 +233,42 @@ def assistant_parts(msg: ChatMessage, *, upstream: bool) -> list[JSON]:
     reply's signature: on the first functionCall when that call has none of its own (Gemini
     signs a function-calling turn there and rejects a history whose first call is unsigned;
     clients of other protocols bring the call's signature back this way); else on the text
-    part; without text, on the thought part; else on an empty thought part."""
+    part; without text, on the thought part; else on an empty thought part. A field of the
+    wrong type is the client's 400 toward an ``upstream``, else the upstream's bad reply."""
+    fields = REQUEST if upstream else REPLY
     parts: list[JSON] = []
-    signature = msg.get("reasoning_signature")
-    calls = msg.get("tool_calls") or ()
+    signature = fields.opt_text(msg.get("reasoning_signature"), "message", "reasoning_signature")
+    calls = fields.opt_array(msg.get("tool_calls"), "message", "tool_calls")
+    for k, call in enumerate(calls):
+        call = fields.obj(call, "message.tool_calls", k)
+        fields.opt_text(
+            call.get("thought_signature"), f"message.tool_calls[{k}]", "thought_signature"
+        )
     if calls and calls[0].get("thought_signature"):
         pass  # the first call is signed: the reply's signature belongs to the text
     elif calls:
         calls = [{**calls[0], "thought_signature": signature}, *calls[1:]] if signature else calls
         signature = None
     thought: JSON = None
-    if msg.get("reasoning_content"):
-        thought = {"text": msg["reasoning_content"], "thought": True}
+    reasoning = fields.opt_text(msg.get("reasoning_content"), "message", "reasoning_content")
+    if reasoning:
+        thought = {"text": reasoning, "thought": True}
         parts.append(thought)
-    text = text_of(msg.get("content"))
+    text = text_of(msg.get("content"), fields)
     if text:
         parts.append({"text": text})
     if signature and (text or thought is not None):
         parts[-1]["thoughtSignature"] = signature
         signature = None
-    for call in calls:
-        function = call.get("function") or {}
-        own = call.get("thought_signature")
+    for k, call in enumerate(calls):
+        at = f"message.tool_calls[{k}]"
+        function = fields.opt_obj(call.get("function"), at, "function") or {}
         parts.append(
             function_call_part(
-                call.get("id"),
-                function.get("name") or "",
-                function.get("arguments") or "",
-                own,
+                fields.opt_text(call.get("id"), at, "id"),
+                fields.opt_text(function.get("name"), at, "function.name") or "",
+                fields.opt_text(function.get("arguments"), at, "function.arguments") or "",
+                call.get("thought_signature"),
                 upstream=upstream,
             )
         )
@@ -276,8 +301,8 @@ def encode_contents(messages: JSON) -> tuple[list[JSON], list[JSON]]:
         else:
             contents.append({"role": role, "parts": parts})
 
-    for msg in messages:
-        msg = require_dict(msg, "messages[]")
+    for i, msg in enumerate(messages):
+        msg = require_dict(msg, f"messages[{i}]")
         role = msg.get("role")
         if role in ("system", "developer"):  # wherever it stands (Gemini has one place)
             content = msg.get("content")
@@ -289,19 +314,21 @@ def encode_contents(messages: JSON) -> tuple[list[JSON], list[JSON]]:
         elif role == "user":
             add("user", _user_parts(msg.get("content")))
         elif role == "assistant":
-            for call in fields.objects(msg.get("tool_calls"), "messages[].tool_calls"):
-                function = fields.opt_obj(call.get("function"), "messages[].tool_calls[].function")
-                names[str(call.get("id"))] = fields.text(function.get("name"), "tool_calls[].name")
             parts = assistant_parts(msg, upstream=True)  # type: ignore[arg-type]
+            for call in msg.get("tool_calls") or ():  # read by assistant_parts: objects
+                function = call.get("function") or {}
+                names[str(call.get("id"))] = function.get("name") or ""
             add("model", parts)
         elif role == "tool":
-            call_id = str(msg.get("tool_call_id"))
+            call_id = REQUEST.text(msg.get("tool_call_id"), f"messages[{i}]", "tool_call_id")
             if call_id not in names:
-                raise InvalidRequestError(f"tool message {call_id!r} answers no earlier tool call")
+                raise InvalidRequestError(
+                    f"messages[{i}].tool_call_id {call_id!r} answers no earlier tool call"
+                )
             response = {"name": names[call_id], "response": _tool_response(msg.get("content"))}
             add("user", [{"functionResponse": response}])
         else:
-            raise InvalidRequestError(f"messages[].role: unknown role {role!r}")
+            raise InvalidRequestError(f"messages[{i}].role: unknown role {str(role)[:40]!r}")
     return system, contents
 
 
@@ -348,15 +375,17 @@ def part_deltas(parts: JSON, ctx_calls: list[int], id_prefix: str) -> list[Delta
     for part in parts:
         if not isinstance(part, dict):
             raise UpstreamError("upstream part is not an object")
-        signature = part.get("thoughtSignature")
+        signature = REPLY.opt_text(part.get("thoughtSignature"), "part", "thoughtSignature")
         call = part.get("functionCall")
         if isinstance(call, dict):
+            args = REPLY.opt_obj(call.get("args"), "functionCall", "args")
             tool: ToolCall = {
-                "id": call.get("id") or f"{id_prefix}{ctx_calls[0]}",
+                "id": REPLY.opt_text(call.get("id"), "functionCall", "id")
+                or f"{id_prefix}{ctx_calls[0]}",
                 "type": "function",
                 "function": {
-                    "name": str(call.get("name", "")),
-                    "arguments": orjson.dumps(call.get("args") or {}).decode(),
+                    "name": REPLY.opt_text(call.get("name"), "functionCall", "name") or "",
+                    "arguments": orjson.dumps(args or {}).decode(),
                 },
             }
             ctx_calls[0] += 1
@@ -369,8 +398,8 @@ def part_deltas(parts: JSON, ctx_calls: list[int], id_prefix: str) -> list[Delta
             continue
         if signature:
             deltas.append({"reasoning_signature": signature})
-        text = part.get("text")
-        if not isinstance(text, str) or not text:
+        text = REPLY.opt_text(part.get("text"), "part", "text")
+        if not text:
             continue
         key = "reasoning_content" if part.get("thought") else "content"
         last = deltas[-1] if deltas else None

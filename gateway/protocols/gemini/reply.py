@@ -9,6 +9,7 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
 from gateway.protocols.base import Ctx, count, field_of
+from gateway.protocols.fields import REPLY
 from gateway.protocols.gemini.contents import assistant_parts, part_deltas
 from gateway.types import JSON, ChatMessage, ChatResponse, Choice, ToolCall, Usage
 
@@ -158,8 +159,14 @@ def decode_error(status: int, raw: bytes) -> GatewayError:
     return error_from_payload(status, payload)
 
 
+def finish_of(cand: dict[str, JSON], where: str) -> str | None:
+    """A candidate's finishReason in chat terms (None: not finished)."""
+    reason = REPLY.opt_text(cand.get("finishReason"), where, "finishReason")
+    return FINISH_FROM_GEMINI.get(reason, "stop") if reason else None
+
+
 def _decode_candidate(cand: JSON, calls: list[int], prefix: str) -> Choice:
-    cand = cand if isinstance(cand, dict) else {}
+    cand = REPLY.obj(cand, "candidates[]")
     msg: ChatMessage = {"role": "assistant", "content": None}
     texts: list[str] = []
     thoughts: list[str] = []
@@ -179,8 +186,7 @@ def _decode_candidate(cand: JSON, calls: list[int], prefix: str) -> Choice:
         msg["tool_calls"] = tool_calls
     if thoughts:
         msg["reasoning_content"] = "".join(thoughts)
-    reason = cand.get("finishReason") or "STOP"
-    finish = FINISH_FROM_GEMINI.get(reason, "stop") if isinstance(reason, str) else "stop"
+    finish = finish_of(cand, "candidates[]") or "stop"
     if finish == "stop" and tool_calls:
         finish = "tool_calls"
     return {"index": count(cand.get("index")), "message": msg, "finish_reason": finish}
@@ -192,9 +198,7 @@ def decode_response(payload: JSON) -> ChatResponse:
     response_id = str(payload.get("responseId") or "")
     calls = [0]
     prefix = f"call_{response_id}_" if response_id else "call_"
-    candidates = payload.get("candidates") or []
-    if not isinstance(candidates, list) or not all(isinstance(c, dict) for c in candidates):
-        raise UpstreamError("upstream sent malformed candidates")
+    candidates = REPLY.opt_array(payload.get("candidates"), "candidates")
     choices = [_decode_candidate(c, calls, prefix) for c in candidates]
     feedback = payload.get("promptFeedback")
     if not choices and isinstance(feedback, dict) and feedback.get("blockReason"):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import InvalidRequestError
-from gateway.protocols import fields
 from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.protocols.gemini.contents import decode_contents, encode_contents
 from gateway.protocols.gemini.dialect import (
     has_ref,
@@ -42,18 +42,22 @@ def decode_request(payload: JSON, route: RouteMatch) -> ChatRequest:
 
 def decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
     tools: list[JSON] = []
-    for i, tool in enumerate(fields.items(payload.get("tools"), "tools")):
-        where = f"tools[{i}].functionDeclarations"
-        declarations = json_fields(tool, f"tools[{i}]").get("functionDeclarations")
-        for decl in fields.items(declarations, where):
-            decl = json_fields(decl, f"{where}[]")
-            function: JSON = {"name": decl.get("name")}
+    for i, tool in enumerate(REQUEST.opt_array(payload.get("tools"), "tools")):
+        at = f"tools[{i}]"
+        declarations = json_fields(tool, at).get("functionDeclarations")
+        for j, decl in enumerate(REQUEST.opt_array(declarations, at, "functionDeclarations")):
+            where = f"{at}.functionDeclarations[{j}]"
+            decl = json_fields(decl, where)
+            function: JSON = {"name": REQUEST.text(decl.get("name"), where, "name")}
             if decl.get("description"):
-                function["description"] = decl["description"]
+                function["description"] = REQUEST.text(decl["description"], where, "description")
             if "parametersJsonSchema" in decl:
-                function["parameters"] = decl["parametersJsonSchema"]
+                function["parameters"] = REQUEST.obj(
+                    decl["parametersJsonSchema"], where, "parametersJsonSchema"
+                )
             elif "parameters" in decl:
-                function["parameters"] = schema_to_json(decl["parameters"])
+                schema = REQUEST.obj(decl["parameters"], where, "parameters")
+                function["parameters"] = schema_to_json(schema)
             else:
                 function["parameters"] = {"type": "object", "properties": {}}
             tools.append({"type": "function", "function": function})
@@ -64,12 +68,13 @@ def decode_tools(payload: dict[str, JSON], req: ChatRequest) -> None:
         return  # a tool choice without tools is refused by chat-completions upstreams
     config = json_fields(config, "functionCallingConfig")
     mode = config.get("mode")
-    names = fields.texts(
-        config.get("allowedFunctionNames"), "toolConfig.functionCallingConfig.allowedFunctionNames"
-    )
+    names = REQUEST.opt_array(config.get("allowedFunctionNames"), "functionCallingConfig")
+    names = REQUEST.texts(names, "functionCallingConfig", "allowedFunctionNames")
     if mode == "NONE":
         req["tool_choice"] = "none"
     elif mode == "ANY" and len(names) == 1:
+        if not names[0]:
+            raise InvalidRequestError("functionCallingConfig.allowedFunctionNames[0] is empty")
         req["tool_choice"] = {"type": "function", "function": {"name": names[0]}}
     elif mode == "ANY":
         req["tool_choice"] = "required"
@@ -89,26 +94,37 @@ def _effort_from_budget(budget: int) -> str:
 
 def decode_generation(config: JSON, req: ChatRequest) -> None:
     config = json_fields(config, "generationConfig")
-    simple = (
+    numbers = (
         ("temperature", "temperature"),
         ("topP", "top_p"),
+        ("presencePenalty", "presence_penalty"),
+        ("frequencyPenalty", "frequency_penalty"),
+    )
+    for src, dst in numbers:
+        if config.get(src) is not None:
+            req[dst] = REQUEST.number(config[src], "generationConfig", src)  # type: ignore[literal-required]
+    integers = (
         ("topK", "top_k"),
         ("maxOutputTokens", "max_tokens"),
         ("candidateCount", "n"),
         ("seed", "seed"),
-        ("presencePenalty", "presence_penalty"),
-        ("frequencyPenalty", "frequency_penalty"),
     )
-    for src, dst in simple:
+    for src, dst in integers:
         if config.get(src) is not None:
-            req[dst] = config[src]  # type: ignore[literal-required]
+            req[dst] = REQUEST.integer(config[src], "generationConfig", src)  # type: ignore[literal-required]
     if config.get("stopSequences"):
-        req["stop"] = fields.texts(config["stopSequences"], "generationConfig.stopSequences")
+        req["stop"] = list(
+            REQUEST.texts(config["stopSequences"], "generationConfig", "stopSequences")
+        )
     if config.get("responseMimeType") == "application/json":
         if "responseJsonSchema" in config:
-            schema = config["responseJsonSchema"]
+            schema = REQUEST.obj(
+                config["responseJsonSchema"], "generationConfig", "responseJsonSchema"
+            )
         elif "responseSchema" in config:
-            schema = schema_to_json(config["responseSchema"])
+            schema = schema_to_json(
+                REQUEST.opt_obj(config["responseSchema"], "generationConfig", "responseSchema")
+            )
         else:
             schema = None
         if schema is None:
@@ -132,16 +148,15 @@ def decode_generation(config: JSON, req: ChatRequest) -> None:
 
 def _encode_tools(req: ChatRequest, body: JSON) -> None:
     declarations: list[JSON] = []
-    for i, tool in enumerate(fields.objects(req.get("tools"), "tools")):
-        if tool.get("type") != "function":
+    for i, tool in enumerate(REQUEST.opt_array(req.get("tools"), "tools")):
+        if REQUEST.obj(tool, "tools", i).get("type") != "function":
             continue
-        function = fields.opt_obj(tool.get("function"), f"tools[{i}].function")
-        decl: JSON = {"name": fields.text(function.get("name"), f"tools[{i}].function.name")}
+        at = f"tools[{i}].function"
+        function = REQUEST.obj(tool.get("function"), at)
+        decl: JSON = {"name": REQUEST.text(function.get("name"), at, "name")}
         if function.get("description"):
-            decl["description"] = function["description"]
-        params = function.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise InvalidRequestError(f"tools[{i}].function.parameters must be an object")
+            decl["description"] = REQUEST.text(function["description"], at, "description")
+        params = REQUEST.opt_obj(function.get("parameters"), at, "parameters")
         if params and has_ref(params):
             decl["parametersJsonSchema"] = params
         elif params and (params.get("properties") or params.get("type") != "object"):
@@ -158,42 +173,49 @@ def _encode_tools(req: ChatRequest, body: JSON) -> None:
     elif choice == "required":
         config = {"mode": "ANY"}
     elif isinstance(choice, dict) and choice.get("type") == "function":
-        function = fields.opt_obj(choice.get("function"), "tool_choice.function")
-        name = fields.text(function.get("name"), "tool_choice.function.name")
+        function = REQUEST.obj(choice.get("function"), "tool_choice", "function")
+        name = REQUEST.text(function.get("name"), "tool_choice.function", "name")
         config = {"mode": "ANY", "allowedFunctionNames": [name]}
+    elif choice is not None and choice != "auto":
+        raise InvalidRequestError("tool_choice must be auto, none, required or a function")
     if config is not None and declarations:
         body["toolConfig"] = {"functionCallingConfig": config}
 
 
 def _encode_generation(req: ChatRequest) -> JSON:
     config: JSON = {}
-    simple = (
+    numbers = (
         ("temperature", "temperature"),
         ("top_p", "topP"),
-        ("top_k", "topK"),
-        ("n", "candidateCount"),
-        ("seed", "seed"),
         ("presence_penalty", "presencePenalty"),
         ("frequency_penalty", "frequencyPenalty"),
     )
-    for src, dst in simple:
+    for src, dst in numbers:
         if req.get(src) is not None:
-            config[dst] = req[src]  # type: ignore[literal-required]
-    max_tokens = req.get("max_completion_tokens") or req.get("max_tokens")
+            config[dst] = REQUEST.number(req[src], src)  # type: ignore[literal-required]
+    for src, dst in (("top_k", "topK"), ("n", "candidateCount"), ("seed", "seed")):
+        if req.get(src) is not None:
+            config[dst] = REQUEST.integer(req[src], src)  # type: ignore[literal-required]
+    max_tokens = REQUEST.opt_integer(
+        req.get("max_completion_tokens"), "max_completion_tokens"
+    ) or REQUEST.opt_integer(req.get("max_tokens"), "max_tokens")
     if max_tokens:
         config["maxOutputTokens"] = max_tokens
     stop = req.get("stop")
-    if stop:
-        config["stopSequences"] = fields.texts(stop, "stop")
-    fmt = req.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") in ("json_object", "json_schema"):
+    if stop is not None:
+        stops = REQUEST.stop(stop, "stop")
+        if stops:
+            config["stopSequences"] = list(stops)
+    fmt = REQUEST.opt_obj(req.get("response_format"), "response_format")
+    if fmt is not None and fmt.get("type") in ("json_object", "json_schema"):
         config["responseMimeType"] = "application/json"
-        schema = fields.opt_obj(fmt.get("json_schema"), "response_format.json_schema").get("schema")
+        spec = REQUEST.opt_obj(fmt.get("json_schema"), "response_format", "json_schema") or {}
+        schema = REQUEST.opt_obj(spec.get("schema"), "response_format.json_schema", "schema")
         if schema is not None and has_ref(schema):
             config["responseJsonSchema"] = schema
         elif schema is not None:
             config["responseSchema"] = schema_to_gemini(schema)
-    effort = fields.text(req.get("reasoning_effort"), "reasoning_effort")
+    effort = REQUEST.opt_text(req.get("reasoning_effort"), "reasoning_effort")
     if effort == "none":
         config["thinkingConfig"] = {"thinkingBudget": 0}
     elif effort in EFFORT_BUDGET:

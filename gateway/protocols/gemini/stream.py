@@ -13,14 +13,15 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, count
+from gateway.protocols.fields import REPLY
 from gateway.protocols.gemini.contents import function_call_part, part_deltas
 from gateway.protocols.gemini.reply import (
-    FINISH_FROM_GEMINI,
     FINISH_TO_GEMINI,
     decode_usage,
     encode_usage,
     error_body,
     error_from_payload,
+    finish_of,
 )
 from gateway.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
@@ -103,12 +104,9 @@ class GeminiStreamDecoder:
         chunks: list[ChatChunk] = []
         prefix = f"call_{self._ctx.request_id}_"
         finished_now = False
-        candidates = payload.get("candidates") or ()
-        if not isinstance(candidates, list | tuple):
-            raise UpstreamError("upstream sent malformed candidates")
+        candidates = REPLY.opt_array(payload.get("candidates"), "candidates")
         for cand in candidates:
-            if not isinstance(cand, dict):
-                raise UpstreamError("upstream sent a malformed candidate")
+            cand = REPLY.obj(cand, "candidates[]")
             index = count(cand.get("index"))
             content = cand.get("content")
             if isinstance(content, dict) and "parts" in content:
@@ -117,17 +115,14 @@ class GeminiStreamDecoder:
                         call["index"] = self._tool_slots.get(index, 0)
                         self._tool_slots[index] = call["index"] + 1
                     chunks.append(self._chunk(index, delta))
-            reason = cand.get("finishReason")
-            if reason:
-                finish = (
-                    FINISH_FROM_GEMINI.get(reason, "stop") if isinstance(reason, str) else "stop"
-                )
+            finish = finish_of(cand, "candidates[]")
+            if finish:
                 if finish == "stop" and index in self._tool_slots:
                     finish = "tool_calls"
                 chunks.append(self._chunk(index, {}, finish))
                 finished_now = True
         feedback = payload.get("promptFeedback")
-        if not payload.get("candidates") and isinstance(feedback, dict):
+        if not candidates and isinstance(feedback, dict):
             if feedback.get("blockReason"):
                 chunks.append(self._chunk(0, {"content": ""}, "content_filter"))
                 finished_now = True

@@ -30,7 +30,12 @@ from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai import passthrough, reply, request
 from gateway.protocols.openai.passthrough import OpenAIPassthrough
 from gateway.protocols.openai.reply import error_body
-from gateway.protocols.openai.request import body_model, check_chat_request, usage_wanted
+from gateway.protocols.openai.request import (
+    body_model,
+    check_chat_request,
+    check_facts,
+    usage_wanted,
+)
 from gateway.protocols.openai.stream import OpenAIStreamDecoder, OpenAIStreamEncoder
 from gateway.types import JSON, ChatRequest, ChatResponse, Usage
 
@@ -56,6 +61,7 @@ class OpenAIAdapter:
         self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
     ) -> RouteMatch:
         model = body_model(payload)
+        check_facts(payload)
         if stream is None:
             stream = kind == "chat" and payload.get("stream") is True
         return RouteMatch(

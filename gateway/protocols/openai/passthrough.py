@@ -274,10 +274,10 @@ class OpenAIPassthrough:
         if events:
             last = load_chunk(events[-1].data)
             choices = last.get("choices")
-            finished = isinstance(choices, list) and any(
-                isinstance(c, dict) and c.get("finish_reason") for c in choices
-            )
-            if last.get("usage") or finished:
+            if last.get("usage") or any(
+                isinstance(c, dict) and c.get("finish_reason")
+                for c in (choices if isinstance(choices, list) else ())
+            ):
                 return out + DONE  # an upstream that ends without [DONE], but ended properly
         raise UpstreamError("upstream stream ended before it was complete")
 

@@ -9,6 +9,7 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
 from gateway.protocols.base import Ctx
+from gateway.protocols.fields import REPLY
 from gateway.types import JSON, ChatResponse
 
 ERROR_CODES = {
@@ -38,91 +39,52 @@ def error_body(err: GatewayError) -> JSON:
 
 
 def decode_response(payload: JSON) -> ChatResponse:
+    """A chat completion is the internal shape already: checked where the client encoders read
+    it (choices, their message, tool calls, usage), not copied."""
     if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
         raise UpstreamError("upstream sent a malformed chat completion")
     for i, choice in enumerate(payload["choices"]):
-        _check_choice(choice, f"choices[{i}]")
-    _check_usage(payload.get("usage"))
+        where = f"choices[{i}]"
+        choice = REPLY.obj(choice, where)
+        REPLY.opt_integer(choice.get("index"), where, "index")
+        REPLY.opt_text(choice.get("finish_reason"), where, "finish_reason")
+        message = REPLY.opt_obj(choice.get("message"), where, "message")
+        if message is not None:
+            check_message(message, f"{where}.message")
+    check_usage(payload.get("usage"))
     return payload  # type: ignore[return-value]
 
 
-def check_chunk(chunk: dict[str, JSON]) -> None:
-    """A stream chunk from an openai channel, checked as ``decode_response`` checks a reply
-    (UpstreamError naming the field)."""
-    choices = chunk.get("choices")
-    _check(choices is None or isinstance(choices, list), "choices")
-    for i, choice in enumerate(choices or ()):
-        where = f"choices[{i}]"
-        _check(isinstance(choice, dict), where)
-        _check(isinstance(choice.get("index", 0), int), f"{where}.index")
-        _check(_optional_text(choice.get("finish_reason")), f"{where}.finish_reason")
-        delta = choice.get("delta")
-        if delta is None:
-            continue
-        _check(isinstance(delta, dict), f"{where}.delta")
-        for name in ("content", "reasoning_content", "reasoning_signature", "refusal", "role"):
-            _check(_optional_text(delta.get(name)), f"{where}.delta.{name}")
-        calls = delta.get("tool_calls")
-        _check(calls is None or isinstance(calls, list), f"{where}.delta.tool_calls")
-        for j, call in enumerate(calls or ()):
-            at = f"{where}.delta.tool_calls[{j}]"
-            _check(isinstance(call, dict), at)
-            _check(isinstance(call.get("index", 0), int), f"{at}.index")
-            _check(_optional_text(call.get("id")), f"{at}.id")
-            _check(_optional_text(call.get("thought_signature")), f"{at}.thought_signature")
-            function = call.get("function")
-            _check(function is None or isinstance(function, dict), f"{at}.function")
-            for name in ("name", "arguments"):
-                _check(_optional_text((function or {}).get(name)), f"{at}.function.{name}")
-    _check_usage(chunk.get("usage"))
-
-
-def _check_usage(usage: JSON) -> None:
-    if usage is None:
-        return
-    _check(isinstance(usage, dict), "usage")
-    for name in ("prompt_tokens_details", "completion_tokens_details"):
-        _check(usage.get(name) is None or isinstance(usage[name], dict), f"usage.{name}")
-
-
-def _check(ok: bool, where: str) -> None:
-    if not ok:
-        raise UpstreamError(f"upstream sent a malformed chat completion ({where})")
-
-
-def _optional_text(value: JSON) -> bool:
-    return value is None or isinstance(value, str)
-
-
-def _check_choice(choice: JSON, where: str) -> None:
-    """What the other protocols' encoders read of a choice has the type they expect: a
-    reply from an openai channel becomes theirs without a second pass over it."""
-    _check(isinstance(choice, dict), where)
-    _check(_optional_text(choice.get("finish_reason")), f"{where}.finish_reason")
-    msg = choice.get("message")
-    if msg is None:
-        return
-    _check(isinstance(msg, dict), f"{where}.message")
+def check_message(msg: dict[str, JSON], where: str) -> None:
+    """An assistant message or a stream delta of an openai channel, where it is read."""
     content = msg.get("content")
-    _check(_optional_text(content) or isinstance(content, list), f"{where}.message.content")
     if isinstance(content, list):
-        for j, part in enumerate(content):
-            at = f"{where}.message.content[{j}]"
-            _check(isinstance(part, dict) and _optional_text(part.get("text")), at)
-    for name in ("reasoning_content", "reasoning_signature", "refusal"):
-        _check(_optional_text(msg.get(name)), f"{where}.message.{name}")
-    calls = msg.get("tool_calls")
-    if calls is None:
-        return
-    _check(isinstance(calls, list), f"{where}.message.tool_calls")
-    for j, call in enumerate(calls):
-        at = f"{where}.message.tool_calls[{j}]"
-        _check(isinstance(call, dict), at)
-        _check(_optional_text(call.get("thought_signature")), f"{at}.thought_signature")
-        function = call.get("function")
-        _check(isinstance(function, dict), f"{at}.function")
-        _check(_optional_text(function.get("name")), f"{at}.function.name")
-        _check(_optional_text(function.get("arguments")), f"{at}.function.arguments")
+        for k, part in enumerate(content):
+            REPLY.opt_text(REPLY.obj(part, f"{where}.content", k).get("text"), where, "text")
+    else:
+        REPLY.opt_text(content, where, "content")
+    for key in ("reasoning_content", "reasoning_signature", "refusal"):
+        REPLY.opt_text(msg.get(key), where, key)
+    calls = REPLY.opt_array(msg.get("tool_calls"), where, "tool_calls")
+    for k, call in enumerate(calls):
+        at = f"{where}.tool_calls[{k}]"
+        call = REPLY.obj(call, at)
+        REPLY.opt_integer(call.get("index"), at, "index")
+        REPLY.opt_text(call.get("id"), at, "id")
+        REPLY.opt_text(call.get("thought_signature"), at, "thought_signature")
+        function = REPLY.opt_obj(call.get("function"), at, "function")
+        if function is not None:
+            REPLY.opt_text(function.get("name"), at, "function.name")
+            REPLY.opt_text(function.get("arguments"), at, "function.arguments")
+
+
+def check_usage(usage: JSON) -> None:
+    """A usage object: its counts are read leniently (``count``), its details must be objects."""
+    usage = REPLY.opt_obj(usage, "usage")
+    if usage:
+        REPLY.opt_obj(usage.get("prompt_tokens_details"), "usage", "prompt_tokens_details")
+        details = usage.get("completion_tokens_details")
+        REPLY.opt_obj(details, "usage", "completion_tokens_details")
 
 
 def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:

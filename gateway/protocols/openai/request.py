@@ -9,6 +9,7 @@ import orjson
 
 from gateway.errors import InvalidRequestError
 from gateway.protocols.base import UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.types import JSON, ChatRequest
 
 DROP_UPSTREAM = ("top_k",)
@@ -39,6 +40,18 @@ def check_chat_request(payload: JSON) -> None:
         raise InvalidRequestError("'stream' must be a boolean")
 
 
+def check_facts(payload: dict[str, JSON]) -> None:
+    """The fields the gateway itself reads of a chat-completions body, pass-through included:
+    the stream flag, whether its usage is wanted, the maximum output (held against the
+    balance)."""
+    REQUEST.opt_bool(payload.get("stream"), "stream")
+    options = REQUEST.opt_obj(payload.get("stream_options"), "stream_options")
+    if options is not None:
+        REQUEST.opt_bool(options.get("include_usage"), "stream_options", "include_usage")
+    REQUEST.opt_integer(payload.get("max_tokens"), "max_tokens")
+    REQUEST.opt_integer(payload.get("max_completion_tokens"), "max_completion_tokens")
+
+
 def usage_wanted(payload: JSON) -> bool:
     """Whether a chat-completions client asked for the usage chunk of its stream."""
     opts = payload.get("stream_options")
@@ -47,15 +60,17 @@ def usage_wanted(payload: JSON) -> bool:
 
 def _strip_extensions(messages: list[JSON]) -> list[JSON]:
     out: list[JSON] = []
-    for m in messages:
-        if any(k in m for k in MESSAGE_EXTENSIONS) or (
-            m.get("tool_calls") and any("thought_signature" in tc for tc in m["tool_calls"])
-        ):
+    for i, m in enumerate(messages):
+        m = REQUEST.obj(m, "messages", i)
+        calls = REQUEST.opt_array(m.get("tool_calls"), f"messages[{i}]", "tool_calls")
+        signed = False
+        for k, tc in enumerate(calls):
+            signed |= "thought_signature" in REQUEST.obj(tc, f"messages[{i}].tool_calls", k)
+        if signed or any(k in m for k in MESSAGE_EXTENSIONS):
             m = {k: v for k, v in m.items() if k not in MESSAGE_EXTENSIONS}
-            if m.get("tool_calls"):
+            if calls:
                 m["tool_calls"] = [
-                    {k: v for k, v in tc.items() if k != "thought_signature"}
-                    for tc in m["tool_calls"]
+                    {k: v for k, v in tc.items() if k != "thought_signature"} for tc in calls
                 ]
         out.append(m)
     return out
@@ -76,7 +91,7 @@ def with_usage(options: JSON) -> JSON:
 def encode_request(req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
     body: dict[str, JSON] = {k: v for k, v in req.items() if k not in DROP_UPSTREAM}
     body["model"] = target.model
-    body["messages"] = _strip_extensions(body.get("messages") or [])
+    body["messages"] = _strip_extensions(REQUEST.opt_array(body.get("messages"), "messages"))
     if target.stream:
         body["stream"] = True
         body["stream_options"] = with_usage(body.get("stream_options"))

@@ -8,7 +8,8 @@ import orjson
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx
-from gateway.protocols.openai.reply import check_chunk, error_body, stream_error
+from gateway.protocols.fields import REPLY
+from gateway.protocols.openai.reply import check_message, check_usage, error_body, stream_error
 from gateway.sse import DONE, SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Usage
 
@@ -60,11 +61,18 @@ class OpenAIStreamDecoder:
         chunk = load_chunk(data)
         if "error" in chunk:
             raise stream_error(chunk)
-        check_chunk(chunk)
-        if not self._finished:
-            for c in chunk.get("choices") or ():
-                if c.get("finish_reason"):
-                    self._finished = True
+        for i, choice in enumerate(REPLY.opt_array(chunk.get("choices"), "choices")):
+            where = f"choices[{i}]"
+            choice = REPLY.obj(choice, where)
+            REPLY.opt_integer(choice.get("index"), where, "index")
+            delta = REPLY.opt_obj(choice.get("delta"), where, "delta")
+            if delta is not None:
+                check_message(delta, f"{where}.delta")
+                # a delta's content is text (a whole message's may be a list of parts)
+                REPLY.opt_text(delta.get("content"), f"{where}.delta", "content")
+            if REPLY.opt_text(choice.get("finish_reason"), where, "finish_reason"):
+                self._finished = True
+        check_usage(chunk.get("usage"))
         return [chunk]
 
     def close(self) -> list[ChatChunk]:

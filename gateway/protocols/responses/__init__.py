@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.fields import REQUEST
 from gateway.protocols.openai.reply import error_body
 from gateway.protocols.openai.request import body_model
 from gateway.protocols.responses import passthrough, reply, request, tools
@@ -33,6 +34,8 @@ class ResponsesAdapter:
         self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
     ) -> RouteMatch:
         model = body_model(payload)
+        REQUEST.opt_bool(payload.get("stream"), "stream")
+        REQUEST.opt_integer(payload.get("max_output_tokens"), "max_output_tokens")
         return RouteMatch(
             protocol=self.name,
             capability=kind,

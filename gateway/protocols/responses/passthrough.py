@@ -67,7 +67,9 @@ class ResponsesPassthrough(EventPassthrough):
     def feed_event(self, event: SSEEvent) -> bytes:
         payload = _load(event.data)
         kind = payload.get("type")
-        name = event.event or (kind if isinstance(kind, str) else None)
+        if not isinstance(kind, str):
+            raise UpstreamError("upstream sent a stream event without a type")
+        name = event.event or kind
         if kind in LIFECYCLE:
             response = payload.get("response")
             if isinstance(response, dict):

@@ -157,8 +157,8 @@ def _carry_reasoning(message: ChatMessage, item: dict[str, JSON] | None, where: 
 
 
 def decode_message(item: dict[str, JSON], where: str) -> ChatMessage:
-    given = item.get("role")
-    role = ROLES.get(given) if isinstance(given, str) else None
+    role = item.get("role")
+    role = ROLES.get(role) if isinstance(role, str) else None
     if role is None:
         raise bad(f"'{where}.role' must be one of user, assistant, system, developer")
     content = item.get("content")

@@ -83,8 +83,8 @@ def decode_tools(tools: JSON) -> list[JSON]:
                 out.append(decode_function(member, f"{where}.tools[{j}]", namespace))
         elif not isinstance(kind, str) or kind not in HOSTED_TOOLS:
             raise bad(
-                f"'{where}': tool type {kind!r} is not supported; function tools are carried to "
-                "every provider"
+                f"'{where}.type' {str(kind)[:40]!r} is not supported; function tools are carried "
+                "to every provider"
             )
     return out
 

@@ -1,0 +1,334 @@
+"""Upstream side: whatever a channel answers, each protocol's reply reader ends in a
+``GatewayError`` (the upstream's bad reply, a 502), never a crash, on every path it takes to a
+client: the whole reply decoded and encoded for every client protocol, a stream through each
+channel's decoder and every client's encoder, and each pass-through.
+
+Inputs are the fixtures' upstream replies (tests/fixtures/conversion/*/upstream_response.json
+and .sse; the Responses pass-through reads what the gateway's Responses encoder wrote,
+client_response.json and .sse of the responses__* cases), each field replaced by a value of
+every JSON type (a table), by any JSON value and, for whole replies, a wholly random body
+(hypothesis).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.billing import Metered
+from gateway.errors import GatewayError
+from gateway.kinds.chat import PASSTHROUGH
+from gateway.kinds.embeddings import EMBEDDINGS
+from gateway.kinds.media import IMAGES, RERANK
+from gateway.protocols import ADAPTERS, CLIENTS
+from gateway.protocols.base import ConvertedStream, Counter, Ctx, RouteMatch, UpstreamTarget
+from gateway.protocols.embeddings import EmbeddingsRequest
+from gateway.protocols.responses import ResponsesAdapter
+from gateway.sse import SSEParser, frame
+from gateway.types import ChatChunk
+from tests.mutation import (
+    BOUNDED,
+    FIXTURES,
+    ODD_VALUES,
+    Path_,
+    copy,
+    json_values,
+    load,
+    paths,
+    replaced,
+)
+
+CONVERSION = FIXTURES / "conversion"
+RESPONSES = ResponsesAdapter()
+# the client sides a reply is encoded for: every protocol, generate-content in both framings
+ROUTES = [
+    RouteMatch(protocol=name, capability="chat", model="m", stream=True, sse=sse)
+    for name in CLIENTS
+    for sse in ((True, False) if name == "gemini" else (True,))
+]
+
+
+def ctx() -> Ctx:
+    return Ctx(request_id="req", model="m", created=1700000000, include_usage=True)
+
+
+def target(stream: bool) -> UpstreamTarget:
+    return UpstreamTarget("test", "http://up.test", "key", "up-model", 4096, stream)
+
+
+@dataclass(frozen=True)
+class Reply:
+    id: str
+    protocol: str  # the channel's protocol ("responses": the Responses pass-through)
+    kind: str  # "chat" | "count" | "embeddings" | "images" | "rerank"
+    body: Any
+
+
+@dataclass(frozen=True)
+class Stream:
+    id: str
+    protocol: str
+    events: tuple[tuple[str | None, Any], ...]  # (event name, JSON data or raw bytes)
+
+
+def _unique(items: list[Any], key: Any) -> list[Any]:
+    seen: set[Any] = set()
+    out = []
+    for item in items:
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return out
+
+
+def replies() -> list[Reply]:
+    out = []
+    for path in sorted(CONVERSION.glob("*/*/upstream_response.json")):
+        client, upstream = path.parent.parent.name.split("__")
+        body = load(path)
+        meta_path = path.parent / "meta.json"
+        kind = "count" if meta_path.exists() and "count" in meta_path.read_text() else "chat"
+        out.append(Reply(f"{path.parent.parent.name}/{path.parent.name}", upstream, kind, body))
+    for path in sorted(CONVERSION.glob("responses__*/*/client_response.json")):
+        name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
+        out.append(Reply(name, "responses", "chat", load(path)))
+    for path in sorted((FIXTURES / "embeddings").glob("*/*/upstream_response.json")):
+        upstream = path.parent.parent.name.split("__")[1]
+        name = f"embeddings/{path.parent.parent.name}/{path.parent.name}"
+        out.append(Reply(name, upstream, "embeddings", load(path)))
+    out.append(Reply("images", "openai", "images", {"created": 1, "data": [{"url": "u"}]}))
+    rerank = {"results": [{"index": 0, "relevance_score": 0.5}], "usage": {"total_tokens": 3}}
+    out.append(Reply("rerank", "openai", "rerank", rerank))
+    return _unique(out, lambda r: (r.protocol, r.kind, orjson.dumps(r.body)))
+
+
+def _events(raw: bytes) -> tuple[tuple[str | None, Any], ...]:
+    parser = SSEParser()
+    out: list[tuple[str | None, Any]] = []
+    for event in parser.feed(raw) + parser.close():
+        try:
+            out.append((event.event, orjson.loads(event.data)))
+        except orjson.JSONDecodeError:
+            out.append((event.event, event.data))  # [DONE], or garbage a fixture holds
+    return tuple(out)
+
+
+def streams() -> list[Stream]:
+    out = []
+    for path in sorted(CONVERSION.glob("*/*/upstream_response.sse")):
+        upstream = path.parent.parent.name.split("__")[1]
+        name = f"{path.parent.parent.name}/{path.parent.name}"
+        out.append(Stream(name, upstream, _events(path.read_bytes())))
+    for path in sorted(CONVERSION.glob("responses__*/*/client_response.sse")):
+        name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
+        out.append(Stream(name, "responses", _events(path.read_bytes())))
+    return _unique(out, lambda s: (s.protocol, orjson.dumps(s.events, default=bytes.decode)))
+
+
+REPLIES = replies()
+STREAMS = streams()
+
+
+# --- running them --------------------------------------------------------------------------
+def embeddings_request(n: int) -> EmbeddingsRequest:
+    return {"model": "m", "input": ["x"] * n}
+
+
+def read_reply(r: Reply, body: Any) -> None:
+    """Every path a whole reply of ``r``'s channel takes to a client."""
+    if r.kind == "images" or r.kind == "rerank":
+        kind = IMAGES if r.kind == "images" else RERANK
+        if isinstance(body, dict):
+            kind.meter(body, Metered())
+        return
+    if r.kind == "embeddings":
+        upstream = EMBEDDINGS[r.protocol]
+        upstream.embeddings_passthrough_response(copy(body), ctx())
+        items = body.get("data", body.get("embeddings")) if isinstance(body, dict) else None
+        req = embeddings_request(len(items) if isinstance(items, list) else 1)
+        resp = upstream.decode_embeddings_response(body, req)
+        for client in EMBEDDINGS.values():
+            client.encode_embeddings(copy(resp), {**req, "encoding_format": "base64"}, ctx())
+        return
+    if r.protocol == "responses":
+        RESPONSES.passthrough_response(body, ctx())
+        return
+    adapter = ADAPTERS[r.protocol]
+    if r.kind == "count":
+        assert isinstance(adapter, Counter)
+        adapter.decode_count(body)
+        return
+    PASSTHROUGH[r.protocol].passthrough_response(copy(body), ctx())
+    resp = adapter.decode_response(body)
+    for client in CLIENTS.values():
+        client.encode_response(copy(resp), ctx())
+
+
+def raw_stream(events: tuple[tuple[str | None, Any], ...]) -> bytes:
+    return b"".join(
+        frame(data if isinstance(data, bytes) else orjson.dumps(data), name)
+        for name, data in events
+    )
+
+
+def read_stream(s: Stream, events: tuple[tuple[str | None, Any], ...]) -> None:
+    """The stream through the channel's decoder and every client's encoder, and through the
+    pass-through of its protocol. Each must end in a GatewayError or complete."""
+    raw = raw_stream(events)
+    passthrough = RESPONSES if s.protocol == "responses" else PASSTHROUGH[s.protocol]
+    route = RouteMatch(protocol=s.protocol, capability="chat", model="m", stream=True)
+    same = passthrough.passthrough_stream(ctx(), route, target(True))
+    try:
+        same.feed(raw)
+        same.finish()
+    except GatewayError as err:
+        same.error(err)
+    if s.protocol == "responses":
+        return
+    chunks: list[ChatChunk] = []
+    failure: GatewayError | None = None
+    decoder = ADAPTERS[s.protocol].stream_decoder(ctx())
+    parser = SSEParser()
+    try:
+        for event in parser.feed(raw) + parser.close():
+            chunks.extend(decoder.feed(event))
+        chunks.extend(decoder.close())
+    except GatewayError as err:
+        failure = err
+    for client_route in ROUTES:
+        encoder = CLIENTS[client_route.protocol].stream_encoder(ctx(), client_route)
+        stream = ConvertedStream(_Replay(copy(chunks), failure), encoder)
+        try:
+            stream.feed(b"data: x\n\n")
+            stream.finish()
+        except GatewayError as err:
+            stream.error(err)
+
+
+class _Replay:
+    """A stream decoder that gives what the channel's decoder gave (decoded once for every
+    client's encoder), then its failure."""
+
+    def __init__(self, chunks: list[ChatChunk], failure: GatewayError | None) -> None:
+        self._chunks = chunks
+        self._failure = failure
+
+    def feed(self, event: object) -> list[ChatChunk]:
+        chunks, self._chunks = self._chunks, []
+        return chunks
+
+    def close(self) -> list[ChatChunk]:
+        if self._failure is not None:
+            raise self._failure
+        return []
+
+
+def mutated_events(
+    s: Stream, k: int, path: Path_, value: Any
+) -> tuple[tuple[str | None, Any], ...]:
+    name, data = s.events[k]
+    return (
+        *s.events[:k],
+        (name, replaced(data, path, value) if path else copy(value)),
+        *s.events[k + 1 :],
+    )
+
+
+def stream_fields(s: Stream) -> list[tuple[int, Path_]]:
+    """(event, path) of every field of every JSON event, and each event as a whole."""
+    out: list[tuple[int, Path_]] = []
+    for k, (_, data) in enumerate(s.events):
+        if not isinstance(data, bytes):
+            out.append((k, ()))
+            out.extend((k, path) for path in paths(data))
+    return out
+
+
+# --- the tests -------------------------------------------------------------------------
+def test_the_fixtures_are_read_as_they_are() -> None:
+    """The unmutated inputs: some are error cases, none crashes."""
+    for r in REPLIES:
+        try:
+            read_reply(r, copy(r.body))
+        except GatewayError:
+            pass
+    for s in STREAMS:
+        read_stream(s, s.events)
+
+
+@pytest.mark.parametrize("r", REPLIES, ids=[r.id for r in REPLIES])
+def test_reply_every_field_of_every_type(r: Reply) -> None:
+    for path in list(paths(r.body)):
+        for value in ODD_VALUES:
+            try:
+                read_reply(r, replaced(r.body, path, value))
+            except GatewayError:
+                pass
+
+
+@pytest.mark.parametrize("s", STREAMS, ids=[s.id for s in STREAMS])
+def test_stream_every_field_of_every_type(s: Stream) -> None:
+    for k, path in stream_fields(s):
+        for value in ODD_VALUES:
+            read_stream(s, mutated_events(s, k, path, value))
+
+
+@BOUNDED
+@given(st.sampled_from(REPLIES), st.data())
+def test_reply_any_value_anywhere(r: Reply, data: st.DataObject) -> None:
+    fields = list(paths(r.body))
+    body = r.body
+    if fields:
+        body = replaced(body, data.draw(st.sampled_from(fields)), data.draw(json_values))
+    try:
+        read_reply(r, body)
+    except GatewayError:
+        pass
+
+
+@BOUNDED
+@given(st.sampled_from(REPLIES), json_values)
+def test_reply_any_body(r: Reply, body: Any) -> None:
+    try:
+        read_reply(r, body)
+    except GatewayError:
+        pass
+
+
+@BOUNDED
+@given(st.sampled_from(STREAMS), st.data())
+def test_stream_any_value_anywhere(s: Stream, data: st.DataObject) -> None:
+    fields = stream_fields(s)
+    k, path = data.draw(st.sampled_from(fields))
+    read_stream(s, mutated_events(s, k, path, data.draw(json_values)))
+
+
+@BOUNDED
+@given(
+    st.sampled_from(STREAMS),
+    st.lists(
+        st.tuples(
+            st.none()
+            | st.sampled_from(
+                [
+                    "message_start",
+                    "content_block_start",
+                    "content_block_delta",
+                    "message_delta",
+                    "error",
+                ]
+            ),
+            json_values,
+        ),
+        max_size=5,
+    ),
+)
+def test_stream_any_events(s: Stream, events: list[tuple[str | None, Any]]) -> None:
+    """Random events, after the fixture's first (so the stream has begun)."""
+    read_stream(s, (*s.events[:1], *events))
