@@ -90,7 +90,9 @@ def ensure_tools(settings: Settings) -> None:
         subprocess.run(
             [*_sudo(), "apt-get", "install", "-y", "-qq", "libnginx-mod-http-echo"], check=False
         )
-    wanted = {"uvicorn": "uvicorn[standard]", "granian": "granian"}
+    # uvloop too: uvicorn may be here without it (another package's dependency), and the bare
+    # relays of uvicorn and granian ask for it
+    wanted = {"uvicorn": "uvicorn[standard]", "uvloop": "uvicorn[standard]", "granian": "granian"}
     wanted = {mod: pkg for mod, pkg in wanted.items() if not _has_module(mod)}
     if not shutil.which("py-spy") and not (Path(sys.executable).parent / "py-spy").exists():
         wanted["py_spy"] = "py-spy"
