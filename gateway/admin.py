@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts, console
+from gateway import accounts, channel_test, console
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -42,12 +42,14 @@ from gateway.errors import (
 )
 from gateway.store import Store
 from gateway.types import JSON
+from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.admin")
 
 DAILY_MAX_DAYS = 400  # days one /admin/usage/daily call may span
 MAX_BODY = 64 * 1024  # bytes of an admin request body (the largest real one is a few KiB)
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
+CHANNEL_TEST_TIMEOUT = 60.0  # seconds a channel test may take in all
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ERROR_CODES = {
     400: "invalid_request",
@@ -79,6 +81,8 @@ class AdminState(Protocol):
     def cache(self) -> Refreshable: ...
     @property
     def writer(self) -> Flushable: ...
+    @property
+    def upstream(self) -> Upstream: ...
 
 
 Handler = Callable[[Request, AdminState], Awaitable[Response]]
@@ -124,7 +128,7 @@ def _console_admin(request: Request) -> bool | None:
     return True if console.csrf_ok(request, session) else None
 
 
-def _guarded(handler: Handler) -> Endpoint:
+def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
@@ -135,7 +139,7 @@ def _guarded(handler: Handler) -> Endpoint:
             if not signed_in:
                 return error_response(AuthenticationError("missing or invalid admin token"))
         try:
-            async with asyncio.timeout(STORE_TIMEOUT):
+            async with asyncio.timeout(timeout):
                 return await handler(request, state)
         except GatewayError as err:
             return error_response(err)
@@ -301,6 +305,14 @@ async def list_channels(request: Request, state: AdminState) -> Response:
     return json_response({"data": [accounts.channel_json(c) for c in state.settings.channels]})
 
 
+async def test_channel(request: Request, state: AdminState) -> Response:
+    """One minimal request through the channel: ``{ok, status, latency_ms, error?}``."""
+    result = await channel_test.test_channel(
+        state.settings, state.upstream, request.path_params["name"]
+    )
+    return json_response(result)
+
+
 async def list_groups(request: Request, state: AdminState) -> Response:
     return json_response({"data": list(state.settings.groups)})
 
@@ -329,6 +341,12 @@ def admin_routes() -> list[BaseRoute]:
         r("/usage/daily", usage_daily, "GET"),
         r("/models", list_models, "GET"),
         r("/channels", list_channels, "GET"),
+        # an upstream's answer may take its channel's whole first-byte timeout, not the store's
+        Route(
+            "/channels/{name}/test",
+            _guarded(test_channel, CHANNEL_TEST_TIMEOUT),
+            methods=["POST"],
+        ),
         r("/groups", list_groups, "GET"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),

@@ -240,6 +240,9 @@ def admin_paths() -> JSONObject:
         "/admin/usage/daily": {"get": _admin("daily totals", query=("since", "until", "account"))},
         "/admin/models": {"get": _admin("the catalogue's models")},
         "/admin/channels": {"get": _admin("the channels (never their keys)")},
+        "/admin/channels/{name}/test": {
+            "post": _admin("one minimal request through the channel, not billed", params=("name",))
+        },
         "/admin/groups": {"get": _admin("the groups")},
     }
 

@@ -126,6 +126,12 @@ async def test_the_console_as_an_operator_and_a_key_holder(
         await page.get_by_role("heading", level=1).first.wait_for()
         await shot(page, f"06-{name.lower().replace(' ', '-')}")
 
+    # a channel's test, from its row
+    await page.get_by_role("link", name="Channels").click()
+    await page.get_by_role("button", name="Test channel oa").click()
+    await page.get_by_role("status").get_by_text("oa: ok, status 200").wait_for()
+    await shot(page, "06-channels-tested")
+
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in").wait_for()
 
