@@ -11,6 +11,7 @@ reason locally and fail when ``CI`` is set.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -71,10 +72,20 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return backend_url(request, tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+def _cluster_port(taken: list[int]) -> int:
+    """A free port whose cluster bus port (10,000 above it; at most 65,535) is free too: the
+    kernel's ephemeral ports are often too high for that."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20_000, 45_000)
+        if port in taken:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+        except OSError:
+            continue
         return port
 
 
@@ -99,24 +110,33 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         pytest.skip("redis-server or redis-cli is not installed")
     directory = tmp_path_factory.mktemp("redis-cluster")
-    ports = [_free_port() for _ in range(CLUSTER_NODES)]
+    ports: list[int] = []
+    for _ in range(CLUSTER_NODES):
+        ports.append(_cluster_port(ports))
     procs = [
         subprocess.Popen(
             ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--cluster-enabled", "yes"]
             + ["--cluster-config-file", f"nodes-{p}.conf", "--save", "", "--appendonly", "no"]
-            + ["--dir", str(directory)],
+            + ["--dir", str(directory), "--logfile", f"redis-{p}.log"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         for p in ports
     ]
+
+    def answers(client: redis.Redis, proc: subprocess.Popen[bytes], port: int) -> bool:
+        if proc.poll() is not None:
+            log = (directory / f"redis-{port}.log").read_text()[-500:]
+            raise RuntimeError(f"the test cluster: node {port} exited: {log}")
+        return _answers(client)
+
     clients = [
         redis.Redis(host="127.0.0.1", port=p, socket_connect_timeout=1, socket_timeout=5)
         for p in ports
     ]
     try:
-        for client in clients:
-            _until(lambda c=client: _answers(c), "a node does not answer")  # type: ignore[misc]
+        for client, proc, port in zip(clients, procs, ports, strict=True):
+            _until(lambda: answers(client, proc, port), "a node does not answer")  # noqa: B023
         subprocess.run(
             ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports]]
             + ["--cluster-replicas", "0", "--cluster-yes"],
