@@ -25,6 +25,11 @@ Local debits are tracked until the store's snapshot certainly includes them, so 
 
 A failed reload (the store briefly down) logs one line, keeps the old snapshot and tries again
 on the next tick.
+
+The catalogue (groups, models, channels) changes the version too: when it changed, its records
+are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
+which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
+the store for it.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.store import KeyRecord, Store
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
+from gateway.store.catalogue import CatalogueRecords
 
 log = logging.getLogger("gateway.store.cache")
 
@@ -65,6 +71,12 @@ class Cache:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._catalogue_listener: Callable[[CatalogueRecords], None] | None = None
+
+    def on_catalogue(self, listener: Callable[[CatalogueRecords], None]) -> None:
+        """Call ``listener`` with the catalogue's records on every load that finds the store's
+        version changed (and on the first)."""
+        self._catalogue_listener = listener
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -115,6 +127,9 @@ class Cache:
             version = await self._store.version()
             if force or version != self._version:
                 keys = await self._store.load_keys()
+                listener = self._catalogue_listener
+                if listener is not None:
+                    listener(await self._store.load_catalogue())
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
             self._balances = await self._store.load_balances()
