@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts
+from gateway import accounts, catalogue
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -39,6 +39,7 @@ from gateway.errors import (
 )
 from gateway.store import Store
 from gateway.types import JSON
+from gateway.upstream import Upstream
 
 log = logging.getLogger("gateway.admin")
 
@@ -72,6 +73,8 @@ class AdminState(Protocol):
     def cache(self) -> Refreshable: ...
     @property
     def writer(self) -> Flushable: ...
+    @property
+    def upstream(self) -> Upstream: ...
 
 
 Handler = Callable[[Request, AdminState], Awaitable[Response]]
@@ -90,7 +93,11 @@ def json_response(payload: JSON, status: int = 200) -> Response:
 
 def error_response(err: GatewayError) -> Response:
     body = {
-        "error": {"message": err.message, "type": err.type, "code": ERROR_CODES.get(err.status)}
+        "error": {
+            "message": err.message,
+            "type": err.type,
+            "code": err.code or ERROR_CODES.get(err.status),
+        }
     }
     resp = json_response(body, err.status)
     if err.status == 401:
@@ -108,14 +115,14 @@ def authorized(header: str, admin_token: str) -> bool:
     return hmac.compare_digest(token.strip().encode(), admin_token.encode())
 
 
-def _guarded(handler: Handler) -> Endpoint:
+def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
         if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
             return error_response(AuthenticationError("missing or invalid admin token"))
         try:
-            async with asyncio.timeout(STORE_TIMEOUT):
+            async with asyncio.timeout(timeout):
                 return await handler(request, state)
         except GatewayError as err:
             return error_response(err)
@@ -227,15 +234,104 @@ async def usage(request: Request, state: AdminState) -> Response:
 
 
 async def list_models(request: Request, state: AdminState) -> Response:
-    return json_response({"data": [accounts.model_json(m) for m in state.settings.models]})
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": [catalogue.model_out(m, v) for m in v.models]})
 
 
 async def list_channels(request: Request, state: AdminState) -> Response:
-    return json_response({"data": [accounts.channel_json(c) for c in state.settings.channels]})
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": [catalogue.channel_out(c, v) for c in v.channels]})
 
 
 async def list_groups(request: Request, state: AdminState) -> Response:
-    return json_response({"data": list(state.settings.groups)})
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": list(v.groups)})
+
+
+# ---- catalogue changes (contract §5): the file's entries answer 409 -------------------------
+
+
+async def create_channel(request: Request, state: AdminState) -> Response:
+    ch = await catalogue.create_channel(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.channel_out(ch, v), 201)
+
+
+async def get_channel(request: Request, state: AdminState) -> Response:
+    v = await catalogue.load(state.store, state.settings)
+    name = request.path_params["name"]
+    ch = v.channel(name)
+    if ch is None:
+        raise NotFoundError(f"channel {name!r} not found")
+    return json_response(catalogue.channel_out(ch, v))
+
+
+async def update_channel(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    body = await _body(request)
+    ch = await catalogue.update_channel(state.store, state.settings, name, body)
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.channel_out(ch, v))
+
+
+async def delete_channel(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_channel(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
+
+
+async def try_channel(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    result = await catalogue.try_channel(state.store, state.settings, state.upstream, name)
+    return json_response(result)
+
+
+async def create_model(request: Request, state: AdminState) -> Response:
+    model = await catalogue.create_model(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.model_out(model, v), 201)
+
+
+async def get_model(request: Request, state: AdminState) -> Response:
+    v = await catalogue.load(state.store, state.settings)
+    name = request.path_params["name"]
+    model = v.model(name)
+    if model is None:
+        raise NotFoundError(f"model {name!r} not found")
+    return json_response(catalogue.model_out(model, v))
+
+
+async def update_model(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    body = await _body(request)
+    model = await catalogue.update_model(state.store, state.settings, name, body)
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.model_out(model, v))
+
+
+async def delete_model(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_model(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
+
+
+async def create_group(request: Request, state: AdminState) -> Response:
+    name = await catalogue.create_group(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    return json_response({"name": name, "origin": "api"}, 201)
+
+
+async def delete_group(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_group(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
 
 
 async def not_found(request: Request, state: AdminState) -> Response:
@@ -262,6 +358,22 @@ def admin_routes() -> list[BaseRoute]:
         r("/models", list_models, "GET"),
         r("/channels", list_channels, "GET"),
         r("/groups", list_groups, "GET"),
+        # the catalogue at run time; names may hold a slash, hence {name:path}
+        r("/channels", create_channel, "POST"),
+        Route(
+            "/channels/{name:path}/test",
+            _guarded(channel_test, catalogue.CHANNEL_TEST_TIMEOUT + STORE_TIMEOUT),
+            methods=["POST"],
+        ),
+        r("/channels/{name:path}", get_channel, "GET"),
+        r("/channels/{name:path}", update_channel, "PATCH"),
+        r("/channels/{name:path}", delete_channel, "DELETE"),
+        r("/models", create_model, "POST"),
+        r("/models/{name:path}", get_model, "GET"),
+        r("/models/{name:path}", update_model, "PATCH"),
+        r("/models/{name:path}", delete_model, "DELETE"),
+        r("/groups", create_group, "POST"),
+        r("/groups/{name:path}", delete_group, "DELETE"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]
