@@ -283,7 +283,7 @@ async def delete_channel(request: Request, state: AdminState) -> Response:
     return json_response({"name": name, "deleted": True})
 
 
-async def try_channel(request: Request, state: AdminState) -> Response:
+async def channel_test(request: Request, state: AdminState) -> Response:
     name = request.path_params["name"]
     result = await catalogue.try_channel(state.store, state.settings, state.upstream, name)
     return json_response(result)
