@@ -125,14 +125,20 @@ class Cache:
         async with self._lock:
             seq = self._settled_seq
             version = await self._store.version()
-            if force or version != self._version:
+            changed = force or version != self._version
+            listener = self._catalogue_listener
+            if changed:
                 keys = await self._store.load_keys()
-                listener = self._catalogue_listener
-                if listener is not None:
-                    listener(await self._store.load_catalogue())
+                records = await self._store.load_catalogue() if listener is not None else None
+            balances = await self._store.load_balances()
+            # everything read: swapped in together, with no await between, so a request never
+            # sees a new key without its account's balance (or a catalogue without its keys)
+            if changed:
+                if listener is not None and records is not None:
+                    listener(records)
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
-            self._balances = await self._store.load_balances()
+            self._balances = balances
             self.fresh_at = time.monotonic()
             done = [s for s in self._unseen if s <= seq]
             if done:
