@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
@@ -32,6 +32,7 @@ from gateway.store import (
 )
 from gateway.store.catalogue import channel_json as channel_json
 from gateway.store.catalogue import model_json as model_json
+from gateway.store.catalogue import view
 from gateway.store.records import KEY_CHANGES, KEY_STATUSES, from_micro
 from gateway.store.records import format_time as format_time
 from gateway.store.records import usage_json as usage_json
@@ -104,14 +105,19 @@ def _ident(value: object, field: str) -> str:
     return value
 
 
-def _group(settings: Settings, value: object, field: str = "group") -> str:
+def _group(groups: Sequence[str], value: object, field: str = "group") -> str:
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"{field}: must be a non-empty string")
-    if value not in settings.groups:
+    if value not in groups:
         raise InvalidRequestError(
-            f"{field}: unknown group {value!r} (configured: {', '.join(settings.groups)})"
+            f"{field}: unknown group {value!r} (configured: {', '.join(groups)})"
         )
     return value
+
+
+async def _groups(store: Store, settings: Settings) -> tuple[str, ...]:
+    """The groups there are: the file's and those made through the admin API."""
+    return view(await store.load_catalogue(), settings).groups
 
 
 def _name(value: object) -> str:
@@ -250,7 +256,7 @@ async def create_key(
     """Make a key; returns the record and the secret, which nothing keeps."""
     if not isinstance(account, str) or not account:
         raise InvalidRequestError("account: must be a non-empty string")
-    grp = settings.groups[0] if group is None else _group(settings, group)
+    grp = settings.groups[0] if group is None else _group(await _groups(store, settings), group)
     name = _name("" if name is None else name)
     expiry = _time(expires_at, "expires_at")
     limit_quota, limit_models = _quota(quota), _model_names(models)
@@ -311,7 +317,7 @@ async def update_key(
     if "status" in body:
         changes["status"] = _status(body["status"])
     if "group" in body:
-        changes["group"] = _group(settings, body["group"])
+        changes["group"] = _group(await _groups(store, settings), body["group"])
     if "expires_at" in body:
         changes["expires_at"] = _time(body["expires_at"], "expires_at")
     if "name" in body:

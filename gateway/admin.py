@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts, channel_test, console
+from gateway import accounts, catalogue, console
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -49,7 +49,6 @@ log = logging.getLogger("gateway.admin")
 DAILY_MAX_DAYS = 400  # days one /admin/usage/daily call may span
 MAX_BODY = 64 * 1024  # bytes of an admin request body (the largest real one is a few KiB)
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
-CHANNEL_TEST_TIMEOUT = 60.0  # seconds a channel test may take in all
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 ERROR_CODES = {
     400: "invalid_request",
@@ -101,7 +100,11 @@ def json_response(payload: JSON, status: int = 200) -> Response:
 
 def error_response(err: GatewayError) -> Response:
     body = {
-        "error": {"message": err.message, "type": err.type, "code": ERROR_CODES.get(err.status)}
+        "error": {
+            "message": err.message,
+            "type": err.type,
+            "code": err.code or ERROR_CODES.get(err.status),
+        }
     }
     resp = json_response(body, err.status)
     if err.status == 401:
@@ -298,23 +301,104 @@ def _day(value: str | None, name: str, default: date) -> date:
 
 
 async def list_models(request: Request, state: AdminState) -> Response:
-    return json_response({"data": [accounts.model_json(m) for m in state.settings.models]})
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": [catalogue.model_out(m, v) for m in v.models]})
 
 
 async def list_channels(request: Request, state: AdminState) -> Response:
-    return json_response({"data": [accounts.channel_json(c) for c in state.settings.channels]})
-
-
-async def test_channel(request: Request, state: AdminState) -> Response:
-    """One minimal request through the channel: ``{ok, status, latency_ms, error?}``."""
-    result = await channel_test.test_channel(
-        state.settings, state.upstream, request.path_params["name"]
-    )
-    return json_response(result)
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": [catalogue.channel_out(c, v) for c in v.channels]})
 
 
 async def list_groups(request: Request, state: AdminState) -> Response:
-    return json_response({"data": list(state.settings.groups)})
+    v = await catalogue.load(state.store, state.settings)
+    return json_response({"data": list(v.groups)})
+
+
+# ---- catalogue changes (contract §5): the file's entries answer 409 -------------------------
+
+
+async def create_channel(request: Request, state: AdminState) -> Response:
+    ch = await catalogue.create_channel(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.channel_out(ch, v), 201)
+
+
+async def get_channel(request: Request, state: AdminState) -> Response:
+    v = await catalogue.load(state.store, state.settings)
+    name = request.path_params["name"]
+    ch = v.channel(name)
+    if ch is None:
+        raise NotFoundError(f"channel {name!r} not found")
+    return json_response(catalogue.channel_out(ch, v))
+
+
+async def update_channel(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    body = await _body(request)
+    ch = await catalogue.update_channel(state.store, state.settings, name, body)
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.channel_out(ch, v))
+
+
+async def delete_channel(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_channel(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
+
+
+async def channel_test(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    result = await catalogue.try_channel(state.store, state.settings, state.upstream, name)
+    return json_response(result)
+
+
+async def create_model(request: Request, state: AdminState) -> Response:
+    model = await catalogue.create_model(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.model_out(model, v), 201)
+
+
+async def get_model(request: Request, state: AdminState) -> Response:
+    v = await catalogue.load(state.store, state.settings)
+    name = request.path_params["name"]
+    model = v.model(name)
+    if model is None:
+        raise NotFoundError(f"model {name!r} not found")
+    return json_response(catalogue.model_out(model, v))
+
+
+async def update_model(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    body = await _body(request)
+    model = await catalogue.update_model(state.store, state.settings, name, body)
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.model_out(model, v))
+
+
+async def delete_model(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_model(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
+
+
+async def create_group(request: Request, state: AdminState) -> Response:
+    name = await catalogue.create_group(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    return json_response({"name": name, "origin": "api"}, 201)
+
+
+async def delete_group(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.delete_group(state.store, state.settings, name)
+    await state.cache.refresh()
+    return json_response({"name": name, "deleted": True})
 
 
 async def not_found(request: Request, state: AdminState) -> Response:
@@ -341,13 +425,24 @@ def admin_routes() -> list[BaseRoute]:
         r("/usage/daily", usage_daily, "GET"),
         r("/models", list_models, "GET"),
         r("/channels", list_channels, "GET"),
-        # an upstream's answer may take its channel's whole first-byte timeout, not the store's
+        r("/groups", list_groups, "GET"),
+        # the catalogue at run time; names may hold a slash, hence {name:path}
+        r("/channels", create_channel, "POST"),
+        # an upstream's answer may take the channel's whole test time, not the store's
         Route(
-            "/channels/{name}/test",
-            _guarded(test_channel, CHANNEL_TEST_TIMEOUT),
+            "/channels/{name:path}/test",
+            _guarded(channel_test, catalogue.CHANNEL_TEST_TIMEOUT + STORE_TIMEOUT),
             methods=["POST"],
         ),
-        r("/groups", list_groups, "GET"),
+        r("/channels/{name:path}", get_channel, "GET"),
+        r("/channels/{name:path}", update_channel, "PATCH"),
+        r("/channels/{name:path}", delete_channel, "DELETE"),
+        r("/models", create_model, "POST"),
+        r("/models/{name:path}", get_model, "GET"),
+        r("/models/{name:path}", update_model, "PATCH"),
+        r("/models/{name:path}", delete_model, "DELETE"),
+        r("/groups", create_group, "POST"),
+        r("/groups/{name:path}", delete_group, "DELETE"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]

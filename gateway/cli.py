@@ -1,9 +1,12 @@
 """The ``gateway`` command (also ``python -m gateway``): ``serve``, and the operator's commands
-for keys, accounts and usage.
+for keys, accounts, usage, and the catalogue's channels, models and groups.
 
 The operator commands open the store the config names and go through the same service
-functions as the admin API (``accounts.py``), so a running gateway sees a change within a
-second. Before the command they seed the store from the config like start-up does (accounts
+functions as the admin API (``accounts.py``, ``catalogue.py``), so a running gateway sees a
+change within a second. A channel's upstream api_key is never printed (a hint at most); give
+it with ``--api-key-env NAME`` to keep it out of the shell's history.
+
+Before the command they seed the store from the config like start-up does (accounts
 and keys that are absent; never overwriting), so an account written in the file can be given a
 key before the gateway first starts. Output is an aligned table for people, or with ``--json``
 the admin API's JSON objects. Errors are one line on stderr: exit 1, or 2 for a usage or
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,10 +28,11 @@ from decimal import Decimal, InvalidOperation
 import orjson
 from redis.exceptions import RedisError
 
-from gateway import accounts
-from gateway.config import ConfigError, Settings, load_settings
+from gateway import accounts, catalogue
+from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, ConfigError, Settings, load_settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.store import Account, KeyRecord, Store, StoreError, UsageRecord, open_store
+from gateway.store.catalogue import View, model_json
 from gateway.types import JSON
 
 PROG = "gateway"
@@ -38,6 +43,7 @@ SERVERS = ("hypercorn", "uvicorn", "granian")
 class Output:
     payload: JSON  # what --json prints: the admin API's shape
     text: str  # what people see
+    code: int = 0  # the exit status (a channel test that failed: 1)
 
 
 Command = Callable[[argparse.Namespace, Settings, Store], Awaitable[Output]]
@@ -191,6 +197,175 @@ async def cmd_usage(args: argparse.Namespace, settings: Settings, store: Store) 
     return Output({"data": [accounts.usage_json(r) for r in records]}, text)
 
 
+# ---- catalogue -----------------------------------------------------------------------------
+
+
+def channels_table(v: View, names: Sequence[str] | None = None) -> str:
+    headers = ["NAME", "TYPE", "STATUS", "PRIORITY", "WEIGHT", "GROUPS", "MODELS", "BASE_URL",
+               "KEY", "ORIGIN"]  # fmt: skip
+    rows = []
+    for ch in v.channels:
+        if names is not None and ch.name not in names:
+            continue
+        shown = catalogue.channel_out(ch, v)
+        rows.append([ch.name, ch.type, ch.status, str(ch.priority), str(ch.weight),
+                     ",".join(ch.groups), ",".join(ch.models), ch.base_url,
+                     str(shown["api_key_hint"]) or "-", str(shown["origin"])])  # fmt: skip
+    return table(headers, rows, right=[3, 4])
+
+
+def models_table(v: View, names: Sequence[str] | None = None) -> str:
+    headers = ["NAME", "CAPABILITIES", "INPUT", "OUTPUT", "REQUEST", "MAX_TOKENS", "ORIGIN"]
+    rows = [
+        [m.name, ",".join(sorted(m.capabilities)), f"{m.price.input:g}", f"{m.price.output:g}",
+         f"{m.price.request:g}", str(m.default_max_tokens), v.origin("model", m.name)]
+        for m in v.models
+        if names is None or m.name in names
+    ]  # fmt: skip
+    return table(headers, rows, right=[2, 3, 4, 5])
+
+
+def groups_table(v: View) -> str:
+    return table(["NAME", "ORIGIN"], [[g, v.origin("group", g)] for g in v.groups])
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def channel_body(args: argparse.Namespace) -> dict[str, object]:
+    """The admin API body the flags given make (a flag not given: not in the body)."""
+    body: dict[str, object] = {}
+    if args.api_key_env is not None:
+        if args.api_key_env not in os.environ:
+            raise InvalidRequestError(f"--api-key-env: ${args.api_key_env} is not set")
+        body["api_key"] = os.environ[args.api_key_env]
+    elif args.api_key is not None:
+        body["api_key"] = args.api_key
+    for name in ("type", "base_url", "priority", "weight", "status", "responses"):
+        value = getattr(args, name)
+        if value is not None:
+            body[name] = value
+    if args.groups is not None:
+        body["groups"] = _csv(args.groups)
+    if args.models is not None:
+        body["models"] = _csv(args.models)
+    if args.map is not None:
+        mapping: dict[str, str] = {}
+        for item in args.map:
+            model, sep, upstream = item.partition("=")
+            if not sep or not model or not upstream:
+                raise InvalidRequestError(f"--map: {item!r} is not MODEL=UPSTREAM_NAME")
+            mapping[model] = upstream
+        body["model_map"] = mapping
+    return body
+
+
+async def cmd_channels_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    v = await catalogue.load(store, settings)
+    text = channels_table(v) if v.channels else "no channels"
+    return Output({"data": [catalogue.channel_out(c, v) for c in v.channels]}, text)
+
+
+async def cmd_channels_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    body = {"name": args.name, **channel_body(args)}
+    ch = await catalogue.create_channel(store, settings, body)
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.channel_out(ch, v), channels_table(v, [ch.name]))
+
+
+async def cmd_channels_update(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    body = channel_body(args)
+    if not body:
+        raise InvalidRequestError("nothing to change: give at least one field flag")
+    ch = await catalogue.update_channel(store, settings, args.name, body)
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.channel_out(ch, v), channels_table(v, [ch.name]))
+
+
+async def cmd_channels_delete(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    await catalogue.delete_channel(store, settings, args.name)
+    return Output({"name": args.name, "deleted": True}, f"deleted channel {args.name}")
+
+
+async def cmd_channels_test(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    from gateway.upstream import Upstream
+
+    upstream = Upstream(settings.upstream)
+    await upstream.start()
+    try:
+        result = await catalogue.try_channel(store, settings, upstream, args.name)
+    finally:
+        await upstream.stop()
+    text = f"{'ok' if result['ok'] else 'FAILED'}  status={result['status'] or '-'}  " + (
+        f"latency_ms={result['latency_ms']}"
+    )
+    if "error" in result:
+        text += f"\n{result['error']}"
+    return Output(result, text, 0 if result["ok"] else 1)
+
+
+PRICE_FLAGS = ("input", "output", "request", "image", "audio_second", "speech_char")
+
+
+def model_body(args: argparse.Namespace, price: dict[str, JSON] | None = None) -> dict[str, object]:
+    body: dict[str, object] = {}
+    if args.capabilities is not None:
+        body["capabilities"] = _csv(args.capabilities)
+    given = {f: getattr(args, f) for f in PRICE_FLAGS if getattr(args, f) is not None}
+    if given:
+        body["price"] = {**(price or {}), **given}
+    if args.default_max_tokens is not None:
+        body["default_max_tokens"] = args.default_max_tokens
+    return body
+
+
+async def cmd_models_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    v = await catalogue.load(store, settings)
+    text = models_table(v) if v.models else "no models"
+    return Output({"data": [catalogue.model_out(m, v) for m in v.models]}, text)
+
+
+async def cmd_models_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    model = await catalogue.create_model(store, settings, {"name": args.name, **model_body(args)})
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.model_out(model, v), models_table(v, [model.name]))
+
+
+async def cmd_models_update(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    v = await catalogue.load(store, settings)
+    current = v.model(args.name)
+    # a price flag changes that price only: the others are kept
+    price = model_json(current)["price"] if current is not None else None
+    body = model_body(args, price if isinstance(price, dict) else None)
+    if not body:
+        raise InvalidRequestError("nothing to change: give at least one field flag")
+    model = await catalogue.update_model(store, settings, args.name, body)
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.model_out(model, v), models_table(v, [model.name]))
+
+
+async def cmd_models_delete(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    await catalogue.delete_model(store, settings, args.name)
+    return Output({"name": args.name, "deleted": True}, f"deleted model {args.name}")
+
+
+async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    v = await catalogue.load(store, settings)
+    return Output({"data": list(v.groups)}, groups_table(v))
+
+
+async def cmd_groups_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    name = await catalogue.create_group(store, settings, {"name": args.name})
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.group_out(name, v), f"added group {name}")
+
+
+async def cmd_groups_delete(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    await catalogue.delete_group(store, settings, args.name)
+    return Output({"name": args.name, "deleted": True}, f"deleted group {args.name}")
+
+
 async def run_command(command: Command, args: argparse.Namespace, settings: Settings) -> Output:
     store = open_store(settings.store)
     await store.open()
@@ -319,6 +494,67 @@ def build_parser() -> argparse.ArgumentParser:
     p = asub.add_parser("list", parents=leaf, help="list accounts and balances")
     p.set_defaults(func=cmd_accounts_list)
 
+    chans = sub.add_parser("channels", help="list, add, update, delete and test channels")
+    csub = chans.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = csub.add_parser("list", parents=leaf, help="list channels (never their api_key)")
+    p.set_defaults(func=cmd_channels_list)
+    for action, func in (("add", cmd_channels_add), ("update", cmd_channels_update)):
+        adding = action == "add"
+        what = "add a channel" if adding else "change a channel's fields"
+        p = csub.add_parser(action, parents=leaf, help=what)
+        p.add_argument("name")
+        p.add_argument("--type", choices=CHANNEL_TYPES, required=adding, default=None)
+        p.add_argument("--base-url", required=adding, default=None)
+        key = p.add_mutually_exclusive_group()
+        key.add_argument("--api-key", default=None, help="the upstream's credential")
+        key.add_argument("--api-key-env", default=None, metavar="NAME",
+                         help="read the credential from this environment variable")  # fmt: skip
+        p.add_argument("--groups", default=None, metavar="G1,G2")
+        p.add_argument("--models", required=adding, default=None, metavar="M1,M2")
+        p.add_argument("--map", action="append", default=None, metavar="MODEL=UPSTREAM",
+                       help="rename a model on the way out (repeatable)")  # fmt: skip
+        p.add_argument("--priority", type=int, default=None, help="lower is tried first")
+        p.add_argument("--weight", type=int, default=None)
+        p.add_argument("--responses", action=argparse.BooleanOptionalAction, default=None,
+                       help="an openai upstream that serves /responses itself")  # fmt: skip
+        p.add_argument("--status", choices=CHANNEL_STATUSES, default=None)
+        p.set_defaults(func=func)
+    p = csub.add_parser("delete", parents=leaf, help="delete a channel")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_channels_delete)
+    p = csub.add_parser("test", parents=leaf, help="send the channel one small request")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_channels_test)
+
+    models = sub.add_parser("models", help="list, add, update and delete models")
+    msub = models.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = msub.add_parser("list", parents=leaf, help="list models and prices")
+    p.set_defaults(func=cmd_models_list)
+    for action, func in (("add", cmd_models_add), ("update", cmd_models_update)):
+        p = msub.add_parser(action, parents=leaf, help=f"{action} a model")
+        p.add_argument("name")
+        p.add_argument("--capabilities", default=None, metavar="C1,C2",
+                       help="chat vision tools embeddings images audio rerank")  # fmt: skip
+        for flag in PRICE_FLAGS:
+            p.add_argument("--" + flag.replace("_", "-"), type=float, default=None,
+                           metavar="PRICE", dest=flag)  # fmt: skip
+        p.add_argument("--default-max-tokens", type=_positive_int, default=None)
+        p.set_defaults(func=func)
+    p = msub.add_parser("delete", parents=leaf, help="delete a model no channel serves")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_models_delete)
+
+    groups = sub.add_parser("groups", help="list, add and delete groups")
+    gsub = groups.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = gsub.add_parser("list", parents=leaf, help="list groups")
+    p.set_defaults(func=cmd_groups_list)
+    p = gsub.add_parser("add", parents=leaf, help="add a group")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_groups_add)
+    p = gsub.add_parser("delete", parents=leaf, help="delete a group no key or channel uses")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_groups_delete)
+
     p = sub.add_parser("usage", parents=leaf, help="usage records, newest first")
     p.add_argument("--account", default=None)
     p.add_argument("--limit", type=_positive_int, default=accounts.USAGE_DEFAULT_LIMIT,
@@ -362,4 +598,4 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(orjson.dumps(out.payload, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         sys.stdout.write(out.text + "\n")
-    return 0
+    return out.code

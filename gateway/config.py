@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ CHANNEL_TYPES = ("openai", "anthropic", "gemini")
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
 PRICE_FIELDS = ("input", "output", "request", "image", "audio_second", "speech_char")
 KEY_STATUSES = ("enabled", "disabled")
+CHANNEL_STATUSES = ("enabled", "disabled")  # a disabled channel is never chosen
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
 
@@ -80,6 +82,7 @@ class Channel:
     # its type, and the Responses API for an openai channel with ``responses: true``
     speaks: frozenset[str] = frozenset()
     timeouts: ChannelTimeouts = ChannelTimeouts()
+    status: str = "enabled"  # enabled | disabled: a disabled channel is never chosen
 
     def __post_init__(self) -> None:
         if not self.speaks:
@@ -283,11 +286,11 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     groups = tuple(_str_list(raw.get("groups", ["default"]), "groups"))
     if not groups:
         raise ConfigError("groups: at least one group is needed")
-    models = tuple(_model(m, f"models[{i}]") for i, m in enumerate(_list(raw, "models")))
+    models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(_list(raw, "models")))
     names = [m.name for m in models]
     _unique(names, "models", "name")
     channels = tuple(
-        _channel(c, f"channels[{i}]", set(groups), set(names))
+        parse_channel(c, f"channels[{i}]", set(groups), set(names))
         for i, c in enumerate(_list(raw, "channels"))
     )
     _unique([c.name for c in channels], "channels", "name")
@@ -406,10 +409,10 @@ def _mapping(v: Any, where: str) -> dict[str, Any]:
     return v
 
 
-def _no_unknown(d: dict[str, Any], allowed: set[str], where: str) -> None:
+def _no_unknown(d: dict[str, Any], allowed: Collection[str], where: str) -> None:
     for k in d:
         if k not in allowed:
-            raise ConfigError(f"{where}.{k}: unknown field")
+            raise ConfigError(f"{_at(where, str(k))}: unknown field")
 
 
 def _unique(values: list[str], where: str, fld: str) -> None:
@@ -420,24 +423,9 @@ def _unique(values: list[str], where: str, fld: str) -> None:
         seen.add(v)
 
 
-def _model(v: Any, where: str) -> Model:
-    d = _mapping(v, where)
-    _no_unknown(d, {"name", "capabilities", "price", "default_max_tokens"}, where)
-    name = _name(d.get("name"), f"{where}.name")
-    caps = _str_list(d.get("capabilities", ["chat"]), f"{where}.capabilities")
-    for i, c in enumerate(caps):
-        if c not in CAPABILITIES:
-            raise ConfigError(f"{where}.capabilities[{i}]: unknown capability {c!r}")
-    price_raw = _mapping(d.get("price") or {}, f"{where}.price")
-    _no_unknown(price_raw, set(PRICE_FIELDS), f"{where}.price")
-    price = Price(**{k: _num(v, f"{where}.price.{k}") for k, v in price_raw.items()})
-    dmt = _int(d.get("default_max_tokens", 4096), f"{where}.default_max_tokens", minimum=1)
-    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
-
-
-def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
-    d = _mapping(v, where)
-    allowed = {
+MODEL_FIELDS = frozenset({"name", "capabilities", "price", "default_max_tokens"})
+CHANNEL_FIELDS = frozenset(
+    {
         "name",
         "type",
         "base_url",
@@ -449,38 +437,76 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         "weight",
         "responses",
         "timeouts",
+        "status",
     }
-    _no_unknown(d, allowed, where)
-    name = _name(d.get("name"), f"{where}.name")
+)
+
+
+def _at(where: str, name: str) -> str:
+    """The name of a field inside ``where`` (``channels[2].base_url``); at the top level
+    (``where`` empty, an admin API body) just the field's name."""
+    return f"{where}.{name}" if where else name
+
+
+def parse_model(v: Any, where: str = "") -> Model:
+    """One ``models[]`` entry (the file's or an admin API body). Raises ConfigError naming
+    the field under ``where``."""
+    d = _mapping(v, where or "model")
+    _no_unknown(d, MODEL_FIELDS, where)
+    name = _name(d.get("name"), _at(where, "name"))
+    caps = _str_list(d.get("capabilities", ["chat"]), _at(where, "capabilities"))
+    for i, c in enumerate(caps):
+        if c not in CAPABILITIES:
+            raise ConfigError(f"{_at(where, 'capabilities')}[{i}]: unknown capability {c!r}")
+    price_at = _at(where, "price")
+    price_raw = _mapping(d.get("price") or {}, price_at)
+    _no_unknown(price_raw, set(PRICE_FIELDS), price_at)
+    price = Price(**{k: _num(v, f"{price_at}.{k}") for k, v in price_raw.items()})
+    dmt = _int(d.get("default_max_tokens", 4096), _at(where, "default_max_tokens"), minimum=1)
+    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
+
+
+def parse_channel(v: Any, where: str, groups: Collection[str], models: Collection[str]) -> Channel:
+    """One ``channels[]`` entry (the file's or an admin API body), its groups and models
+    among those given. Raises ConfigError naming the field under ``where``."""
+    d = _mapping(v, where or "channel")
+    _no_unknown(d, CHANNEL_FIELDS, where)
+    name = _name(d.get("name"), _at(where, "name"))
     ctype = d.get("type")
     if ctype not in CHANNEL_TYPES:
-        raise ConfigError(f"{where}.type: must be one of {', '.join(CHANNEL_TYPES)}")
-    base_url = _str(d.get("base_url"), f"{where}.base_url")
+        raise ConfigError(f"{_at(where, 'type')}: must be one of {', '.join(CHANNEL_TYPES)}")
+    base_url = _str(d.get("base_url"), _at(where, "base_url"))
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{where}.base_url: not a URL")
-    api_key = _str(d.get("api_key", ""), f"{where}.api_key", allow_empty=True)
-    ch_groups = _str_list(d.get("groups", ["default"]), f"{where}.groups")
+        raise ConfigError(f"{_at(where, 'base_url')}: not a URL")
+    api_key = _str(d.get("api_key", ""), _at(where, "api_key"), allow_empty=True)
+    groups_at = _at(where, "groups")
+    ch_groups = _str_list(d.get("groups", ["default"]), groups_at)
     for i, g in enumerate(ch_groups):
         if g not in groups:
-            raise ConfigError(f"{where}.groups[{i}]: unknown group {g!r}")
-    ch_models = _str_list(d.get("models", []), f"{where}.models")
+            raise ConfigError(f"{groups_at}[{i}]: unknown group {g!r}")
+    models_at = _at(where, "models")
+    ch_models = _str_list(d.get("models", []), models_at)
     if not ch_models:
-        raise ConfigError(f"{where}.models: at least one model is needed")
+        raise ConfigError(f"{models_at}: at least one model is needed")
     for i, m in enumerate(ch_models):
         if m not in models:
-            raise ConfigError(f"{where}.models[{i}]: {m!r} is not in the models catalogue")
-    mm = _mapping(d.get("model_map") or {}, f"{where}.model_map")
-    model_map = {
-        _str(k, f"{where}.model_map"): _str(x, f"{where}.model_map.{k}") for k, x in mm.items()
-    }
-    priority = _int(d.get("priority", 0), f"{where}.priority", minimum=-1_000_000)
-    weight = _int(d.get("weight", 1), f"{where}.weight", minimum=0)
+            raise ConfigError(f"{models_at}[{i}]: {m!r} is not in the models catalogue")
+    map_at = _at(where, "model_map")
+    mm = _mapping(d.get("model_map") or {}, map_at)
+    model_map = {_str(k, map_at): _str(x, f"{map_at}.{k}") for k, x in mm.items()}
+    priority = _int(d.get("priority", 0), _at(where, "priority"), minimum=-1_000_000)
+    weight = _int(d.get("weight", 1), _at(where, "weight"), minimum=0)
     responses = d.get("responses", False)
     if not isinstance(responses, bool):
-        raise ConfigError(f"{where}.responses: must be true or false")
+        raise ConfigError(f"{_at(where, 'responses')}: must be true or false")
     if responses and ctype != "openai":
-        raise ConfigError(f"{where}.responses: only an openai channel serves the Responses API")
+        raise ConfigError(
+            f"{_at(where, 'responses')}: only an openai channel serves the Responses API"
+        )
+    status = d.get("status", "enabled")
+    if status not in CHANNEL_STATUSES:
+        raise ConfigError(f"{_at(where, 'status')}: must be enabled or disabled")
     return Channel(
         name=name,
         type=ctype,
@@ -492,7 +518,8 @@ def _channel(v: Any, where: str, groups: set[str], models: set[str]) -> Channel:
         priority=priority,
         weight=weight,
         speaks=frozenset({ctype, "responses"} if responses else {ctype}),
-        timeouts=_timeouts(d.get("timeouts") or {}, f"{where}.timeouts"),
+        timeouts=_timeouts(d.get("timeouts") or {}, _at(where, "timeouts")),
+        status=status,
     )
 
 

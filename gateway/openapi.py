@@ -194,6 +194,24 @@ def _admin(
 
 
 MONEY: JSONObject = {"type": "number"}
+MODEL_FIELDS: JSONObject = {
+    "name": STRING,
+    "capabilities": {"type": "array", "items": STRING},
+    "price": OBJECT,
+    "default_max_tokens": {"type": "integer"},
+}
+CHANNEL_FIELDS: JSONObject = {
+    "name": STRING,
+    "type": {"enum": ["openai", "anthropic", "gemini"]},
+    "base_url": STRING,
+    "api_key": STRING,
+    "groups": {"type": "array", "items": STRING},
+    "models": {"type": "array", "items": STRING},
+    "model_map": OBJECT,
+    "priority": {"type": "integer"},
+    "weight": {"type": "integer"},
+    "status": {"enum": ["enabled", "disabled"]},
+}
 KEY_FIELDS: JSONObject = {
     "account": STRING,
     "group": STRING,
@@ -238,12 +256,36 @@ def admin_paths() -> JSONObject:
         },
         "/admin/usage": {"get": _admin("usage records, newest first", query=("account", "limit"))},
         "/admin/usage/daily": {"get": _admin("daily totals", query=("since", "until", "account"))},
-        "/admin/models": {"get": _admin("the catalogue's models")},
-        "/admin/channels": {"get": _admin("the channels (never their keys)")},
+        "/admin/models": {
+            "get": _admin("the catalogue's models"),
+            "post": _admin("add a model", request=body(["name"], MODEL_FIELDS), created=True),
+        },
+        "/admin/models/{name}": {
+            "get": _admin("a model", params=("name",)),
+            "patch": _admin("change a model", request=body([], MODEL_FIELDS), params=("name",)),
+            "delete": _admin("delete a model", params=("name",)),
+        },
+        "/admin/channels": {
+            "get": _admin("the channels (never their keys)"),
+            "post": _admin(
+                "add a channel", request=body(["name", "type"], CHANNEL_FIELDS), created=True
+            ),
+        },
+        "/admin/channels/{name}": {
+            "get": _admin("a channel (never its key)", params=("name",)),
+            "patch": _admin("change a channel", request=body([], CHANNEL_FIELDS), params=("name",)),
+            "delete": _admin("delete a channel", params=("name",)),
+        },
         "/admin/channels/{name}/test": {
             "post": _admin("one minimal request through the channel, not billed", params=("name",))
         },
-        "/admin/groups": {"get": _admin("the groups")},
+        "/admin/groups": {
+            "get": _admin("the groups"),
+            "post": _admin("add a group", request=body(["name"], {"name": STRING}), created=True),
+        },
+        "/admin/groups/{name}": {
+            "delete": _admin("delete a group (409 while in use)", params=("name",))
+        },
     }
 
 

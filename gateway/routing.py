@@ -1,6 +1,9 @@
 """Which channels may serve a request, in the order to try them (pure).
 
-``Catalogue`` indexes the configuration once: (group, model) -> channels, sorted by priority.
+``Catalogue`` indexes one state of the catalogue once: (group, model) -> channels, sorted by
+priority, and each model's rate. It never changes once built: when the catalogue changes (the
+file at start, the admin API at run time, seen through the cache within a second) the relay
+swaps in a new one, and a request in flight keeps the one it started with.
 ``candidates`` returns the retry order for one request: lower priority first; among equal
 priority, a weighted random order (a channel of weight 2 comes first twice as often as one
 of weight 1; weight 0 is a standby, tried last). Channels cooling down are left out; when every
@@ -11,20 +14,36 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from typing import Protocol
 
-from gateway.config import Channel, Model, Settings
+from gateway.billing import Rate
+from gateway.config import Channel, Model
 from gateway.errors import NotFoundError, UpstreamUnavailableError
 
 
+class CatalogueSource(Protocol):
+    """What a catalogue is built from: ``config.Settings`` or ``store.catalogue.View``."""
+
+    @property
+    def groups(self) -> tuple[str, ...]: ...
+    @property
+    def models(self) -> tuple[Model, ...]: ...
+    @property
+    def channels(self) -> tuple[Channel, ...]: ...
+
+
 class Catalogue:
-    """The configuration's models and channels, indexed for the hot path."""
+    """Groups, models and enabled channels, indexed for the hot path."""
 
-    __slots__ = ("models", "_by_group_model", "_group_models", "_tiers")
+    __slots__ = ("models", "rates", "_by_group_model", "_group_models", "_tiers")
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: CatalogueSource) -> None:
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
+        self.rates: dict[str, Rate] = {m.name: Rate.from_price(m.price) for m in settings.models}
         by: dict[tuple[str, str], list[Channel]] = {}
         for ch in settings.channels:
+            if ch.status != "enabled":
+                continue  # a disabled channel is never chosen
             for g in ch.groups:
                 for m in ch.models:
                     by.setdefault((g, m), []).append(ch)

@@ -381,3 +381,114 @@ def test_python_dash_m_gateway(config: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert orjson.loads(proc.stdout) == {"id": "alice", "balance": 10}
+
+
+# ---- catalogue: channels, models, groups ----------------------------------------------------
+
+
+@pytest.fixture
+def catalogue_gw(
+    tmp_path: Path, store_url: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Runner:  # fmt: skip
+    """The CLI on a config whose store is each backend in turn."""
+    for name in ("GATEWAY_CONFIG", "GATEWAY_STORE", "GATEWAY_ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    path = write_config(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace(text.splitlines()[0], f"store: {store_url}"))
+    return Runner(path, capsys)
+
+
+def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = catalogue_gw
+    secret = "sk-cli-upstream-secret-9a8b"
+    out, _ = gw("groups", "list")
+    assert rows(out) == [["NAME", "ORIGIN"], ["default", "file"], ["vip", "file"]]
+    gw("groups", "add", "team")
+    assert gw.json("groups", "list") == {"data": ["default", "vip", "team"]}
+
+    out, _ = gw("models", "add", "m2", "--capabilities", "chat,vision", "--input", "1",
+                "--output", "2")  # fmt: skip
+    assert rows(out)[1] == ["m2", "chat,vision", "1", "2", "0", "4096", "api"]
+    made = gw.json("models", "update", "m2", "--output", "3")
+    assert made["price"]["input"] == 1 and made["price"]["output"] == 3  # the others kept
+    assert [m["name"] for m in gw.json("models", "list")["data"]] == ["chat-small", "m2"]
+
+    monkeypatch.setenv("CLI_UPSTREAM_KEY", secret)
+    out, _ = gw("channels", "add", "c2", "--type", "anthropic", "--base-url",
+                "http://127.0.0.1:9", "--api-key-env", "CLI_UPSTREAM_KEY", "--models",
+                "m2,chat-small", "--groups", "team", "--map", "m2=claude-x")  # fmt: skip
+    assert secret not in out
+    assert rows(out)[1] == ["c2", "anthropic", "enabled", "0", "1", "team", "m2,chat-small",
+                            "http://127.0.0.1:9", "sk-…9a8b", "api"]  # fmt: skip
+    listed = gw.json("channels", "list")["data"]
+    assert [c["name"] for c in listed] == ["oa-1", "c2"]
+    assert listed[1]["model_map"] == {"m2": "claude-x"} and "api_key" not in listed[1]
+    changed = gw.json("channels", "update", "c2", "--status", "disabled", "--weight", "4")
+    assert (changed["status"], changed["weight"]) == ("disabled", 4)
+    out, _ = gw("channels", "list")
+    assert secret not in out and "upstream-key" not in out
+
+    # the file's entries, things in use, bad input: one line, exit 1
+    for argv, words in [
+        (["channels", "update", "oa-1", "--weight", "2"], "configuration file"),
+        (["channels", "delete", "oa-1"], "configuration file"),
+        (["models", "delete", "m2"], "c2"),
+        (["groups", "delete", "team"], "c2"),
+        (["groups", "delete", "default"], "configuration file"),
+        (["channels", "add", "c3", "--type", "openai", "--base-url", "nope", "--models", "m2"],
+         "base_url:"),
+        (["channels", "update", "c2"], "nothing to change"),
+        (["channels", "delete", "nope"], "not found"),
+    ]:  # fmt: skip
+        _, err = gw(*argv, code=1)
+        assert words in one_error_line(err), (argv, err)
+
+    out, _ = gw("channels", "delete", "c2")
+    assert out.strip() == "deleted channel c2"
+    assert gw.json("models", "delete", "m2") == {"name": "m2", "deleted": True}
+    gw("groups", "delete", "team")
+    assert gw.json("groups", "list") == {"data": ["default", "vip"]}
+
+
+def test_channels_test_verb(catalogue_gw: Runner) -> None:
+    # the config's channel points at a port nothing serves
+    out, _ = catalogue_gw("channels", "test", "oa-1", code=1)
+    assert out.startswith("FAILED")
+    result = orjson.loads(catalogue_gw("channels", "test", "oa-1", "--json", code=1)[0])
+    assert result["ok"] is False and result["status"] is None and result["error"]
+
+
+async def test_a_channel_added_by_the_cli_serves_on_a_running_gateway(
+    gateway: Any, tmp_path: Path
+) -> None:
+    import aiohttp
+    import yaml
+
+    from tests.plugins.servers import KEYS
+
+    config = tmp_path / "cli.yaml"
+    config.write_text(yaml.safe_dump({
+        "store": gateway.settings.store, "admin_token": "x", "groups": ["default", "vip"],
+    }))  # fmt: skip
+    upstream = gateway.settings.channels[0].base_url
+    for argv in (["models", "add", "m-cli", "--input", "1"],
+                 ["channels", "add", "c-cli", "--type", "openai", "--base-url", upstream,
+                  "--api-key", "k", "--models", "m-cli"]):  # fmt: skip
+        assert await asyncio.to_thread(main, [*argv, "--config", str(config)]) == 0
+    chat = {"model": "m-cli", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"authorization": f"Bearer {KEYS['alice']}"}
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):  # generous: the contract's one second, on a busy machine
+            async with http.post(gateway.v1 + "/chat/completions", json=chat,
+                                 headers=headers) as r:  # fmt: skip
+                await r.read()
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.05)
+        assert r.status == 200
+        # the gateway's own file entries are untouched by a CLI on another config
+        chat["model"] = "chat-small"
+        async with http.post(gateway.v1 + "/chat/completions", json=chat, headers=headers) as r:
+            assert r.status == 200

@@ -44,7 +44,7 @@ def admin_operations() -> set[tuple[str, str]]:
             continue  # the catch-all: 404 in our shape for what is not here
         for method in route.methods or ():
             if method != "HEAD":
-                out.add(("/admin" + route.path, method))
+                out.add(("/admin" + route.path.replace(":path}", "}"), method))
     return out
 
 

@@ -58,6 +58,7 @@ from gateway.routes import RouteSpec
 from gateway.routing import Catalogue, candidates
 from gateway.store import MICRO, KeyRecord
 from gateway.store.cache import Cache
+from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
@@ -73,7 +74,12 @@ REPLY_WATCH_DELAY = 1.0
 
 
 class Relay:
-    """Shared by every route: the process's catalogue, cache, writer and upstream pool."""
+    """Shared by every route: the process's catalogue, cache, writer and upstream pool.
+
+    ``catalogue`` is the one reference to the catalogue the hot path reads: the file's until
+    the store answers, then the store's, replaced whole (``use_catalogue``, called by the
+    cache when the store's version changed). A request reads it once, so it finishes on the
+    catalogue it started with."""
 
     def __init__(
         self, settings: Settings, cache: Cache, writer: UsageWriter, upstream: Upstream
@@ -84,7 +90,6 @@ class Relay:
         self.writer = writer
         self.upstream = upstream
         self.address = ClientAddress(settings.trusted_proxies)
-        self.rates = {m.name: Rate.from_price(m.price) for m in settings.models}
         self.health = ChannelHealth(settings.upstream.cooldown_seconds)
         self.rng = random.Random()
         self.watchlist = Watchlist()
@@ -100,6 +105,17 @@ class Relay:
         self.observed = self.metrics if settings.metrics.enabled else None
         logs = settings.logging
         self.access = AccessLog(logs.format) if logs.access else None
+        cache.on_catalogue(self.use_catalogue)
+
+    def use_catalogue(self, records: CatalogueRecords) -> None:
+        """Serve the catalogue these records make (this file's entries over the store's)."""
+        self.catalogue = Catalogue(view(records, self.settings))
+        self.metrics.known = frozenset(self.catalogue.models)  # metrics label these by name
+
+    @property
+    def rates(self) -> dict[str, Rate]:
+        """Each model's rate in the current catalogue."""
+        return self.catalogue.rates
 
     def authenticate(
         self, spec: RouteSpec, scope: Scope, headers: dict[bytes, bytes], now: datetime
@@ -160,8 +176,9 @@ class Relay:
                 raise InsufficientBalanceError(
                     "Your account balance is exhausted; top it up to continue."
                 )
+            catalogue = self.catalogue  # once: the whole request sees one catalogue
             channels = candidates(
-                self.catalogue,
+                catalogue,
                 call.key.group,
                 call.model,
                 kind.capability,
@@ -170,8 +187,8 @@ class Relay:
                 self.health.cooling,
                 time.monotonic(),
             )[: 1 + self.retries]
-            model = self.catalogue.models[call.model]
-            rate = self.rates.get(call.model) if kind.billed else None
+            model = catalogue.models[call.model]
+            rate = catalogue.rates.get(call.model) if kind.billed else None
             if rate is not None:
                 self._hold(call, job.expected(model.default_max_tokens), rate, balance)
             await self._attempts(kind, job, channels, model, rate, headers, call, receive, send)

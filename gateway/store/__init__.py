@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.config import Settings
+    from gateway.store.catalogue import CatalogueRecords, Editor
 
 MICRO = 1_000_000
 
@@ -117,11 +118,14 @@ class Store(Protocol):
 
     async def seed(self, settings: Settings) -> None:
         """Create the config file's accounts and keys that are absent (never overwrite what
-        changed at run time) and save the catalogue (groups, models, channels)."""
+        changed at run time) and write the file's catalogue entries (groups, models,
+        channels) as the file's, removing those an earlier file named and this one does not
+        (``catalogue.seed_edit``)."""
         ...
 
     async def version(self) -> int:
-        """A number that changes whenever a key or an account changes other than by a debit."""
+        """A number that changes whenever a key, an account (other than by a debit) or the
+        catalogue changes."""
         ...
 
     async def load_keys(self) -> list[KeyRecord]: ...
@@ -165,6 +169,16 @@ class Store(Protocol):
         micro-units, kept ``ttl_ms`` unless published again: an instance that died lets go
         of its holds by itself) and return, per account, what every *other* live instance
         holds. ``now``: milliseconds since the epoch."""
+        ...
+
+    async def load_catalogue(self) -> CatalogueRecords:
+        """Every catalogue record (``store/catalogue.py``)."""
+        ...
+
+    async def edit_catalogue(self, edit: Editor) -> None:
+        """Apply what ``edit`` (pure) makes of the current records, atomically, and bump the
+        version when it changed something; what ``edit`` raises reaches the caller and
+        changes nothing."""
         ...
 
     async def share_cooling(self, cooling: Mapping[str, int], now: int) -> dict[str, int]:

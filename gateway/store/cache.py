@@ -29,6 +29,11 @@ Local debits are tracked until the store's snapshot certainly includes them, so 
 
 A failed reload (the store briefly down) logs one line, keeps the old snapshot and tries again
 on the next tick.
+
+The catalogue (groups, models, channels) changes the version too: when it changed, its records
+are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
+which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
+the store for it.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.store import KeyRecord, Store
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
+from gateway.store.catalogue import CatalogueRecords
 
 log = logging.getLogger("gateway.store.cache")
 
@@ -73,6 +79,12 @@ class Cache:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._catalogue_listener: Callable[[CatalogueRecords], None] | None = None
+
+    def on_catalogue(self, listener: Callable[[CatalogueRecords], None]) -> None:
+        """Call ``listener`` with the catalogue's records on every load that finds the store's
+        version changed (and on the first)."""
+        self._catalogue_listener = listener
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -121,14 +133,20 @@ class Cache:
         async with self._lock:
             seq = self._settled_seq
             version = await self._store.version()
-            keys = None
-            if force or version != self._version:
+            changed = force or version != self._version
+            listener = self._catalogue_listener
+            keys = records = None
+            if changed:
                 keys = await self._store.load_keys()
+                records = await self._store.load_catalogue() if listener is not None else None
             balances = await self._store.load_balances()
             spent = await self._store.load_spent()
-            # all read, then all swapped in: a key never serves before its account's balance
-            # (a read that fails half-way leaves the old snapshot whole)
+            # everything read, then swapped in together with no await between: a request never
+            # sees a new key without its account's balance (or a catalogue without its keys),
+            # and a read that fails half-way leaves the old snapshot whole
             if keys is not None:
+                if listener is not None and records is not None:
+                    listener(records)
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
             self._balances = balances

@@ -1,19 +1,46 @@
-"""The catalogue: the config's groups, models and channels as JSON, never an upstream api_key.
+"""The catalogue in the store: groups, models and channels, one record per entry.
 
-``seed`` saves ``catalogue_json`` in either backend; the admin API lists models and channels in
-the same shapes (``model_json``, ``channel_json``).
+Both backends keep the same records (a JSON mapping per entry, named by kind and name) and
+change them the same way: ``Store.edit_catalogue(edit)`` calls the pure function ``edit`` with
+the records as they are and applies the ``CatalogueEdit`` it returns atomically (SQLite: in one
+write transaction; Redis: one script on one hash, retried while another edit came first), then
+bumps the store's ``version()`` so every cache reloads. ``edit`` may raise to change nothing.
+
+A record is the entry's config-file shape (``channels[]``, ``models[]``: the same parser reads
+both) plus ``origin`` (``file``: the configuration file's, applied again at every start;
+``api``: made at run time) and ``seq`` (its place in lists: the file's order, then creation).
+A file channel's upstream ``api_key`` is never stored: every process reads it from its own
+file. One made through the API is stored as given (there is nowhere else to keep it) and
+never shown again.
+
+``view`` turns the records into what a process serves: its own file's entries always win
+(they are its file's, whatever another process seeded), the rest come from the store.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.config import ConfigError, parse_channel, parse_model
 from gateway.types import JSON
 
 if TYPE_CHECKING:
     from gateway.config import Channel, Model, Settings
+
+log = logging.getLogger("gateway.store.catalogue")
+
+GROUP, MODEL, CHANNEL = "group", "model", "channel"
+KINDS = (GROUP, MODEL, CHANNEL)
+FILE, API = "file", "api"
+META_FIELDS = ("origin", "seq")
+API_SEQ_START = 1_000_000  # entries made at run time list after any file's
+
+Entry = tuple[str, str]  # (kind, name)
 
 
 def model_json(model: Model) -> dict[str, JSON]:
@@ -34,7 +61,12 @@ def model_json(model: Model) -> dict[str, JSON]:
 
 
 def channel_json(ch: Channel) -> dict[str, JSON]:
-    """A channel without its upstream api_key."""
+    """A channel without its upstream api_key: the config file's fields and its status."""
+    timeouts = {
+        name: getattr(ch.timeouts, name)
+        for name in ("connect", "first_byte", "idle", "total")
+        if getattr(ch.timeouts, name) is not None
+    }
     return {
         "name": ch.name,
         "type": ch.type,
@@ -44,15 +76,175 @@ def channel_json(ch: Channel) -> dict[str, JSON]:
         "model_map": dict(ch.model_map),
         "priority": ch.priority,
         "weight": ch.weight,
+        "responses": "responses" in ch.speaks,
+        "timeouts": timeouts,
+        "status": ch.status,
     }
 
 
-def catalogue_json(settings: Settings) -> bytes:
-    """What ``seed`` saves: the groups, models and channels."""
-    return orjson.dumps(
-        {
-            "groups": list(settings.groups),
-            "models": [model_json(m) for m in settings.models],
-            "channels": [channel_json(c) for c in settings.channels],
-        }
+def channel_record(ch: Channel, origin: str, seq: int) -> dict[str, JSON]:
+    """What the store keeps of a channel: its api_key only when made through the API."""
+    out = channel_json(ch)
+    if origin == API:
+        out["api_key"] = ch.api_key
+    return {**out, "origin": origin, "seq": seq}
+
+
+def model_record(model: Model, origin: str, seq: int) -> dict[str, JSON]:
+    return {**model_json(model), "origin": origin, "seq": seq}
+
+
+def group_record(name: str, origin: str, seq: int) -> dict[str, JSON]:
+    return {"name": name, "origin": origin, "seq": seq}
+
+
+def entry_field(kind: str, name: str) -> str:
+    """The entry's name in the store (a Redis hash field): ``channel:oa-1``."""
+    return f"{kind}:{name}"
+
+
+def body_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record without its store-only fields: what the config parser reads."""
+    return {k: v for k, v in record.items() if k not in META_FIELDS}
+
+
+@dataclass(slots=True)
+class CatalogueRecords:
+    """The catalogue as stored: kind -> name -> record."""
+
+    entries: dict[str, dict[str, dict[str, Any]]] = field(
+        default_factory=lambda: {kind: {} for kind in KINDS}
     )
+
+    @classmethod
+    def decode(cls, fields: Iterable[tuple[str, bytes | str]]) -> CatalogueRecords:
+        """From (``kind:name``, JSON) pairs; pairs of other kinds are ignored."""
+        out = cls()
+        for key, raw in fields:
+            kind, _, name = key.partition(":")
+            if kind in out.entries and name:
+                out.entries[kind][name] = orjson.loads(raw)
+        return out
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        """The records of one kind in list order."""
+        return sorted(self.entries[kind].values(), key=lambda r: (r.get("seq", 0), r["name"]))
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.entries[kind].get(name)
+
+    def next_seq(self, kind: str) -> int:
+        seqs = [int(r.get("seq", 0)) for r in self.entries[kind].values()]
+        return max([API_SEQ_START - 1, *seqs]) + 1
+
+
+@dataclass(slots=True)
+class CatalogueEdit:
+    """Records to write (whole) and entries to delete, applied together."""
+
+    put: dict[Entry, dict[str, JSON]] = field(default_factory=dict)
+    delete: set[Entry] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.put or self.delete)
+
+    def fields(self) -> tuple[list[tuple[str, bytes]], list[str]]:
+        """(field, JSON) pairs to write and fields to delete, in the store's names."""
+        put = [(entry_field(k, n), orjson.dumps(rec)) for (k, n), rec in sorted(self.put.items())]
+        return put, sorted(entry_field(k, n) for k, n in self.delete)
+
+
+Editor = Callable[[CatalogueRecords], CatalogueEdit]
+
+
+def seed_edit(settings: Settings) -> Editor:
+    """The file's groups, models and channels written as the file's (over anything of the same
+    name), and the entries an earlier file gave that this one no longer names removed."""
+    wanted: dict[Entry, dict[str, JSON]] = {}
+    for i, g in enumerate(settings.groups):
+        wanted[(GROUP, g)] = group_record(g, FILE, i)
+    for i, m in enumerate(settings.models):
+        wanted[(MODEL, m.name)] = model_record(m, FILE, i)
+    for i, ch in enumerate(settings.channels):
+        wanted[(CHANNEL, ch.name)] = channel_record(ch, FILE, i)
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        out = CatalogueEdit()
+        for (kind, name), rec in wanted.items():
+            if records.get(kind, name) != rec:
+                out.put[(kind, name)] = rec
+        for kind in KINDS:
+            for name, rec in records.entries[kind].items():
+                if rec.get("origin") == FILE and (kind, name) not in wanted:
+                    out.delete.add((kind, name))
+        return out
+
+    return edit
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The catalogue a process serves: its own file's entries, then the store's others, in
+    list order; disabled channels included (routing leaves them out)."""
+
+    groups: tuple[str, ...]
+    models: tuple[Model, ...]
+    channels: tuple[Channel, ...]
+    file_entries: frozenset[Entry]  # the entries some configuration file owns
+
+    def origin(self, kind: str, name: str) -> str:
+        return FILE if (kind, name) in self.file_entries else API
+
+    def model_names(self) -> set[str]:
+        return {m.name for m in self.models}
+
+    def channel(self, name: str) -> Channel | None:
+        return next((c for c in self.channels if c.name == name), None)
+
+    def model(self, name: str) -> Model | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def view(records: CatalogueRecords, settings: Settings) -> View:
+    """What the records mean to a process with this configuration (pure). A record that no
+    longer parses (written by another version, or naming what is gone) is left out, logged."""
+    own_groups = set(settings.groups)
+    own_models = {m.name: m for m in settings.models}
+    own_channels = {c.name: c for c in settings.channels}
+    file_entries = {(GROUP, g) for g in own_groups}
+    file_entries |= {(MODEL, n) for n in own_models} | {(CHANNEL, n) for n in own_channels}
+
+    groups = list(settings.groups)
+    for rec in records.of(GROUP):
+        name = rec["name"]
+        if name not in own_groups:
+            groups.append(name)
+            if rec.get("origin") == FILE:
+                file_entries.add((GROUP, name))
+
+    models = list(settings.models)
+    for rec in records.of(MODEL):
+        if rec["name"] in own_models:
+            continue
+        try:
+            models.append(parse_model(body_of(rec), f"stored model {rec['name']!r}"))
+        except ConfigError as exc:
+            log.warning("catalogue.bad_record kind=model error=%s", exc)
+            continue
+        if rec.get("origin") == FILE:
+            file_entries.add((MODEL, rec["name"]))
+
+    group_set, model_set = set(groups), {m.name for m in models}
+    channels = list(settings.channels)
+    for rec in records.of(CHANNEL):
+        if rec["name"] in own_channels:
+            continue
+        try:
+            where = f"stored channel {rec['name']!r}"
+            channels.append(parse_channel(body_of(rec), where, group_set, model_set))
+        except ConfigError as exc:
+            log.warning("catalogue.bad_record kind=channel error=%s", exc)
+            continue
+        if rec.get("origin") == FILE:
+            file_entries.add((CHANNEL, rec["name"]))
+    return View(tuple(groups), tuple(models), tuple(channels), frozenset(file_entries))

@@ -10,8 +10,12 @@ records that change rarely; the hot path reads them from the cache, never from h
 - A debit and its usage record are one atomic script per record. The record is added to the
   account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
   is new, so re-sending a batch after a failure (the writer retries) never debits twice.
-- ``gw:version`` is INCR'd after every key change, account creation and top-up (never by a
-  debit), and the new value is PUBLISHed on ``gw:changes``; caches poll the version.
+- ``gw:version`` is INCR'd after every key change, account creation, top-up and catalogue
+  change (never by a debit), and the new value is PUBLISHed on ``gw:changes``; caches poll
+  the version.
+- The catalogue (groups, models, channels) is one hash, ``gw:catalogue``: a field per entry
+  and a ``version`` field that each edit's script checks and increments, so an edit is a
+  compare-and-set on one key (``store/catalogue.py``).
 - Secrets are never stored: key records are found by the SHA-256 of the secret.
 - On a cluster every script's keys are in one slot (the tags above); pipelines hold plain
   commands only, across slots (a cluster client splits them by node); scripts, which a cluster
@@ -43,7 +47,7 @@ from gateway.store import (
     UsageRecord,
     day_of,
 )
-from gateway.store.catalogue import catalogue_json
+from gateway.store.catalogue import CatalogueRecords, Editor, seed_edit
 from gateway.store.records import (
     apply_key_changes,
     decode_key,
@@ -63,7 +67,7 @@ CLUSTER_CONCURRENCY = 16  # scripts in flight at once on a cluster (its client's
 # -- key names -------------------------------------------------------------------------------
 VERSION_KEY = "gw:version"  # string counter, INCR'd on every change but debits
 CHANGES_CHANNEL = "gw:changes"  # pub/sub: the new version after each change
-CATALOGUE_KEY = "gw:catalogue"  # string: JSON of groups, models, channels (no api_key)
+CATALOGUE_KEY = "gw:catalogue"  # hash: kind:name -> entry JSON, and "version" (edit counter)
 ACCOUNTS_KEY = "gw:accounts"  # set of account ids
 BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
 USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
@@ -161,6 +165,20 @@ return 1
 """
 
 
+# KEYS: catalogue   ARGV: expected version, number of puts, then field, JSON pairs, then fields
+# to delete   -> 1 applied, 0 another edit came first (nothing written)
+EDIT_CATALOGUE_LUA = """
+local v = redis.call('HGET', KEYS[1], 'version') or '0'
+if v ~= ARGV[1] then return 0 end
+local last = 2 + 2 * tonumber(ARGV[2])
+for i = 3, last, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = last + 1, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+return 1
+"""
+CATALOGUE_VERSION_FIELD = b"version"
+
+
 def balance_key(account: str) -> str:
     return BALANCE_KEY.format(account=account)
 
@@ -225,6 +243,7 @@ class RedisStore:
     _create_key: AsyncScript
     _update_key: AsyncScript
     _delete_key: AsyncScript
+    _edit_catalogue: AsyncScript
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -266,6 +285,7 @@ class RedisStore:
         self._create_key = client.register_script(CREATE_KEY_LUA)
         self._update_key = client.register_script(UPDATE_KEY_LUA)
         self._delete_key = client.register_script(DELETE_KEY_LUA)
+        self._edit_catalogue = client.register_script(EDIT_CATALOGUE_LUA)
         try:
             await client.ping()
         except BaseException:
@@ -300,14 +320,12 @@ class RedisStore:
                 args=[rec.id, rec.key_hash, encode_key(rec)],
             )
             changed = changed or int(created) == 0
-        await client.set(CATALOGUE_KEY, catalogue_json(settings))
+        if await client.type(CATALOGUE_KEY) in (b"string", "string"):
+            await client.delete(CATALOGUE_KEY)  # an earlier version's one JSON value
+        if await self._apply_catalogue_edit(seed_edit(settings)):
+            changed = True
         if changed:
             await self._changed()
-
-    async def catalogue(self) -> bytes | None:
-        """The JSON saved by the last ``seed`` (not part of the Store protocol)."""
-        raw = await self.client.get(CATALOGUE_KEY)
-        return raw.encode() if isinstance(raw, str) else raw
 
     async def version(self) -> int:
         raw = await self.client.get(VERSION_KEY)
@@ -519,3 +537,32 @@ class RedisStore:
             per_account: list[list[tuple[bytes, float]]] = await pipe.execute()
         merged = heapq.merge(*per_account, key=lambda item: -item[1])
         return [decode_usage(member) for member, _ in itertools.islice(merged, limit)]
+
+    # -- catalogue: every entry in the one hash CATALOGUE_KEY, so every operation is on one key
+
+    async def load_catalogue(self) -> CatalogueRecords:
+        raw = await self.client.hgetall(CATALOGUE_KEY)
+        raw.pop(CATALOGUE_VERSION_FIELD, None)
+        return CatalogueRecords.decode((_text(k), v) for k, v in raw.items())
+
+    async def _apply_catalogue_edit(self, edit: Editor) -> bool:
+        """Read, edit, write only if no other edit came between (the hash's version field);
+        else again. Whether anything changed. Does not bump the store's version."""
+        for _ in range(UPDATE_RETRIES):
+            raw = await self.client.hgetall(CATALOGUE_KEY)
+            version = raw.pop(CATALOGUE_VERSION_FIELD, b"0")
+            change = edit(CatalogueRecords.decode((_text(k), v) for k, v in raw.items()))
+            if not change:
+                return False
+            put, delete = change.fields()
+            args: list[bytes | str | int] = [version, len(put)]
+            for name, payload in put:
+                args += [name, payload]
+            args += delete
+            if int(await self._edit_catalogue(keys=[CATALOGUE_KEY], args=args)) == 1:
+                return True
+        raise ConflictError("the catalogue kept changing; edit not applied")
+
+    async def edit_catalogue(self, edit: Editor) -> None:
+        if await self._apply_catalogue_edit(edit):
+            await self._changed()

@@ -7,9 +7,10 @@ turn instead of failing. Money is integer micro-units; times are integer microse
 Unix epoch (UTC), which sort and compare exactly.
 
 Schema: ``accounts``, ``keys`` (by SHA-256 of the secret, never the secret), ``usage``
-(newest first by account through an index), ``catalogue`` (the config's groups, models and
-channels as one JSON blob, without upstream credentials) and ``meta`` (the ``version`` the
-caches poll: bumped by every key change, account creation and top-up, never by a debit).
+(newest first by account through an index), ``catalogue_entries`` (groups, models and
+channels, one row per entry: ``store/catalogue.py``) and ``meta`` (the ``version`` the caches
+poll: bumped by every key change, account creation, top-up and catalogue change, never by a
+debit).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import orjson
+
 from gateway.store import (
     MICRO,
     Account,
@@ -33,7 +36,7 @@ from gateway.store import (
     MissingError,
     UsageRecord,
 )
-from gateway.store.catalogue import catalogue_json
+from gateway.store.catalogue import CatalogueRecords, Editor, seed_edit
 from gateway.store.records import (
     KEY_CHANGES,
     KEY_FIELDS,
@@ -43,7 +46,6 @@ from gateway.store.records import (
     key_from_row,
     key_row,
     seed_keys,
-    to_micros,
     usage_from_row,
     usage_row,
 )
@@ -135,6 +137,14 @@ CREATE TABLE IF NOT EXISTS meta (
     version INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO meta (id, version) VALUES (1, 0);
+-- the catalogue, one row per entry (store/catalogue.py): the one-row ``catalogue`` table above
+-- is what earlier versions wrote, no longer read
+CREATE TABLE IF NOT EXISTS catalogue_entries (
+    kind    TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+);
 """
 
 # columns added to ``keys`` after its first release: a file made before gets them at open
@@ -207,6 +217,27 @@ def _held_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
         rows = conn.execute(f"SELECT request_id FROM usage WHERE request_id IN ({marks})", part)
         held.update(r[0] for r in rows)
     return held
+
+
+def _load_catalogue(conn: sqlite3.Connection) -> CatalogueRecords:
+    rows = conn.execute("SELECT kind, name, payload FROM catalogue_entries").fetchall()
+    return CatalogueRecords.decode((f"{kind}:{name}", payload) for kind, name, payload in rows)
+
+
+def _edit_catalogue(conn: sqlite3.Connection, edit: Editor) -> bool:
+    """Apply ``edit`` to the catalogue inside the caller's transaction; whether it changed."""
+    change = edit(_load_catalogue(conn))
+    if not change:
+        return False
+    conn.executemany(
+        "INSERT INTO catalogue_entries (kind, name, payload) VALUES (?, ?, ?) "
+        "ON CONFLICT (kind, name) DO UPDATE SET payload = excluded.payload",
+        [(kind, name, orjson.dumps(rec).decode()) for (kind, name), rec in change.put.items()],
+    )
+    conn.executemany(
+        "DELETE FROM catalogue_entries WHERE kind = ? AND name = ?", sorted(change.delete)
+    )
+    return True
 
 
 class SQLiteStore:
@@ -301,8 +332,7 @@ class SQLiteStore:
     async def seed(self, settings: Settings) -> None:
         accounts = [(a.id, round(a.balance * MICRO)) for a in settings.accounts]
         keys = [key_row(k) for k in seed_keys(settings, datetime.now(UTC))]
-        catalogue = catalogue_json(settings).decode()
-        now = to_micros(datetime.now(UTC))
+        catalogue = seed_edit(settings)
 
         def run(conn: sqlite3.Connection) -> None:
             changed = 0
@@ -314,25 +344,12 @@ class SQLiteStore:
                 changed += conn.execute(
                     f"INSERT OR IGNORE INTO keys ({KEY_COLUMNS}) VALUES ({KEY_VALUES})", krow
                 ).rowcount
-            conn.execute(
-                "INSERT INTO catalogue (id, payload, updated_at) VALUES (1, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET payload = excluded.payload, "
-                "updated_at = excluded.updated_at",
-                (catalogue, now),
-            )
+            if _edit_catalogue(conn, catalogue):
+                changed += 1
             if changed:
                 conn.execute(BUMP_VERSION)
 
         await self._tx(run)
-
-    async def catalogue(self) -> bytes | None:
-        """The JSON saved by the last ``seed`` (not part of the Store protocol)."""
-
-        def run(conn: sqlite3.Connection) -> bytes | None:
-            row = conn.execute("SELECT payload FROM catalogue WHERE id = 1").fetchone()
-            return None if row is None else str(row[0]).encode()
-
-        return await self._run(run)
 
     async def version(self) -> int:
         def run(conn: sqlite3.Connection) -> int:
@@ -557,3 +574,18 @@ class SQLiteStore:
             return [usage_from_row(r) for r in rows.fetchall()]
 
         return await self._run(run)
+
+    # -- catalogue --------------------------------------------------------------------------
+
+    async def load_catalogue(self) -> CatalogueRecords:
+        return await self._run(_load_catalogue)
+
+    async def edit_catalogue(self, edit: Editor) -> None:
+        """``edit`` runs on the store's thread inside the write transaction; what it raises
+        rolls everything back and reaches the caller."""
+
+        def run(conn: sqlite3.Connection) -> None:
+            if _edit_catalogue(conn, edit):
+                conn.execute(BUMP_VERSION)
+
+        await self._tx(run)

@@ -1,0 +1,380 @@
+"""Channels, models and groups as the operator manages them at run time: one set of service
+functions behind both the admin API (``admin.py``) and the ``gateway`` command line (``cli.py``).
+
+Bodies are validated by the configuration file's own parsers (``config.parse_channel``,
+``config.parse_model``), so an entry made here obeys the file's rules, and a mistake is a 400
+naming the field. Every change is one ``Store.edit_catalogue``: the check (the name is free,
+the groups and models named exist, nothing still uses what is deleted) and the write happen
+together, against the catalogue as it is in the store. The configuration file's entries are
+its own: changing or deleting one answers 409 (edit the file and restart instead).
+
+A channel's upstream ``api_key`` goes into the store as given and never comes out of here:
+replies show ``api_key_hint`` at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
+from gateway.config import (
+    CHANNEL_FIELDS,
+    MODEL_FIELDS,
+    NAME_RE,
+    Channel,
+    ConfigError,
+    Model,
+    Settings,
+    parse_channel,
+    parse_model,
+)
+from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
+from gateway.protocols import ADAPTERS
+from gateway.protocols.base import UpstreamTarget
+from gateway.store import Store
+from gateway.store.catalogue import (
+    API,
+    CHANNEL,
+    FILE,
+    GROUP,
+    MODEL,
+    CatalogueEdit,
+    CatalogueRecords,
+    View,
+    body_of,
+    channel_json,
+    channel_record,
+    group_record,
+    model_json,
+    model_record,
+    view,
+)
+from gateway.types import JSON, ChatRequest
+from gateway.upstream import Upstream
+
+CHANNEL_TEST_TIMEOUT = 30.0  # seconds a channel test waits for the upstream's whole reply
+TEST_PROMPT = "ping"
+
+
+class ConfigEntryError(GatewayError):
+    """409: the entry is the configuration file's."""
+
+    status = 409
+    type = "conflict_error"
+    code = "defined_in_config"
+
+
+class InUseError(GatewayError):
+    """409: something still uses what was to be deleted."""
+
+    status = 409
+    type = "conflict_error"
+    code = "in_use"
+
+
+# ---- JSON shapes ---------------------------------------------------------------------------
+
+
+def secret_hint(secret: str) -> str:
+    """Enough of an upstream credential to recognise it, never enough to use it."""
+    if len(secret) >= 20:
+        return f"{secret[:3]}…{secret[-4:]}"
+    if len(secret) >= 12:
+        return f"…{secret[-4:]}"
+    return "…" if secret else ""
+
+
+def channel_out(ch: Channel, v: View) -> dict[str, JSON]:
+    return {
+        **channel_json(ch),
+        "api_key_hint": secret_hint(ch.api_key),
+        "origin": v.origin(CHANNEL, ch.name),
+    }
+
+
+def model_out(m: Model, v: View) -> dict[str, JSON]:
+    return {**model_json(m), "origin": v.origin(MODEL, m.name)}
+
+
+def group_out(name: str, v: View) -> dict[str, JSON]:
+    return {"name": name, "origin": v.origin(GROUP, name)}
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+async def load(store: Store, settings: Settings) -> View:
+    """The catalogue as this process serves it: the file's entries, then the store's."""
+    return view(await store.load_catalogue(), settings)
+
+
+def _channel(v: View, name: str) -> Channel:
+    ch = v.channel(name)
+    if ch is None:
+        raise NotFoundError(f"channel {name!r} not found")
+    return ch
+
+
+def _model(v: View, name: str) -> Model:
+    m = v.model(name)
+    if m is None:
+        raise NotFoundError(f"model {name!r} not found")
+    return m
+
+
+# ---- changing ------------------------------------------------------------------------------
+
+
+def _new_name(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError("name: must be a non-empty string")
+    if len(value) > MAX_ID_LEN or not NAME_RE.match(value):
+        raise InvalidRequestError(
+            f"name: {value!r} is not a valid name (letters, digits and ._:/@-, "
+            f"at most {MAX_ID_LEN} characters)"
+        )
+    return value
+
+
+def _same_name(body: Mapping[str, object], name: str) -> None:
+    if "name" in body and body["name"] != name:
+        raise InvalidRequestError("name: cannot be changed (delete the entry and create another)")
+
+
+def _not_the_files(v: View, kind: str, name: str) -> None:
+    if v.origin(kind, name) == FILE:
+        raise ConfigEntryError(
+            f"{kind} {name!r} is defined in the configuration file; change it there"
+        )
+
+
+def _merged(record: Mapping[str, Any], body: Mapping[str, object]) -> dict[str, Any]:
+    """A PATCH: each field given replaces the stored one; ``null`` restores the default."""
+    out = body_of(record)
+    for k, val in body.items():
+        if val is None:
+            out.pop(k, None)
+        else:
+            out[k] = val
+    return out
+
+
+def _parse_channel(body: Mapping[str, object], v: View) -> Channel:
+    try:
+        return parse_channel(dict(body), "", set(v.groups), v.model_names())
+    except ConfigError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _parse_model(body: Mapping[str, object]) -> Model:
+    try:
+        return parse_model(dict(body))
+    except ConfigError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _body(body: object) -> Mapping[str, object]:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("request body: must be a JSON object")
+    return body
+
+
+async def create_channel(store: Store, settings: Settings, body: object) -> Channel:
+    fields = _body(body)
+    only_fields(fields, CHANNEL_FIELDS)
+    name = _new_name(fields.get("name"))
+    made: list[Channel] = []
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        if v.channel(name) is not None:
+            raise AlreadyExistsError(f"channel {name!r} already exists")
+        ch = _parse_channel(fields, v)
+        made[:] = [ch]
+        rec = channel_record(ch, API, records.next_seq(CHANNEL))
+        return CatalogueEdit(put={(CHANNEL, name): rec})
+
+    await store.edit_catalogue(edit)
+    return made[0]
+
+
+async def update_channel(store: Store, settings: Settings, name: str, body: object) -> Channel:
+    fields = _body(body)
+    only_fields(fields, CHANNEL_FIELDS)
+    _same_name(fields, name)
+    made: list[Channel] = []
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        _channel(v, name)
+        _not_the_files(v, CHANNEL, name)
+        record = records.get(CHANNEL, name)
+        assert record is not None  # in the view and not the file's: the store's
+        ch = _parse_channel(_merged(record, fields), v)
+        made[:] = [ch]
+        return CatalogueEdit(put={(CHANNEL, name): channel_record(ch, API, record["seq"])})
+
+    await store.edit_catalogue(edit)
+    return made[0]
+
+
+async def delete_channel(store: Store, settings: Settings, name: str) -> None:
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        _channel(v, name)
+        _not_the_files(v, CHANNEL, name)
+        return CatalogueEdit(delete={(CHANNEL, name)})
+
+    await store.edit_catalogue(edit)
+
+
+async def create_model(store: Store, settings: Settings, body: object) -> Model:
+    fields = _body(body)
+    only_fields(fields, MODEL_FIELDS)
+    name = _new_name(fields.get("name"))
+    model = _parse_model(fields)
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        if view(records, settings).model(name) is not None:
+            raise AlreadyExistsError(f"model {name!r} already exists")
+        rec = model_record(model, API, records.next_seq(MODEL))
+        return CatalogueEdit(put={(MODEL, name): rec})
+
+    await store.edit_catalogue(edit)
+    return model
+
+
+async def update_model(store: Store, settings: Settings, name: str, body: object) -> Model:
+    fields = _body(body)
+    only_fields(fields, MODEL_FIELDS)
+    _same_name(fields, name)
+    made: list[Model] = []
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        _model(v, name)
+        _not_the_files(v, MODEL, name)
+        record = records.get(MODEL, name)
+        assert record is not None
+        model = _parse_model(_merged(record, fields))
+        made[:] = [model]
+        return CatalogueEdit(put={(MODEL, name): model_record(model, API, record["seq"])})
+
+    await store.edit_catalogue(edit)
+    return made[0]
+
+
+async def delete_model(store: Store, settings: Settings, name: str) -> None:
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        _model(v, name)
+        _not_the_files(v, MODEL, name)
+        users = [c.name for c in v.channels if name in c.models]
+        if users:
+            raise InUseError(f"model {name!r} is served by channel(s) {', '.join(users)}")
+        return CatalogueEdit(delete={(MODEL, name)})
+
+    await store.edit_catalogue(edit)
+
+
+async def create_group(store: Store, settings: Settings, body: object) -> str:
+    fields = _body(body)
+    only_fields(fields, {"name"})
+    name = _new_name(fields.get("name"))
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        if name in view(records, settings).groups:
+            raise AlreadyExistsError(f"group {name!r} already exists")
+        rec = group_record(name, API, records.next_seq(GROUP))
+        return CatalogueEdit(put={(GROUP, name): rec})
+
+    await store.edit_catalogue(edit)
+    return name
+
+
+async def delete_group(store: Store, settings: Settings, name: str) -> None:
+    """409 while a key or a channel is in the group. (A key made in it at the same moment
+    can slip past the check: keys live apart from the catalogue.)"""
+    keys = [k.id for k in await store.list_keys() if k.group == name]
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        if name not in v.groups:
+            raise NotFoundError(f"group {name!r} not found")
+        _not_the_files(v, GROUP, name)
+        users = [f"channel {c.name}" for c in v.channels if name in c.groups]
+        users += [f"key {k}" for k in keys]
+        if users:
+            shown = ", ".join(users[:5]) + (f" and {len(users) - 5} more" if len(users) > 5 else "")
+            raise InUseError(f"group {name!r} is still used by {shown}")
+        return CatalogueEdit(delete={(GROUP, name)})
+
+    await store.edit_catalogue(edit)
+
+
+# ---- channel test --------------------------------------------------------------------------
+
+
+def _redacted(message: str, secret: str) -> str:
+    return message.replace(secret, secret_hint(secret)) if secret else message
+
+
+async def try_channel(
+    store: Store, settings: Settings, upstream: Upstream, name: str
+) -> dict[str, JSON]:
+    """One one-token chat to the channel's first chat model, through the process's upstream
+    pool and the channel type's adapter: ``{ok, status, latency_ms, error?}``. Not billed and
+    not recorded; the channel's health is left alone."""
+    v = await load(store, settings)
+    ch = _channel(v, name)
+    model = next(
+        (m for m in (v.model(n) for n in ch.models) if m is not None and "chat" in m.capabilities),
+        None,
+    )
+    if model is None:
+        return {"ok": False, "status": None, "latency_ms": 0,
+                "error": "the channel serves no chat model to test with"}  # fmt: skip
+    adapter = ADAPTERS[ch.type]
+    req: ChatRequest = {
+        "model": model.name,
+        "messages": [{"role": "user", "content": TEST_PROMPT}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    target = UpstreamTarget(
+        channel=ch.name,
+        base_url=ch.base_url,
+        api_key=ch.api_key,
+        model=ch.upstream_model(model.name),
+        default_max_tokens=1,
+        stream=False,
+    )
+    call = adapter.encode_request(req, target)
+    started = time.monotonic()
+    status: int | None = None
+    error: str | None = None
+    try:
+        async with asyncio.timeout(CHANNEL_TEST_TIMEOUT):
+            resp = await upstream.request(call, None, ch.timeouts)
+            try:
+                raw = await resp.read()
+            finally:
+                resp.close()
+        status = resp.status
+        if status >= 400:
+            error = adapter.decode_error(status, raw).message
+    except GatewayError as err:
+        error = err.message
+    except TimeoutError:
+        error = f"no reply within {CHANNEL_TEST_TIMEOUT:g} s"
+    out: dict[str, JSON] = {
+        "ok": error is None,
+        "status": status,
+        "latency_ms": round((time.monotonic() - started) * 1000),
+    }
+    if error is not None:
+        out["error"] = _redacted(error, ch.api_key)
+    return out
