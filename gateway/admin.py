@@ -20,6 +20,7 @@ import asyncio
 import functools
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol, cast
@@ -306,8 +307,21 @@ async def list_models(request: Request, state: AdminState) -> Response:
 
 
 async def list_channels(request: Request, state: AdminState) -> Response:
+    """The channels, each with its ``health`` on this instance now: ``cooling`` (left out
+    of routing after failures, until ``cooling_until``, seconds from now) or ``healthy``."""
     v = await catalogue.load(state.store, state.settings)
-    return json_response({"data": [catalogue.channel_out(c, v) for c in v.channels]})
+    relay = getattr(state, "relay", None)
+    cooling: dict[str, float] = relay.health.cooling if relay is not None else {}
+    now = time.monotonic()
+    out = []
+    for c in v.channels:
+        entry = catalogue.channel_out(c, v)
+        left = cooling.get(c.name, 0.0) - now
+        entry["health"] = "cooling" if left > 0 else "healthy"
+        if left > 0:
+            entry["cooling_for"] = round(left, 1)
+        out.append(entry)
+    return json_response({"data": out})
 
 
 async def list_groups(request: Request, state: AdminState) -> Response:

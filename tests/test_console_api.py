@@ -146,3 +146,15 @@ async def test_admin_daily_usage(gateway: ServedGateway) -> None:
         )
         async with s.get(gateway.url + "/admin/usage/daily?since=x", headers=ADMIN) as r:
             assert r.status == 400
+
+
+async def test_channels_show_their_health_now(gateway: ServedGateway) -> None:
+    import time
+
+    gateway.state.relay.health.cooling["an"] = time.monotonic() + 30
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gateway.url + "/admin/channels", headers=ADMIN) as r:
+            channels = {c["name"]: c for c in (await r.json())["data"]}
+    assert channels["an"]["health"] == "cooling" and 0 < channels["an"]["cooling_for"] <= 30
+    assert channels["oa"]["health"] == "healthy"
+    assert "api_key" not in channels["oa"] and "upstream-key" not in str(channels)

@@ -132,6 +132,31 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await page.get_by_role("status").get_by_text("oa: ok, status 200").wait_for()
     await shot(page, "06-channels-tested")
 
+    # a model and a channel added here serve a request
+    await page.get_by_role("link", name="Models").click()
+    form = page.locator("#new-model")
+    await form.get_by_label("Name").fill("console-model")
+    await form.get_by_role("button", name="Add model").click()
+    await page.get_by_role("cell", name="console-model", exact=True).wait_for()
+    await page.get_by_role("link", name="Channels").click()
+    form = page.locator("#new-channel")
+    await form.get_by_label("Name").fill("console-ch")
+    await form.get_by_label("Base URL").fill(gateway.settings.channels[0].base_url)
+    await form.get_by_label("Upstream API key").fill("upstream-key")
+    await form.get_by_label("Models (comma-separated)").fill("console-model")
+    await form.get_by_role("button", name="Add channel").click()
+    await page.get_by_role("cell", name="console-ch", exact=True).wait_for()
+    await shot(page, "06-channels-added")
+    alice = openai.AsyncOpenAI(base_url=gateway.v1, api_key=KEYS["alice"], max_retries=0)
+    reply = await alice.chat.completions.create(
+        model="console-model", messages=[{"role": "user", "content": "via the new channel"}]
+    )
+    await alice.close()
+    assert reply.choices[0].message.content
+    await gateway.state.writer.flush()
+    (last,) = await gateway.state.store.usage("alice", 1)
+    assert (last.model, last.channel) == ("console-model", "console-ch")
+
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in").wait_for()
 

@@ -356,26 +356,59 @@ async function usagePage() {
 }
 
 async function channelsPage() {
-  const { data } = await api("GET", "/admin/channels");
+  const [{ data }, { data: groups }, { data: models }] = await Promise.all([
+    api("GET", "/admin/channels"), api("GET", "/admin/groups"), api("GET", "/admin/models")]);
   const result = h("div", { role: "status" });
+  const path = c => `/admin/channels/${encodeURIComponent(c.name)}`;
   const test = c => h("button", { type: "button", "aria-label": `Test channel ${c.name}`, onclick: async () => {
     result.textContent = `Testing ${c.name}…`;
     try {
-      const r = await api("POST", `/admin/channels/${encodeURIComponent(c.name)}/test`);
+      const r = await api("POST", `${path(c)}/test`);
       result.textContent = `${c.name}: ${r.ok ? "ok" : "failed"}, status ${r.status}, ${r.latency_ms} ms${r.error ? `: ${r.error}` : ""}`;
     } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
   } }, "Test");
-  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, result, table([
+  const actions = c => h("div", { class: "actions" }, test(c),
+    c.origin === "file" ? h("span", { class: "muted", text: "from the file" }) : [
+      h("button", { type: "button", "aria-label": `${c.status === "disabled" ? "Enable" : "Disable"} channel ${c.name}`,
+        onclick: () => act(() => api("PATCH", path(c), { status: c.status === "disabled" ? "enabled" : "disabled" }), `Channel ${c.name} updated.`) },
+        c.status === "disabled" ? "Enable" : "Disable"),
+      h("button", { type: "button", class: "danger", "aria-label": `Delete channel ${c.name}`,
+        onclick: () => confirm(`Delete channel ${c.name}?`) && act(() => api("DELETE", path(c)), `Channel ${c.name} deleted.`) }, "Delete"),
+    ]);
+  const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
+  const form = h("form", { class: "inline", id: "new-channel" },
+    field("Name", h("input", { name: "name", required: true })),
+    field("Type", h("select", { name: "type" }, ["openai", "anthropic", "gemini"].map(t => h("option", { value: t, text: t })))),
+    field("Base URL", h("input", { name: "base_url", required: true, type: "url", placeholder: "https://api.openai.com/v1" })),
+    field("Upstream API key", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
+    field("Groups (comma-separated)", h("input", { name: "groups", value: groups[0] || "" })),
+    field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
+    field("Priority", h("input", { name: "priority", type: "number", value: "0" })),
+    h("button", { type: "submit", class: "primary" }, "Add channel"),
+    h("datalist", { id: "model-names" }, models.map(m => h("option", { value: m.name }))));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const f = new FormData(form);
+    const body = { name: f.get("name"), type: f.get("type"), base_url: f.get("base_url"),
+      api_key: f.get("api_key") || "", groups: names(f.get("groups")), models: names(f.get("models")),
+      priority: Number(f.get("priority") || 0) };
+    act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
+  });
+  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, h("h2", { text: "Add a channel" }), form),
+    h("div", { class: "card" }, result, table([
     { label: "Name", value: c => c.name },
     { label: "Type", value: c => c.type },
     { label: "Base URL", value: c => c.base_url },
+    { label: "Key", value: c => c.api_key_hint || "—" },
     { label: "Groups", value: c => (c.groups || []).join(", ") },
     { label: "Models", value: c => (c.models || []).join(", ") },
     { label: "Priority", num: true, value: c => c.priority },
     { label: "Weight", num: true, value: c => c.weight },
     { label: "Status", value: c => h("span", { class: `badge ${c.status === "disabled" ? "off" : "ok"}`, text: c.status || "enabled" }) },
-    { label: "Test", value: test },
-  ], data, "No channels configured."))];
+    { label: "Health", value: c => h("span", { class: `badge ${c.health === "cooling" ? "off" : "ok"}`,
+      text: c.health === "cooling" ? `cooling ${c.cooling_for}s` : "healthy" }) },
+    { label: "Actions", value: actions },
+  ], data, "No channels yet: add one above."))];
 }
 
 function prices(p) {
@@ -391,17 +424,48 @@ function prices(p) {
 
 async function modelsPage() {
   const { data } = await api("GET", "/admin/models");
-  return [h("h1", { text: "Models" }), h("div", { class: "card" }, table([
+  const path = m => `/admin/models/${encodeURIComponent(m.name)}`;
+  const form = h("form", { class: "inline", id: "new-model" },
+    field("Name", h("input", { name: "name", required: true })),
+    field("Capabilities (comma-separated)", h("input", { name: "capabilities", value: "chat" })),
+    field("Input price (per M tokens)", h("input", { name: "input", type: "number", step: "any", value: "0" })),
+    field("Output price (per M tokens)", h("input", { name: "output", type: "number", step: "any", value: "0" })),
+    h("button", { type: "submit", class: "primary" }, "Add model"));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const f = new FormData(form);
+    const body = { name: f.get("name"),
+      capabilities: String(f.get("capabilities")).split(",").map(x => x.trim()).filter(Boolean),
+      price: { input: Number(f.get("input") || 0), output: Number(f.get("output") || 0) } };
+    act(() => api("POST", "/admin/models", body), `Model ${body.name} added.`);
+  });
+  return [h("h1", { text: "Models" }), h("div", { class: "card" }, h("h2", { text: "Add a model" }), form),
+    h("div", { class: "card" }, table([
     { label: "Name", value: m => m.name },
     { label: "Capabilities", value: m => h("span", {}, m.capabilities.map(c => h("span", { class: "badge", text: c }))) },
     { label: "Price", value: m => prices(m.price) },
     { label: "Default max tokens", num: true, value: m => m.default_max_tokens },
-  ], data, "No models configured."))];
+    { label: "Actions", value: m => m.origin === "file" ? h("span", { class: "muted", text: "from the file" }) :
+      h("button", { type: "button", class: "danger", "aria-label": `Delete model ${m.name}`,
+        onclick: () => confirm(`Delete model ${m.name}?`) && act(() => api("DELETE", path(m)), `Model ${m.name} deleted.`) }, "Delete") },
+  ], data, "No models yet: add one above."))];
 }
 
 async function groupsPage() {
   const { data } = await api("GET", "/admin/groups");
-  return [h("h1", { text: "Groups" }), h("div", { class: "card" }, table([{ label: "Group", value: g => g }], data, "No groups."))];
+  const form = h("form", { class: "inline", id: "new-group" },
+    field("Name", h("input", { name: "name", required: true })),
+    h("button", { type: "submit", class: "primary" }, "Add group"));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    const name = new FormData(form).get("name");
+    act(() => api("POST", "/admin/groups", { name }), `Group ${name} added.`);
+  });
+  return [h("h1", { text: "Groups" }), h("div", { class: "card" }, form), h("div", { class: "card" }, table([
+    { label: "Group", value: g => g },
+    { label: "Actions", value: g => h("button", { type: "button", class: "danger", "aria-label": `Delete group ${g}`,
+      onclick: () => confirm(`Delete group ${g}?`) && act(() => api("DELETE", `/admin/groups/${encodeURIComponent(g)}`), `Group ${g} deleted.`) }, "Delete") },
+  ], data, "No groups."))];
 }
 
 function snippets(model, caps) {
