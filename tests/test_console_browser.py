@@ -38,6 +38,16 @@ async def shot(page: Any, name: str) -> None:
     await page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+async def catalogue_channels(gateway: ServedGateway) -> list[dict[str, Any]]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with s.get(gateway.url + "/admin/channels", headers=headers) as r:
+            data: list[dict[str, Any]] = (await r.json())["data"]
+            return data
+
+
 async def sign_in(page: Any, url: str, token: str) -> None:
     await page.goto(url + "/console")
     await page.get_by_label("Admin token, or your sk- API key").fill(token)
@@ -146,6 +156,10 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_label("Models (comma-separated)").fill("console-model")
     await form.get_by_role("button", name="Add channel").click()
     await page.get_by_role("cell", name="console-ch", exact=True).wait_for()
+    await page.get_by_role("button", name="Edit channel console-ch").click()
+    await form.get_by_label("Priority").fill("3")
+    await form.get_by_role("button", name="Save channel console-ch").click()
+    await page.get_by_text("Channel console-ch saved.").wait_for()
     await shot(page, "06-channels-added")
     alice = openai.AsyncOpenAI(base_url=gateway.v1, api_key=KEYS["alice"], max_retries=0)
     reply = await alice.chat.completions.create(
@@ -156,6 +170,9 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await gateway.state.writer.flush()
     (last,) = await gateway.state.store.usage("alice", 1)
     assert (last.model, last.channel) == ("console-model", "console-ch")
+    channel = next(c for c in await catalogue_channels(gateway) if c["name"] == "console-ch")
+    assert channel["priority"] == 3  # the edit, and the key kept
+    assert channel["api_key_hint"].endswith("-key")
 
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in").wait_for()

@@ -367,8 +367,19 @@ async function channelsPage() {
       result.textContent = `${c.name}: ${r.ok ? "ok" : "failed"}, status ${r.status}, ${r.latency_ms} ms${r.error ? `: ${r.error}` : ""}`;
     } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
   } }, "Test");
+  let editing = null;  // the channel the form changes, or null: the form adds one
+  const edit = c => {
+    editing = c.name;
+    for (const [name, value] of [["name", c.name], ["type", c.type], ["base_url", c.base_url],
+      ["api_key", ""], ["groups", (c.groups || []).join(", ")], ["models", (c.models || []).join(", ")],
+      ["priority", c.priority]]) form.elements[name].value = value;
+    form.elements.name.readOnly = true;
+    form.querySelector("button[type=submit]").textContent = `Save channel ${c.name}`;
+    form.elements.base_url.focus();
+  };
   const actions = c => h("div", { class: "actions" }, test(c),
     c.origin === "file" ? h("span", { class: "muted", text: "from the file" }) : [
+      h("button", { type: "button", "aria-label": `Edit channel ${c.name}`, onclick: () => edit(c) }, "Edit"),
       h("button", { type: "button", "aria-label": `${c.status === "disabled" ? "Enable" : "Disable"} channel ${c.name}`,
         onclick: () => act(() => api("PATCH", path(c), { status: c.status === "disabled" ? "enabled" : "disabled" }), `Channel ${c.name} updated.`) },
         c.status === "disabled" ? "Enable" : "Disable"),
@@ -380,7 +391,7 @@ async function channelsPage() {
     field("Name", h("input", { name: "name", required: true })),
     field("Type", h("select", { name: "type" }, ["openai", "anthropic", "gemini"].map(t => h("option", { value: t, text: t })))),
     field("Base URL", h("input", { name: "base_url", required: true, type: "url", placeholder: "https://api.openai.com/v1" })),
-    field("Upstream API key", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
+    field("Upstream API key (blank when editing: unchanged)", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
     field("Groups (comma-separated)", h("input", { name: "groups", value: groups[0] || "" })),
     field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
     field("Priority", h("input", { name: "priority", type: "number", value: "0" })),
@@ -392,7 +403,14 @@ async function channelsPage() {
     const body = { name: f.get("name"), type: f.get("type"), base_url: f.get("base_url"),
       api_key: f.get("api_key") || "", groups: names(f.get("groups")), models: names(f.get("models")),
       priority: Number(f.get("priority") || 0) };
-    act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
+    if (editing === null) {
+      act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
+      return;
+    }
+    const name = editing;
+    delete body.name;
+    if (!body.api_key) delete body.api_key;  // blank: the key stays as it is
+    act(() => api("PATCH", `/admin/channels/${encodeURIComponent(name)}`, body), `Channel ${name} saved.`);
   });
   return [h("h1", { text: "Channels" }), h("div", { class: "card" }, h("h2", { text: "Add a channel" }), form),
     h("div", { class: "card" }, result, table([
