@@ -286,6 +286,8 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
                 await cancel_and_wait(task)
             await upstream.stop()
             await writer.stop()
+            if relay.tracing is not None:
+                relay.tracing.shutdown()  # the spans still batched go out
             await cache.stop()
             await store.close()
 

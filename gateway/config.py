@@ -184,6 +184,15 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    """Optional ``tracing:``: OpenTelemetry spans exported by OTLP over HTTP to
+    ``otlp_endpoint`` (e.g. http://collector:4318/v1/traces); empty: no tracing."""
+
+    otlp_endpoint: str = ""
+    service_name: str = "model-gateway"
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     store: str
     admin_token: str
@@ -198,6 +207,7 @@ class Settings:
     server: ServerSettings = ServerSettings()
     metrics: MetricsSettings = MetricsSettings()
     logging: LoggingSettings = LoggingSettings()
+    tracing: TracingSettings = TracingSettings()
     # the settlement journal's directory (gateway.store.journal); beside a SQLite file, else
     # data/journal
     journal: str = ""
@@ -275,6 +285,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         "server",
         "metrics",
         "logging",
+        "tracing",
         "journal",
     }
     for k in raw:
@@ -317,6 +328,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     server = _server(raw.get("server") or {})
     metrics = _metrics(raw.get("metrics") or {})
     logging_ = _logging(raw.get("logging") or {})
+    tracing = _tracing(raw.get("tracing") or {})
     journal = _str(raw.get("journal") or _default_journal(store), "journal")
     return Settings(
         store=store,
@@ -332,6 +344,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         server=server,
         metrics=metrics,
         logging=logging_,
+        tracing=tracing,
         journal=journal,
         path=path,
     )
@@ -640,6 +653,17 @@ def _logging(v: Any) -> LoggingSettings:
     if not isinstance(access, bool):
         raise ConfigError("logging.access: must be true or false")
     return LoggingSettings(level=level, format=fmt, access=access)
+
+
+def _tracing(v: Any) -> TracingSettings:
+    d = _mapping(v, "tracing")
+    _no_unknown(d, set(TracingSettings.__dataclass_fields__), "tracing")
+    base = TracingSettings()
+    endpoint = _str(d.get("otlp_endpoint", ""), "tracing.otlp_endpoint", allow_empty=True)
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError("tracing.otlp_endpoint: must be an http(s) URL")
+    name = _str(d.get("service_name", base.service_name), "tracing.service_name")
+    return TracingSettings(otlp_endpoint=endpoint, service_name=name)
 
 
 def _upstream(v: Any) -> UpstreamSettings:

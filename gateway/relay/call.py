@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from gateway.access_log import AccessLog
 from gateway.billing import Metered, Rate
@@ -60,6 +61,7 @@ class Call(UsageRecord):
     held: int = 0  # micro-units held against the balance until the record replaces them
     first_chunk: float | None = None  # a stream's seconds from arrival to its first output
     reply_id: str = ""  # the reply's x-request-id: the client's own, else request_id
+    span: Any = None  # the request's trace span, when tracing is configured
 
     @classmethod
     def arriving(

@@ -35,7 +35,7 @@ from gateway.asgi import (
 )
 from gateway.auth import address_allowed, check_key, extract_key, key_hash
 from gateway.billing import ClientAddress, Metered, Rate
-from gateway.config import Channel, Model, Settings
+from gateway.config import Channel, ConfigError, Model, Settings
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
@@ -60,6 +60,7 @@ from gateway.store import MICRO, KeyRecord
 from gateway.store.cache import Cache
 from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.writer import UsageWriter
+from gateway.tracing import Tracing
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
 
@@ -105,6 +106,12 @@ class Relay:
         self.observed = self.metrics if settings.metrics.enabled else None
         logs = settings.logging
         self.access = AccessLog(logs.format) if logs.access else None
+        try:
+            self.tracing = Tracing.configured(settings.tracing)
+        except ImportError:
+            raise ConfigError(
+                "tracing: OpenTelemetry is not installed (pip install 'model-gateway[otel]')"
+            ) from None
         cache.on_catalogue(self.use_catalogue)
 
     def use_catalogue(self, records: CatalogueRecords) -> None:
@@ -150,6 +157,8 @@ class Relay:
             kind.name,
             self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
+        if self.tracing is not None:
+            call.span = self.tracing.request(kind.name)
         reading = self.bodies.begin()
         read = False  # the body is read: the connection may serve another request after this
         try:
@@ -219,6 +228,8 @@ class Relay:
                 reading.finish()
             if not call.recorded:
                 call.record(self.writer, self.observed, self.access)
+            if call.span is not None:
+                self.tracing.finish(call.span, call)  # type: ignore[union-attr]
 
     async def _attempts(
         self,
@@ -255,6 +266,10 @@ class Relay:
                     return
                 if stream and quiet is None:
                     quiet = self.keepalive.open(send, exchange.keepalive)
+                tracing = self.tracing
+                span = (
+                    None if tracing is None else tracing.attempt(call.span, channel, target.model)
+                )
                 try:
                     answer = await attempt(
                         self.upstream,
@@ -267,10 +282,15 @@ class Relay:
                         call.request_id,
                     )
                 except GatewayError as err:
+                    if span is not None:
+                        tracing.failed(span, type(err).__name__)  # type: ignore[union-attr]
                     last = err
                     if err.retryable and exchange.replayable:
                         continue
                     raise
+                finally:
+                    if span is not None:
+                        span.end()
                 job.release()  # no further attempt
                 try:
                     if answer.reply is not None:
