@@ -293,3 +293,34 @@ async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
             assert_billed_once(records, completed, before - await balance(store))
             # beyond the complete replies: at most the requests cut off or refused
             assert len(records) - len(completed) <= len(kinds["cut"]) + len(kinds["error"])
+
+
+async def test_nginx_passes_a_stream_on_as_it_comes(fake: FakeUpstream, tmp_path: Path) -> None:
+    """The proxy block does not buffer: the first chunk of a slow stream reaches the client
+    long before the stream ends (5 pieces, 3 s apart: buffered, nothing would come for 12 s)."""
+    redis = OwnRedis(tmp_path / "redis")
+    await redis.start()
+    gw = Gateway(write_config(tmp_path, fake.url, redis.url), free_port(), tmp_path / "gw.log")
+    await gw.start()
+    nginx = Nginx(tmp_path / "nginx", [gw])
+    await nginx.start()
+    slow = "[[fake chunks=5 delay_ms=3000]] one two three four five"
+    body = {"model": "chat-small", "stream": True, "messages": [{"role": "user", "content": slow}]}
+    headers = {"authorization": f"Bearer {KEY}"}
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(nginx.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200
+                started = time.monotonic()
+                first = await asyncio.wait_for(r.content.readline(), 6)  # well under 12 s
+                assert first.startswith(b"data: ")
+                assert time.monotonic() - started < 6
+                rest = await r.read()
+                assert rest.rstrip().endswith(b"data: [DONE]")
+    finally:
+        assert nginx.proc is not None
+        nginx.proc.terminate()
+        nginx.proc.wait(10)
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()
+        await redis.stop()
