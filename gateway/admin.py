@@ -325,8 +325,9 @@ async def list_channels(request: Request, state: AdminState) -> Response:
 
 
 async def list_groups(request: Request, state: AdminState) -> Response:
+    """``{"data": [{name, origin}]}``: each group as POST /admin/groups answers it."""
     v = await catalogue.load(state.store, state.settings)
-    return json_response({"data": list(v.groups)})
+    return json_response({"data": [catalogue.group_out(g, v) for g in v.groups]})
 
 
 # ---- catalogue changes (contract §5): the file's entries answer 409 -------------------------

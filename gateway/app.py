@@ -221,11 +221,14 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         "usage_writer_backlog": writer.pending,
         "usage_parked_records": writer.parked,
     }
-    channel_names = [c.name for c in settings.channels]
-    metrics.channels = lambda: (
-        channel_states(channel_names, relay.health.cooling),
-        relay.health.failures_total,
-    )
+
+    def channels_now() -> tuple[dict[str, str], dict[str, int]]:
+        every = relay.catalogue.every_channel  # the live catalogue's, disabled ones too
+        disabled = [c.name for c in every if c.status != "enabled"]
+        states = channel_states([c.name for c in every], relay.health.cooling, disabled)
+        return states, relay.health.failures_total
+
+    metrics.channels = channels_now
 
     scheme = settings.store.split("://", 1)[0]
     tasks: list[asyncio.Task[None]] = []

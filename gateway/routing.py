@@ -35,9 +35,19 @@ class CatalogueSource(Protocol):
 class Catalogue:
     """Groups, models and enabled channels, indexed for the hot path."""
 
-    __slots__ = ("models", "rates", "_by_group_model", "_group_models", "_tiers")
+    __slots__ = (
+        "groups",
+        "models",
+        "rates",
+        "every_channel",
+        "_by_group_model",
+        "_group_models",
+        "_tiers",
+    )
 
     def __init__(self, settings: CatalogueSource) -> None:
+        self.groups: tuple[str, ...] = tuple(settings.groups)
+        self.every_channel: tuple[Channel, ...] = tuple(settings.channels)  # disabled too
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
         self.rates: dict[str, Rate] = {m.name: Rate.from_price(m.price) for m in settings.models}
         by: dict[tuple[str, str], list[Channel]] = {}

@@ -158,3 +158,38 @@ async def test_channels_show_their_health_now(gateway: ServedGateway) -> None:
     assert channels["an"]["health"] == "cooling" and 0 < channels["an"]["cooling_for"] <= 30
     assert channels["oa"]["health"] == "healthy"
     assert "api_key" not in channels["oa"] and "upstream-key" not in str(channels)
+
+
+async def test_a_group_and_channel_made_at_run_time_reach_the_square_and_the_metrics(
+    gateway: ServedGateway,
+) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.url + "/admin/groups", json={"name": "team"}, headers=ADMIN) as r:
+            assert r.status == 201
+        channel = {
+            "name": "team-ch",
+            "type": "openai",
+            "base_url": gateway.settings.channels[0].base_url,
+            "api_key": "upstream-key",
+            "groups": ["team"],
+            "models": ["chat-small"],
+            "status": "disabled",
+        }
+        async with s.post(gateway.url + "/admin/channels", json=channel, headers=ADMIN) as r:
+            assert r.status == 201, await r.text()
+        async with s.get(gateway.url + "/metrics") as r:
+            text = await r.text()
+        assert 'gateway_channel_state{channel="team-ch",state="disabled"} 1.0' in text
+        async with s.patch(
+            gateway.url + "/admin/channels/team-ch", json={"status": "enabled"}, headers=ADMIN
+        ) as r:
+            assert r.status == 200
+        body = {"account": "alice", "group": "team"}
+        async with s.post(gateway.url + "/admin/keys", json=body, headers=ADMIN) as r:
+            key = (await r.json())["key"]
+    async with session() as s:
+        await sign_in(s, gateway, key)
+        async with s.get(gateway.url + "/console/square") as r:
+            square = await r.json()
+    assert square["group"] == "team"
+    assert [m["name"] for m in square["models"]] == ["chat-small"]

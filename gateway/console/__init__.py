@@ -228,7 +228,7 @@ async def square(request: Request) -> Response:
         return found
     _, key = found
     state = request.app.state.gateway
-    groups = list(state.settings.groups)
+    groups = list(state.relay.catalogue.groups)  # the live catalogue: run-time groups too
     group = key.group if key is not None else request.query_params.get("group") or groups[0]
     if group not in groups:
         return _error(404, f"no group {group!r}", "not_found")

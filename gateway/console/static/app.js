@@ -219,6 +219,7 @@ async function overview() {
 async function keysPage() {
   const [{ data: keys }, { data: accounts }, { data: groups }] = await Promise.all([
     api("GET", "/admin/keys"), api("GET", "/admin/accounts"), api("GET", "/admin/groups")]);
+  const groupNames = groups.map(g => g.name);
   const shown = h("div", { id: "secret-box" });
   const list = h("div");
   const search = h("input", { type: "search", id: "key-search", placeholder: "id, name, account or group" });
@@ -248,7 +249,7 @@ async function keysPage() {
   const accountList = h("datalist", { id: "account-ids" }, accounts.map(a => h("option", { value: a.id })));
   const form = h("form", { class: "inline", id: "new-key" },
     field("Account", h("input", { name: "account", required: true, list: "account-ids", autocomplete: "off" })),
-    field("Group", h("select", { name: "group" }, groups.map(g => h("option", { value: g, text: g })))),
+    field("Group", h("select", { name: "group" }, groupNames.map(g => h("option", { value: g, text: g })))),
     field("Name", h("input", { name: "name" })),
     field("Expires (UTC)", h("input", { name: "expires_at", type: "datetime-local" })),
     field("Quota", h("input", { name: "quota", type: "number", min: "0", step: "any" })),
@@ -392,7 +393,7 @@ async function channelsPage() {
     field("Type", h("select", { name: "type" }, ["openai", "anthropic", "gemini"].map(t => h("option", { value: t, text: t })))),
     field("Base URL", h("input", { name: "base_url", required: true, type: "url", placeholder: "https://api.openai.com/v1" })),
     field("Upstream API key (blank when editing: unchanged)", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
-    field("Groups (comma-separated)", h("input", { name: "groups", value: groups[0] || "" })),
+    field("Groups (comma-separated)", h("input", { name: "groups", value: groups.length ? groups[0].name : "" })),
     field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
     field("Priority", h("input", { name: "priority", type: "number", value: "0" })),
     h("button", { type: "submit", class: "primary" }, "Add channel"),
@@ -480,9 +481,10 @@ async function groupsPage() {
     act(() => api("POST", "/admin/groups", { name }), `Group ${name} added.`);
   });
   return [h("h1", { text: "Groups" }), h("div", { class: "card" }, form), h("div", { class: "card" }, table([
-    { label: "Group", value: g => g },
-    { label: "Actions", value: g => h("button", { type: "button", class: "danger", "aria-label": `Delete group ${g}`,
-      onclick: () => confirm(`Delete group ${g}?`) && act(() => api("DELETE", `/admin/groups/${encodeURIComponent(g)}`), `Group ${g} deleted.`) }, "Delete") },
+    { label: "Group", value: g => g.name },
+    { label: "Actions", value: g => g.origin === "file" ? h("span", { class: "muted", text: "from the file" }) :
+      h("button", { type: "button", class: "danger", "aria-label": `Delete group ${g.name}`,
+        onclick: () => confirm(`Delete group ${g.name}?`) && act(() => api("DELETE", `/admin/groups/${encodeURIComponent(g.name)}`), `Group ${g.name} deleted.`) }, "Delete") },
   ], data, "No groups."))];
 }
 
