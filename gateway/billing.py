@@ -62,9 +62,9 @@ class Rate:
 
     def cost_of(self, used: Metered) -> int:
         """Micro-units for everything a request used, rounded half up once."""
-        pico = used.prompt_tokens * self.input + used.completion_tokens * self.output
-        pico += self.request + used.images * self.image + used.speech_chars * self.speech_char
-        if used.audio_seconds:
+        pico = used.prompt_tokens * self.input + used.completion_tokens * self.output + self.request
+        if used.images or used.speech_chars or used.audio_seconds:  # not chat's
+            pico += used.images * self.image + used.speech_chars * self.speech_char
             pico += round(used.audio_seconds * self.audio_second)
         return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
 
@@ -78,9 +78,11 @@ def billable_tokens(count: object) -> int:
     """A token count as the upstream reported it, if it is one; 0 for anything else (missing,
     text, a bool, NaN, negative, or over ``MAX_TOKENS``). A float is cut to its whole part, as
     the protocol adapters read it (``protocols.base.count``): JSON's ``12.0`` is 12 tokens."""
+    if type(count) is int:  # first: what every upstream sends
+        return count if 0 <= count <= MAX_TOKENS else 0
     if type(count) is float and math.isfinite(count):
-        count = int(count)
-    return count if type(count) is int and 0 <= count <= MAX_TOKENS else 0
+        return billable_tokens(int(count))
+    return 0
 
 
 def usage_tokens(usage: Usage | None) -> tuple[int, int]:

@@ -58,34 +58,25 @@ FIRST_CHUNK_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 OTHER = "other"
 
 
-class Histograms:
-    """Bucket counts and sums per label set, as plain lists: one count per bucket (the last
-    one +Inf, not cumulative), then the count, then the sum."""
-
-    __slots__ = ("bounds", "series")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.series: dict[tuple[str, ...], list[float]] = {}
-
-    def observe(self, labels: tuple[str, ...], value: float) -> None:
-        row = self.series.get(labels)
-        if row is None:
-            row = self.series[labels] = [0.0] * (len(self.bounds) + 3)
-        row[bisect.bisect_left(self.bounds, value)] += 1  # the first bucket it fits (le)
-        row[-2] += 1
-        row[-1] += value
+# a row of ``Metrics.rows``: requests, input and output tokens, cost in micro-units, then the
+# duration histogram's buckets (the last one +Inf, not cumulative) and its sum, then the
+# first-chunk histogram's buckets and its sum (a histogram's count is its buckets' sum)
+DURATION_AT = 4
+DURATION_SUM = DURATION_AT + len(DURATION_BUCKETS) + 1
+FIRST_CHUNK_AT = DURATION_SUM + 1
+FIRST_CHUNK_SUM = FIRST_CHUNK_AT + len(FIRST_CHUNK_BUCKETS) + 1
+ROW_WIDTH = FIRST_CHUNK_SUM + 1
 
 
 class Metrics:
-    """This process's counters; ``observe()`` is the hot path's only call."""
+    """This process's counters; ``observe()`` is the hot path's only call: one dict lookup
+    and a few additions into one row per label set (the exposition's families are made from
+    the rows at scrape time, ``snapshot``)."""
 
     def __init__(self, known_models: Iterable[str] = ()) -> None:
         self.known = frozenset(known_models)
-        # (model, protocol, endpoint, channel, status) -> [requests, input, output, cost µ]
-        self.requests: dict[tuple[str, str, str, str, str], list[int]] = {}
-        self.duration = Histograms(DURATION_BUCKETS)
-        self.first_chunk = Histograms(FIRST_CHUNK_BUCKETS)
+        # (model, protocol, endpoint, channel or None, status) -> a row (``ROW_WIDTH``)
+        self.rows: dict[tuple[str, str, str, str | None, int], list[Any]] = {}
         self.open_streams = 0
         # read at scrape time, set by the app: writer backlog and parked, channel states and
         # failures
@@ -94,29 +85,52 @@ class Metrics:
 
     def observe(self, rec: UsageRecord, first_chunk: float | None) -> None:
         """A request that ended (its usage record), and a stream's seconds to first output."""
-        model = rec.model if rec.model in self.known else OTHER
-        channel = rec.channel or ""
-        labels = (model, rec.protocol, rec.endpoint, channel, str(rec.status))
-        row = self.requests.get(labels)
+        model = rec.model
+        if model not in self.known:
+            model = OTHER
+        labels = (model, rec.protocol, rec.endpoint, rec.channel, rec.status)
+        row = self.rows.get(labels)
         if row is None:
-            row = self.requests[labels] = [0, 0, 0, 0]
+            row = self.rows[labels] = [0] * ROW_WIDTH
         row[0] += 1
         row[1] += rec.prompt_tokens
         row[2] += rec.completion_tokens
         row[3] += rec.cost
-        timing = (model, rec.endpoint, channel)
-        self.duration.observe(timing, rec.latency_ms / 1000)
+        seconds = rec.latency_ms / 1000
+        row[DURATION_AT + bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1  # le
+        row[DURATION_SUM] += seconds
         if first_chunk is not None:
-            self.first_chunk.observe(timing, first_chunk)
+            row[FIRST_CHUNK_AT + bisect.bisect_left(FIRST_CHUNK_BUCKETS, first_chunk)] += 1
+            row[FIRST_CHUNK_SUM] += first_chunk
+
+    def _series(self) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]]:
+        """The rows as the snapshot's three tables: requests by their five labels; the two
+        histograms by (model, endpoint, channel), each row its buckets, count and sum."""
+        requests: list[list[Any]] = []
+        duration: dict[tuple[str, str, str], list[float]] = {}
+        first: dict[tuple[str, str, str], list[float]] = {}
+        for (model, protocol, endpoint, channel, status), row in self.rows.items():
+            name = channel or ""
+            requests.append([model, protocol, endpoint, name, str(status), *row[:4]])
+            timing = (model, endpoint, name)
+            _add(duration, timing, row[DURATION_AT : DURATION_SUM + 1])
+            if any(row[FIRST_CHUNK_AT:FIRST_CHUNK_SUM]):
+                _add(first, timing, row[FIRST_CHUNK_AT : FIRST_CHUNK_SUM + 1])
+        return (
+            requests,
+            [[*k, *v] for k, v in duration.items()],
+            [[*k, *v] for k, v in first.items()],
+        )
 
     # -- snapshots across worker processes --------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
+        requests, duration, first_chunk = self._series()
         return {
             "pid": os.getpid(),
-            "requests": [[*k, *v] for k, v in self.requests.items()],
-            "duration": [[*k, *v] for k, v in self.duration.series.items()],
-            "first_chunk": [[*k, *v] for k, v in self.first_chunk.series.items()],
+            "requests": requests,
+            "duration": duration,
+            "first_chunk": first_chunk,
             "gauges": {"open_streams": self.open_streams, **self.gauges()},
         }
 
@@ -136,6 +150,20 @@ class Metrics:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps(self.snapshot()))
         tmp.replace(path)
+
+
+def _add(
+    into: dict[tuple[str, str, str], list[float]], labels: tuple[str, str, str], part: list[float]
+) -> None:
+    """A histogram's buckets and sum (``part``) added into its series as buckets, count,
+    sum."""
+    row = into.get(labels)
+    if row is None:
+        row = into[labels] = [0.0] * (len(part) + 1)
+    for i, n in enumerate(part[:-1]):
+        row[i] += n
+    row[-2] += sum(part[:-1])
+    row[-1] += part[-1]
 
 
 def _alive(pid: int) -> bool:

@@ -6,14 +6,24 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.store import MICRO, Store, UsageRecord
 from gateway.store import writer as writer_module
 from gateway.store.journal import SUFFIX, Journal, store_tag
+from gateway.store.records import (
+    encode_usage,
+    journal_line,
+    journal_record,
+    parse_time_text,
+    time_text,
+)
 from gateway.store.writer import UsageWriter
 from tests.test_store import usage_rec
 
@@ -29,9 +39,9 @@ def lines(directory: Path) -> int:
 
 
 def test_a_settled_segment_is_removed_and_a_pending_one_kept(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, URL, segment_bytes=2_000, settled_rotate_bytes=1)
+    journal = Journal(tmp_path, URL, segment_bytes=800, settled_rotate_bytes=1)
     assert journal.open() == []
-    recs = [usage_rec(i) for i in range(30)]  # ~350 bytes each: several segments
+    recs = [usage_rec(i) for i in range(30)]  # ~130 bytes each: several segments
     for rec in recs:
         journal.append(rec)
     assert len(files(tmp_path)) > 3
@@ -47,7 +57,7 @@ def test_a_settled_segment_is_removed_and_a_pending_one_kept(tmp_path: Path) -> 
 
 
 def test_the_current_segment_is_kept_until_it_is_worth_replacing(tmp_path: Path) -> None:
-    journal = Journal(tmp_path, URL, settled_rotate_bytes=1_000)
+    journal = Journal(tmp_path, URL, settled_rotate_bytes=400)
     journal.open()
     journal.append(first := usage_rec(1))
     journal.settled([first])
@@ -61,7 +71,7 @@ def test_the_current_segment_is_kept_until_it_is_worth_replacing(tmp_path: Path)
 
 
 def test_a_dead_process_s_records_are_adopted_once(tmp_path: Path) -> None:
-    dead = Journal(tmp_path, URL, segment_bytes=2_000)
+    dead = Journal(tmp_path, URL, segment_bytes=800)
     dead.open()
     recs = [usage_rec(i) for i in range(12)]
     for rec in recs:
@@ -103,9 +113,41 @@ def test_a_line_cut_short_is_skipped(tmp_path: Path) -> None:
     dead.close()
     (path,) = files(tmp_path)
     with path.open("ab") as f:
-        f.write(b'{"time":"2026-')  # a power cut in the middle of a write
+        f.write(b'["2026-11-')  # a power cut in the middle of a write
     adopted = Journal(tmp_path, URL).open()
     assert [r.request_id for r in adopted] == ["req-alice-1"]
+
+
+def test_a_journal_of_json_objects_from_an_older_version_is_adopted(tmp_path: Path) -> None:
+    """Before the journal wrote arrays, it wrote each record as Redis stores it: a journal
+    left by that version at a crash is still settled after an upgrade."""
+    recs = [usage_rec(i) for i in range(3)]
+    old = tmp_path / f"{store_tag(URL)}-1-abcdef-1{SUFFIX}"
+    old.write_bytes(b"".join(encode_usage(r) + b"\n" for r in recs))
+    assert Journal(tmp_path, URL).open() == recs
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        datetime(2026, 11, 25, 19, 49, 23, 823224, tzinfo=UTC),
+        datetime(2026, 11, 25, 19, 49, 23, tzinfo=UTC),  # no microseconds: none written
+        datetime(2026, 11, 25, 19, 49, 23, 5),  # naive: taken as UTC
+        datetime(2026, 11, 25, 20, 49, 23, 5, tzinfo=timezone(timedelta(hours=1))),
+    ],
+)
+def test_a_record_s_time_is_written_as_exact_utc_text(at: datetime) -> None:
+    rec = replace(usage_rec(1), time=at)
+    text = time_text(at)
+    assert text.endswith("Z") and datetime.fromisoformat(text) == at.replace(
+        tzinfo=at.tzinfo or UTC
+    )
+    # the bytes Redis recognises a record by: the time as time_text, every time
+    assert orjson.loads(encode_usage(rec))["time"] == text
+    assert encode_usage(rec) == encode_usage(replace(rec, time=parse_time_text(text)))
+    line = journal_line(rec)
+    assert orjson.loads(line)[0] == text and line.endswith(b"\n")
+    assert journal_record(line) == replace(rec, time=parse_time_text(text))
 
 
 def test_parked_records_are_carried_so_old_segments_go(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.store import UsageRecord
-from gateway.store.records import decode_usage, encode_usage
+from gateway.store.records import journal_line, journal_record
 
 log = logging.getLogger("gateway.store.journal")
 
@@ -122,7 +122,7 @@ class Journal:
         seg = self._current
         if seg is None:
             return
-        line = encode_usage(rec) + b"\n"
+        line = journal_line(rec)
         try:
             _write_all(seg.fd, line)
         except OSError as exc:
@@ -244,7 +244,7 @@ class Journal:
             if not line:
                 continue
             try:
-                records.append(decode_usage(line))
+                records.append(journal_record(line))
             except Exception:
                 unreadable += 1  # a line cut short by a power cut: its reply was never sent
         if unreadable:

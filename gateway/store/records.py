@@ -81,7 +81,7 @@ def from_micro(micro: int) -> float:
 # -- usage records ---------------------------------------------------------------------------
 
 
-def _usage_fields(rec: UsageRecord, time: str | None, cost: float) -> dict[str, JSON]:
+def _usage_fields(rec: UsageRecord, time: str | datetime | None, cost: float) -> dict[str, Any]:
     """The record's fields in ``USAGE_FIELDS`` order, with its time and cost as given."""
     return {
         "time": time,
@@ -127,15 +127,56 @@ def usage_from_row(row: tuple[Any, ...]) -> UsageRecord:
     return UsageRecord(from_micros(row[0]), *row[1:])
 
 
+def _time_value(dt: datetime) -> str | datetime:
+    """The time as orjson is given it: a UTC time as it is (``OPT_UTC_Z`` writes exactly
+    ``time_text``'s text, for a fifth of the cost of ``isoformat``), any other as that text."""
+    return dt if dt.tzinfo is UTC else time_text(dt)
+
+
 def encode_usage(rec: UsageRecord) -> bytes:
     """The record as Redis stores it. The same record always gives the same bytes, which is
     what lets Redis recognise a record it already holds."""
-    return orjson.dumps(_usage_fields(rec, time_text(rec.time), rec.cost))
+    fields = _usage_fields(rec, _time_value(rec.time), rec.cost)
+    return orjson.dumps(fields, option=orjson.OPT_UTC_Z)
 
 
 def decode_usage(raw: bytes | str) -> UsageRecord:
     d = orjson.loads(raw)
     return UsageRecord(parse_time_text(d["time"]), *[d[name] for name in USAGE_FIELDS[1:]])
+
+
+def journal_line(rec: UsageRecord) -> bytes:
+    """The record as a line of the settlement journal: a JSON array of ``USAGE_FIELDS``,
+    the time as ``time_text``. An array, not an object: every request writes one, and an
+    array costs a third of an object to make and encode."""
+    row = (
+        _time_value(rec.time),
+        rec.request_id,
+        rec.account,
+        rec.key_id,
+        rec.model,
+        rec.channel,
+        rec.protocol,
+        rec.endpoint,
+        rec.prompt_tokens,
+        rec.completion_tokens,
+        rec.cost,
+        rec.status,
+        rec.latency_ms,
+        rec.ip_range,
+    )
+    return orjson.dumps(row, option=orjson.OPT_UTC_Z | orjson.OPT_APPEND_NEWLINE)
+
+
+def journal_record(line: bytes) -> UsageRecord:
+    """A journal line read back: an array (``journal_line``), or an object as journals
+    written before the arrays were (``encode_usage``). Raises on anything else."""
+    if not line.startswith(b"["):
+        return decode_usage(line)
+    row = orjson.loads(line)
+    if not isinstance(row, list) or len(row) != len(USAGE_FIELDS):
+        raise ValueError("not a usage record")
+    return UsageRecord(parse_time_text(row[0]), *row[1:])
 
 
 def daily_rows(
