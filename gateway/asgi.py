@@ -81,8 +81,13 @@ async def read_body(
     chunks: list[bytes] = []
     size = 0
     try:
+        message = await receive()
+        if not message.get("more_body", False) and message["type"] == "http.request":
+            body: bytes = message.get("body", b"")  # the whole body at once: most requests
+            if len(body) > limit:
+                raise PayloadTooLargeError(f"The request body is larger than {limit} bytes.")
+            return body
         while True:
-            message = await receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone()
             body = message.get("body", b"")
@@ -95,6 +100,7 @@ async def read_body(
                     reading.received = size
             if not message.get("more_body", False):
                 break
+            message = await receive()
     except asyncio.CancelledError:
         if reading is not None and reading.timed_out():
             raise too_slow() from None

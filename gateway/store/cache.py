@@ -209,15 +209,21 @@ class Cache:
 
     def debit(self, account: str, key_id: str, amount: int, held: int = 0) -> None:
         """A request's cost, replacing what it ``held``, from its account and its key."""
-        for entry in (account, KEY_SLOT + key_id):
-            if amount:
-                self._pending[entry] = self._pending.get(entry, 0) + amount
-            if held:
-                left = self._held.get(entry, 0) - held
-                if left > 0:
-                    self._held[entry] = left
-                else:
-                    self._held.pop(entry, None)
+        slot = KEY_SLOT + key_id
+        if amount:
+            pending = self._pending
+            pending[account] = pending.get(account, 0) + amount
+            pending[slot] = pending.get(slot, 0) + amount
+        if held:
+            self._release(account, held)
+            self._release(slot, held)
+
+    def _release(self, entry: str, held: int) -> None:
+        left = self._held.get(entry, 0) - held
+        if left > 0:
+            self._held[entry] = left
+        else:
+            self._held.pop(entry, None)
 
     def settled(self, amounts: Mapping[str, int]) -> None:
         """The writer stored these debits (per account, and per ``KEY_SLOT`` + key id): the

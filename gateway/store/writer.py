@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Sequence
 
 from gateway.store import Store, UsageRecord
@@ -60,7 +61,10 @@ class UsageWriter:
         self._journal = journal
         self._sync_task: asyncio.Task[None] | None = None
         self._batch = max(1, batch)
-        self._queue: asyncio.Queue[UsageRecord] = asyncio.Queue()
+        # records not yet taken into a batch; a plain deque (an asyncio.Queue costs a few
+        # times more per record), and the future the writer waits on while it is empty
+        self._queue: deque[UsageRecord] = deque()
+        self._arrival: asyncio.Future[None] | None = None
         self._submitted = 0
         self._written = 0
         self._parked: list[UsageRecord] = []
@@ -82,7 +86,9 @@ class UsageWriter:
 
     def _queue_record(self, rec: UsageRecord, held: int = 0) -> None:
         self._submitted += 1
-        self._queue.put_nowait(rec)
+        self._queue.append(rec)
+        if self._arrival is not None:
+            _wake(self._arrival)
         if self._cache is not None:
             self._cache.debit(rec.account, rec.key_id, rec.cost, held)
 
@@ -115,7 +121,7 @@ class UsageWriter:
                 _wake(self._waker)
         while self._resolved() < target:
             if self._task is None:
-                batch = self._take(self._queue.qsize())
+                batch = self._take(len(self._queue))
                 if not batch:
                     return  # lost to a stop() that gave up; it logged them
                 await self._write(batch)
@@ -131,7 +137,7 @@ class UsageWriter:
         the journal for the next start (without one, it is lost and logged as such)."""
         if timeout is None:
             timeout = STOP_TIMEOUT if self._journal is None else JOURNALED_STOP_TIMEOUT
-        if self._task is None and (self._queue.qsize() or self._parked):
+        if self._task is None and (self._queue or self._parked):
             await self.start()
         task = self._task
         if task is None:
@@ -171,21 +177,21 @@ class UsageWriter:
         return self._written + len(self._parked)
 
     def _take(self, limit: int) -> list[UsageRecord]:
-        batch: list[UsageRecord] = []
-        while len(batch) < limit:
-            try:
-                batch.append(self._queue.get_nowait())
-            except asyncio.QueueEmpty:
-                break
-        return batch
+        queue = self._queue
+        return [queue.popleft() for _ in range(min(limit, len(queue)))]
 
     async def _run(self) -> None:
         while True:
-            first = await self._queue.get()
-            if self._queue.qsize() < self._batch - 1 and not self._urgent:
+            while not self._queue:
+                self._arrival = asyncio.get_running_loop().create_future()
+                try:
+                    await self._arrival
+                finally:
+                    self._arrival = None
+            if len(self._queue) < self._batch and not self._urgent:
                 await self._linger()
-            batch = [first, *self._take(self._batch - 1)]
-            if self._queue.empty():
+            batch = self._take(self._batch)
+            if not self._queue:
                 self._urgent = False
             await self._write(batch)
             raise_if_cancelled()
