@@ -4,6 +4,8 @@ chunk asked for), the reply and its stream as they came, usage read on the way.
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError
@@ -22,6 +24,8 @@ LAST_EVENT_MIN = 20
 # error at once: one search instead of finding its last event first
 SMALL_BLOCK = 1024
 USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and spaces)
+# a "model" key and its string value, escapes and all (group 1: the value, quotes included)
+MODEL_VALUE = re.compile(rb'"model": *("[^"\\]*(?:\\.[^"\\]*)*")')
 
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
@@ -243,19 +247,18 @@ class OpenAIPassthrough:
         return self._new.join(parts) if len(parts) > 1 else out
 
     def _learn(self, out: bytes) -> None:
-        """The upstream's ``"model":"<name>"`` as it spells it, from the first that comes."""
+        """The upstream's ``"model":"<name>"`` as it spells it, from the first that comes
+        (once per stream: one search and one match)."""
         key = out.find(b'"model":')
         if key < 0:
             return  # not yet seen
         self._learning = False
-        value = key + 8
-        while out[value : value + 1] == b" ":
-            value += 1
-        end = out.find(b'"', value + 1)
-        if out[value : value + 1] != b'"' or end < 0 or out[end - 1 : end] == b"\\":
-            return  # not a plain string: left as it is
-        if out[value : end + 1] != self._mine:
-            self._old = out[key : end + 1]
+        found = MODEL_VALUE.match(out, key)
+        if found is None:
+            return  # not a string: left as it is
+        value = found.start(1)
+        if found[1] != self._mine:
+            self._old = found[0]
             self._new = out[key:value] + self._mine
 
     def finish(self) -> bytes:

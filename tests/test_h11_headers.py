@@ -1,0 +1,128 @@
+"""The cheaper check of response headers accepts exactly what h11's own check accepts, and
+refuses the rest with h11's own error; a served reply still carries its headers."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import h11
+import pytest
+from h11._headers import _field_name_re, _field_value_re
+from h11._headers import normalize_and_validate as h11_check
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.fake_upstream import FakeUpstream
+from gateway.h11_headers import make_check, name_ok, value_ok
+from tests.plugins.processes import KEY, Gateway, free_port, write_config
+
+fast_check = make_check(h11_check)
+
+# bytes that decide a header's fate (white space, NUL, separators, token bytes), and any byte
+EDGY = st.sampled_from(list(b"\x00\t\n\x0b\x0c\r :;,\"'()/\\aZ09-_~\x7f\x80\xff"))
+BYTES = st.binary(max_size=12) | st.lists(EDGY, max_size=12).map(bytes)
+NAMES = BYTES | st.sampled_from([b"content-length", b"Transfer-Encoding", b"x-request-id"])
+VALUES = BYTES | st.sampled_from([b"12", b"1,1", b"1, 2", b"chunked", b"gzip", b" 5", b"a b"])
+
+
+@given(BYTES)
+@settings(max_examples=2000)
+def test_a_name_passes_when_h11_s_expression_matches_it(name: bytes) -> None:
+    assert name_ok(name) == (_field_name_re.fullmatch(name) is not None)
+
+
+@given(BYTES)
+@settings(max_examples=2000)
+def test_a_value_passes_when_h11_s_expression_matches_it(value: bytes) -> None:
+    assert value_ok(value) == (_field_value_re.fullmatch(value) is not None)
+
+
+def outcome(check: Any, headers: list[tuple[Any, Any]]) -> Any:
+    try:
+        return ("ok", list(check(headers)))
+    except h11.LocalProtocolError as exc:
+        return ("refused", str(exc))
+    except (TypeError, ValueError, UnicodeError) as exc:
+        return ("error", type(exc).__name__)
+
+
+@given(st.lists(st.tuples(NAMES, VALUES), max_size=5))
+@settings(max_examples=2000)
+def test_a_header_list_gets_h11_s_answer(headers: list[tuple[bytes, bytes]]) -> None:
+    assert outcome(fast_check, headers) == outcome(h11_check, headers)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("content-type", "text/plain")],  # text, not bytes: h11 encodes it
+        [(b"x-a", 5)],  # h11 refuses an int
+        [(b"content-length", b"3"), (b"Content-Length", b"4")],  # conflicting lengths
+        [(b"transfer-encoding", b"gzip")],  # h11 sends only chunked
+        [(b"x-a", b"ok\r\nx-injected: 1")],  # a header smuggled into a value
+        [(b"bad name", b"v")],
+    ],
+)
+def test_odd_headers_get_h11_s_answer(headers: list[tuple[Any, Any]]) -> None:
+    assert outcome(fast_check, headers) == outcome(h11_check, headers)
+
+
+def test_a_chain_of_headers_is_read_once() -> None:
+    def chain() -> Any:
+        yield (b"content-type", b"application/json")
+        yield (b"x-request-id", b"abc")
+
+    assert list(fast_check(chain())) == list(h11_check(list(chain())))
+
+
+async def test_replies_through_the_gateway_s_hypercorn_keep_their_headers(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """``gateway serve`` (hypercorn, its h11 check replaced): a reply and a stream arrive
+    whole, with the headers the relay set (a stream's are checked twice: once more when h11
+    adds Transfer-Encoding)."""
+    gw = Gateway(
+        write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db"),
+        free_port(),
+        tmp_path / "gw.log",
+    )
+    await gw.start()
+    try:
+        auth = {"Authorization": f"Bearer {KEY}", "x-request-id": "mine-1"}
+        chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{gw.url}/v1/chat/completions", json=chat, headers=auth) as r:
+                assert r.status == 200
+                assert r.headers["content-type"] == "application/json"
+                assert r.headers["x-request-id"] == "mine-1"
+                assert int(r.headers["content-length"]) == len(await r.read())
+            stream = {**chat, "stream": True}
+            async with s.post(f"{gw.url}/v1/chat/completions", json=stream, headers=auth) as r:
+                assert r.status == 200
+                assert r.headers["content-type"].startswith("text/event-stream")
+                assert r.headers["transfer-encoding"] == "chunked"
+                assert r.headers["x-accel-buffering"] == "no"
+                assert (await r.read()).endswith(b"data: [DONE]\n\n")
+    finally:
+        gw.kill(signal.SIGTERM)
+        assert await gw.exit_code() == 0
+
+
+def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import h11._events
+    import h11._headers
+
+    from gateway.h11_headers import speed_up
+
+    for module in (h11._events, h11._headers):  # restored after the test
+        monkeypatch.setattr(module, "normalize_and_validate", h11_check)
+    assert speed_up() and speed_up()
+    fast = h11._headers.normalize_and_validate
+    assert fast is not h11_check and h11._events.normalize_and_validate is fast
+    with pytest.raises(h11.LocalProtocolError):
+        h11.Response(status_code=200, headers=[(b"x-a", b"1\r\nx-b: 2")])
+    ok = h11.Response(status_code=200, headers=[(b"Content-Type", b"text/plain")])
+    assert list(ok.headers) == [(b"content-type", b"text/plain")]
