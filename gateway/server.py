@@ -17,7 +17,12 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from gateway.config import Settings
-from gateway.hypercorn_mend import default_connection_limit, limit_connections, mend_hypercorn
+from gateway.hypercorn_mend import (
+    ServerConfig,
+    default_connection_limit,
+    limit_connections,
+    mend_hypercorn,
+)
 from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
 
 if TYPE_CHECKING:
@@ -56,9 +61,7 @@ def serve(
 
 
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
-    from hypercorn.config import Config
-
-    cfg = Config()
+    cfg = ServerConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.graceful_timeout = GRACEFUL_SECONDS
     cfg.keep_alive_timeout = settings.server.keep_alive_seconds
@@ -66,9 +69,6 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg.errorlog = "-"
     cfg.loglevel = "WARNING"
     cfg.backlog = BACKLOG
-    # no "server: hypercorn-h11": the gateway does not advertise its software, and each
-    # header costs h11 a validation pass
-    cfg.include_server_header = False
     if workers > 1:
         from hypercorn.run import run
 

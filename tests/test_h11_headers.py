@@ -4,6 +4,8 @@ refuses the rest with h11's own error; a served reply still carries its headers.
 from __future__ import annotations
 
 import signal
+import time
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,10 @@ async def test_replies_through_the_gateway_s_hypercorn_keep_their_headers(
                 assert r.headers["content-type"] == "application/json"
                 assert r.headers["x-request-id"] == "mine-1"
                 assert int(r.headers["content-length"]) == len(await r.read())
+                # hypercorn's Date, made once a second; no Server header
+                sent = parsedate_to_datetime(r.headers["date"]).timestamp()
+                assert abs(sent - time.time()) < 5
+                assert "server" not in r.headers
             stream = {**chat, "stream": True}
             async with s.post(f"{gw.url}/v1/chat/completions", json=stream, headers=auth) as r:
                 assert r.status == 200
@@ -126,3 +132,18 @@ def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) ->
         h11.Response(status_code=200, headers=[(b"x-a", b"1\r\nx-b: 2")])
     ok = h11.Response(status_code=200, headers=[(b"Content-Type", b"text/plain")])
     assert list(ok.headers) == [(b"content-type", b"text/plain")]
+
+
+def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway import hypercorn_mend
+
+    now = [1_764_100_000.2]
+    monkeypatch.setattr(hypercorn_mend.time, "time", lambda: now[0])
+    first = hypercorn_mend.http_date()
+    assert first == b"Tue, 25 Nov 2025 19:46:40 GMT"
+    now[0] += 0.7
+    assert hypercorn_mend.http_date() is first  # the same second: not formatted again
+    now[0] += 0.2
+    assert hypercorn_mend.http_date() == b"Tue, 25 Nov 2025 19:46:41 GMT"
+    headers = hypercorn_mend.ServerConfig().response_headers("h11")
+    assert [name for name, _ in headers] == [b"date"]
