@@ -13,13 +13,20 @@ raised) is h11's own code path, unchanged: a header h11 would refuse is refused,
 own error (``tests/test_h11_headers.py`` holds the two to the same answers).
 
 Headers h11 parsed itself (``_parsed=True``) are left to h11, as it leaves them unchecked.
+
+h11's ``Headers`` is a ``Sequence`` without an ``__iter__`` of its own: every loop over a
+request's headers (hypercorn makes four per request) went through the abstract class's,
+one ``__getitem__`` call per header. It is given one that runs in C (``map`` of an
+``itemgetter``), yielding the same (name, value) pairs.
+
 An h11 whose module layout differs is left alone.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 log = logging.getLogger("gateway.server")
@@ -87,14 +94,25 @@ def make_check(original: Callable[..., Any]) -> Callable[..., Any]:
     return normalize_and_validate
 
 
+_NAME_AND_VALUE = operator.itemgetter(1, 2)
+
+
+def _pairs(self: Any) -> Iterator[tuple[bytes, bytes]]:
+    """h11 ``Headers``' (lower-cased name, value) pairs, as its ``__getitem__`` gives them."""
+    return map(_NAME_AND_VALUE, self._full_items)
+
+
 def speed_up() -> bool:
-    """Put the cheaper check in h11's place; True when it is there (False: no h11, or one
-    laid out otherwise, left as it is)."""
+    """Give h11's ``Headers`` its ``__iter__`` and put the cheaper check in h11's place; True
+    when the check is there (False: no h11, or one laid out otherwise, left as it is)."""
     try:
         import h11._events as events
         import h11._headers as headers
     except ImportError:
         return False
+    header_class = getattr(headers, "Headers", None)
+    if header_class is not None and "__iter__" not in vars(header_class):
+        header_class.__iter__ = _pairs
     original = getattr(headers, "normalize_and_validate", None)
     if not callable(original):
         return False

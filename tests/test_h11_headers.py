@@ -147,3 +147,20 @@ def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) 
     assert hypercorn_mend.http_date() == b"Tue, 25 Nov 2025 19:46:41 GMT"
     headers = hypercorn_mend.ServerConfig().response_headers("h11")
     assert [name for name, _ in headers] == [b"date"]
+
+
+def test_h11_headers_iterate_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    import h11._headers
+
+    from gateway.h11_headers import speed_up
+
+    monkeypatch.delattr(h11._headers.Headers, "__iter__", raising=False)
+    sent = [(b"Host", b"example.org"), (b"X-Many", b"a, b"), (b"x-many", b"c")]
+    before = h11.Request(method="GET", target="/", headers=sent)
+    expected = [before.headers[i] for i in range(len(before.headers))]
+    assert speed_up()
+    assert "__iter__" in vars(h11._headers.Headers)
+    after = h11.Request(method="GET", target="/", headers=sent)
+    assert list(after.headers) == list(before.headers) == expected
+    assert dict(after.headers)[b"host"] == b"example.org"
+    assert after.headers == before.headers
