@@ -5,19 +5,21 @@ callgrind runs a process some 40 times slower, but the gateway's periodic work f
 clock: the usage writer lingers 50 ms for a batch, the disconnect watchlist ticks every 50 ms
 and starts a stream's watching task after 0.1 s, the key cache reloads (and shares holds)
 every 0.5 s, channel cooldowns are shared every 0.5 s, the journal is synced every second,
-the collector runs every 5 s. Slowed down, a usage batch holds a fortieth of the records it holds
-at full speed (one SQLite transaction per record at one connection), and a stream lasts long
-enough to start a watching task that it never starts at full speed: the count would charge
-the gateway for work that only the slowdown makes. Stretched by the slowdown, each interval
-spans as many requests as at full speed. Nothing else changes: it is the gateway's own app,
-server and store; the bare relay has no such intervals.
+the access log is written out five times a second, the collector runs every 5 s (and
+with several workers, each writes its metrics every second). Slowed down, a usage batch holds
+a fortieth of the records it holds at full speed (one SQLite transaction per record at one
+connection), and a stream lasts long enough to start a watching task that it never starts
+at full speed: the count would charge the gateway for work that only the slowdown makes.
+Stretched by the slowdown, each interval spans as many requests as at full speed. Nothing
+else changes: it is the gateway's own app, server and store; the bare relay has no such
+intervals.
 """
 
 from __future__ import annotations
 
 import sys
 
-from gateway import asgi, cli, gc_tuning, health
+from gateway import access_log, asgi, cli, gc_tuning, health, metrics
 from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
@@ -32,6 +34,8 @@ def stretch(factor: float) -> None:
     cache.DEFAULT_INTERVAL *= factor
     health.SHARE_INTERVAL *= factor
     writer.SYNC_INTERVAL *= factor
+    access_log.FLUSH_EVERY *= factor
+    metrics.SNAPSHOT_EVERY *= factor
 
 
 def main(argv: list[str]) -> int:

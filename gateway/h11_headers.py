@@ -19,6 +19,11 @@ close``), ``set_comma_header`` checked every header of the response again, thoug
 passed the check already and h11's own values are valid: the headers are handed on as
 already parsed instead (``set_comma_header`` here; the values h11 adds are still checked).
 
+h11 looks for a handful of headers in every request and response (``get_comma_header``:
+Connection, Transfer-Encoding, Content-Length, Upgrade, Expect), each look a Python loop over
+every header; mostly the header is not there. ``make_get_comma_header`` answers that case with
+one search in C and leaves the rest to h11's loop.
+
 h11's ``Headers`` is a ``Sequence`` without an ``__iter__`` of its own: every loop over a
 request's headers (hypercorn makes four per request) went through the abstract class's,
 one ``__getitem__`` call per header. It is given one that runs in C (``map`` of an
@@ -112,6 +117,18 @@ def make_set_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
     return set_comma_header
 
 
+def make_get_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
+    """h11's ``get_comma_header``, answering at once (in C) when the name is not there."""
+
+    def get_comma_header(headers: Any, name: bytes) -> Any:
+        if name not in map(_NAME, headers._full_items):
+            return []
+        return original(headers, name)
+
+    return get_comma_header
+
+
+_NAME = operator.itemgetter(1)
 _NAME_AND_VALUE = operator.itemgetter(1, 2)
 
 
@@ -140,7 +157,10 @@ def speed_up() -> bool:
         log.warning("server.h11_not_mended reason=layout")
         return False
     connection = sys.modules.get("h11._connection")
-    if getattr(connection, "set_comma_header", None) is not headers.set_comma_header:
+    if (
+        getattr(connection, "set_comma_header", None) is not headers.set_comma_header
+        or getattr(connection, "get_comma_header", None) is not headers.get_comma_header
+    ):
         log.warning("server.h11_not_mended reason=layout")
         return False
     fast = make_check(cast(Callable[..., Any], original))
@@ -148,4 +168,7 @@ def speed_up() -> bool:
     events.normalize_and_validate = fast  # type: ignore[attr-defined]
     headers.normalize_and_validate = fast
     connection.set_comma_header = make_set_comma_header(fast)  # type: ignore[union-attr]
+    get = make_get_comma_header(headers.get_comma_header)
+    connection.get_comma_header = get  # type: ignore[union-attr]
+    headers.get_comma_header = get
     return True

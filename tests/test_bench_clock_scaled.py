@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import clock_scaled
-from gateway import asgi, gc_tuning, health
+from gateway import access_log, asgi, gc_tuning, health, metrics
 from gateway.relay import pipeline as relay
 from gateway.store import cache, writer
 
@@ -19,6 +19,8 @@ INTERVALS = [
     (cache, "DEFAULT_INTERVAL"),
     (health, "SHARE_INTERVAL"),
     (writer, "SYNC_INTERVAL"),
+    (access_log, "FLUSH_EVERY"),
+    (metrics, "SNAPSHOT_EVERY"),
 ]
 
 
