@@ -203,7 +203,8 @@ def test_h11_headers_iterate_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from gateway.h11_headers import speed_up
 
-    monkeypatch.delattr(h11._headers.Headers, "__iter__", raising=False)
+    if "__iter__" in vars(h11._headers.Headers):  # given by an earlier speed_up()
+        monkeypatch.delattr(h11._headers.Headers, "__iter__")
     sent = [(b"Host", b"example.org"), (b"X-Many", b"a, b"), (b"x-many", b"c")]
     before = h11.Request(method="GET", target="/", headers=sent)
     expected = [before.headers[i] for i in range(len(before.headers))]
