@@ -161,8 +161,10 @@ async def serve_app(settings: Settings) -> AsyncIterator[ServedGateway]:
         yield ServedGateway(url=url, app=app, settings=settings)
     finally:
         stop.set()
+        # a shutdown takes well under a second; the bound is for a machine busy elsewhere (one
+        # took over 10 s while callgrind ran beside the suite, writing its dumps)
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
+            await asyncio.wait_for(task, 30)
         with contextlib.suppress(OSError):  # hypercorn may have closed the fd already
             sock.close()
 
