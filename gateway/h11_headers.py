@@ -5,8 +5,8 @@ given (``normalize_and_validate``): a name must be a token, a value must hold no
 form feed or vertical tab and neither start nor end with white space. It does so with two
 regular expressions per header, the value's one backtracking over every byte; a response
 with four headers (the date hypercorn adds among them) cost about 54,000 instructions, and a
-stream's headers are checked twice (once more when h11 adds ``Transfer-Encoding``), more
-than the rest of what the gateway does for a request. Here the same rules are checked with
+stream's headers are checked twice (once more when h11 adds ``Transfer-Encoding``): 3-5% of
+all that relaying a request costs the process. Here the same rules are checked with
 one ``bytes.translate`` over a ready table and two byte lookups per header; everything else
 (lower-cased names, the ``Content-Length`` and ``Transfer-Encoding`` rules, the errors
 raised) is h11's own code path, unchanged: a header h11 would refuse is refused, with h11's
@@ -87,10 +87,10 @@ def make_check(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(headers, _parsed=True)
         headers = list(headers)  # hypercorn hands a list; h11 itself, sometimes a chain
         for name, value in headers:
-            if type(value) is not bytes:
-                return original(headers)
+            if type(name) is not bytes or type(value) is not bytes:
+                return original(headers)  # h11 turns text into bytes, or refuses it
             if name not in valid_names:
-                if type(name) is not bytes or not name_ok(name):
+                if not name_ok(name):
                     return original(headers)
                 if len(valid_names) < _NAMES_KEPT:
                     valid_names.add(name)

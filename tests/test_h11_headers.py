@@ -107,6 +107,7 @@ def test_h11_looking_for_a_header_finds_the_same(
     [
         [("content-type", "text/plain")],  # text, not bytes: h11 encodes it
         [(b"x-a", 5)],  # h11 refuses an int
+        [(bytearray(b"x-a"), b"1")],  # h11 takes any bytes-like name
         [(b"content-length", b"3"), (b"Content-Length", b"4")],  # conflicting lengths
         [(b"transfer-encoding", b"gzip")],  # h11 sends only chunked
         [(b"x-a", b"ok\r\nx-injected: 1")],  # a header smuggled into a value
