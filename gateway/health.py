@@ -99,6 +99,7 @@ class ChannelHealth:
                     log.warning("health.share_failed error=%s", type(exc).__name__)
                 failing = True
             else:
+                raise_if_cancelled()  # a cancel that landed in redis-py's pipeline
                 if failing:
                     log.info("health.share_recovered")
                 failing = False
