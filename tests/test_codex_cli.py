@@ -5,8 +5,9 @@ back, and prints the model's answer. Codex offers tools no other provider runs (
 ``namespace`` of functions, ``web_search``): the gateway carries the first and leaves the
 second out, rather than refusing the request.
 
-Codex is installed once per machine into the user's cache (about 400 MB); where npm cannot
-reach its registry the test is skipped with the reason.
+Codex is installed once per machine into the user's cache (about 400 MB). Where npm is
+missing or cannot reach its registry (``npm ping`` fails) the test is skipped with the reason;
+an install that fails while the registry answers is a failure.
 """
 
 from __future__ import annotations
@@ -31,23 +32,46 @@ COMMAND = "echo $((6*7))-done | tee proof.txt"
 PROMPT = f'[[fake tool=exec_command args={{"cmd":"{COMMAND}"}}]] make the proof file'
 
 
+def registry_unreachable() -> str | None:
+    """Why npm cannot reach its registry (``npm ping``'s complaint), or None when it can."""
+    try:
+        ping = subprocess.run(["npm", "ping"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "npm ping timed out"
+    if ping.returncode != 0:
+        return ping.stderr.strip()[-300:] or f"npm ping exited {ping.returncode}"
+    return None
+
+
 @pytest.fixture(scope="session")
 def codex() -> Path:
     if CODEX.exists():
         return CODEX
     if shutil.which("npm") is None:
         pytest.skip("npm is not installed")
+    unreachable = registry_unreachable()
+    if unreachable is not None:
+        pytest.skip(f"npm cannot reach its registry: {unreachable}")
     target = CODEX.parents[2]
     target.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(target)]
-        + [f"@openai/codex@{VERSION}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    try:
+        done = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(target)]
+            + [f"@openai/codex@{VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    except subprocess.TimeoutExpired:
+        unreachable = registry_unreachable()
+        if unreachable is not None:
+            pytest.skip(f"npm lost its registry during the install: {unreachable}")
+        pytest.fail("npm install @openai/codex took over 600 s with the registry reachable")
     if done.returncode != 0 or not CODEX.exists():
-        pytest.skip(f"npm could not install @openai/codex: {done.stderr.strip()[-300:]}")
+        unreachable = registry_unreachable()
+        if unreachable is not None:
+            pytest.skip(f"npm lost its registry during the install: {unreachable}")
+        pytest.fail(f"npm could not install @openai/codex: {done.stderr.strip()[-300:]}")
     return CODEX
 
 

@@ -1,10 +1,11 @@
 """Anthropic Messages wire format: the reply body, the event stream and the error body.
 
-Stream order: ``message_start``; then per content block (thinking, text, each tool_use, with
-contiguous indices) ``content_block_start``, its deltas (``thinking_delta`` then one
-``signature_delta``; ``text_delta``; ``input_json_delta`` pieces) and ``content_block_stop``;
-a ``ping`` after the first block starts; ``message_delta`` with ``stop_reason`` and the usage;
-``message_stop``. An error after the start is ``event: error`` with the error body.
+Stream order: ``message_start``; then per content block (thinking, redacted thinking, text,
+each tool_use, with contiguous indices) ``content_block_start``, its deltas
+(``thinking_delta`` then one ``signature_delta``; ``text_delta``; ``input_json_delta``
+pieces) and ``content_block_stop``; a ``ping`` after the first block starts;
+``message_delta`` with ``stop_reason`` and the usage; ``message_stop``. An error after the
+start is ``event: error`` with the error body.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def render(plan: Plan) -> bytes:
         content.append(
             {"type": "thinking", "thinking": plan.reasoning, "signature": plan.signature}
         )
+    if plan.redacted:
+        content.append({"type": "redacted_thinking", "data": plan.redacted})
     if plan.text or not plan.tool_calls:
         content.append({"type": "text", "text": plan.text})
     for call in plan.tool_calls:
@@ -144,6 +147,8 @@ def stream(plan: Plan) -> list[tuple[int, bytes]]:
         deltas = [{"type": "thinking_delta", "thinking": p} for p in plan.reasoning_pieces]
         deltas.append({"type": "signature_delta", "signature": plan.signature})
         block({"type": "thinking", "thinking": "", "signature": ""}, deltas)
+    if plan.redacted:
+        block({"type": "redacted_thinking", "data": plan.redacted}, [])
     if plan.text or not plan.tool_calls:
         block(
             {"type": "text", "text": ""},

@@ -3,9 +3,10 @@
 Every stream element is a whole ``GenerateContentResponse`` holding only the new parts: thought
 parts (``thought: true``, the last with ``thoughtSignature``), one text part per piece, then one
 element with every ``functionCall`` (complete ``args``; the first carries the signature too
-when there was thinking). The last element has ``finishReason`` and the full
-``usageMetadata``; earlier ones carry only the prompt count. ``?alt=sse`` frames elements as
-``data: {...}\\r\\n\\r\\n``; without it the body is one JSON array written element by element.
+when there was thinking, or the reply's ``call_signature``). The last element has
+``finishReason`` and the full ``usageMetadata``; earlier ones carry only the prompt count.
+``?alt=sse`` frames elements as ``data: {...}\\r\\n\\r\\n``; without it the body is one JSON
+array written element by element.
 An error after the start is an element ``{"error": {...}}``.
 """
 
@@ -103,8 +104,8 @@ def _calls(plan: Plan) -> list[dict[str, Any]]:
         part: dict[str, Any] = {
             "functionCall": {"name": call.name, "args": orjson.loads(call.arguments)}
         }
-        if i == 0 and plan.signature:
-            part["thoughtSignature"] = plan.signature
+        if i == 0 and plan.call_signature:
+            part["thoughtSignature"] = plan.call_signature
         parts.append(part)
     return parts
 

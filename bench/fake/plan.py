@@ -55,6 +55,8 @@ class Plan:
     reasoning: str
     reasoning_pieces: tuple[str, ...]
     signature: str
+    call_signature: str  # Gemini: on the first functionCall part
+    redacted: str  # Anthropic: a redacted_thinking block's data
     tool_calls: tuple[ToolCall, ...]
     finish: str  # stop | length | tool_calls | stop_sequence
     stop_sequence: str | None
@@ -157,6 +159,8 @@ def make_plan(
         reasoning=reasoning,
         reasoning_pieces=split_text(reasoning, None),
         signature=signature,
+        call_signature=reply.call_signature or signature,
+        redacted=reply.redacted or "",
         tool_calls=calls,
         finish=finish,
         stop_sequence=stop_sequence,

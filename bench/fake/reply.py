@@ -40,7 +40,18 @@ _INT_KEYS = frozenset(
 )
 _FLOAT_KEYS = frozenset({"first_ms", "delay_ms"})
 _BOOL_KEYS = frozenset({"hang", "echo", "image"})
-_STR_KEYS = frozenset({"text", "error_type", "error_message", "finish", "reasoning", "tool"})
+_STR_KEYS = frozenset(
+    {
+        "text",
+        "error_type",
+        "error_message",
+        "finish",
+        "reasoning",
+        "tool",
+        "call_signature",
+        "redacted",
+    }
+)
 _JSON_KEYS = frozenset({"args"})
 _YES = frozenset({"", "1", "yes", "true", "on"})
 
@@ -59,6 +70,10 @@ class Reply:
     text: str | None = None  # None: the demo sentence (or nothing when tool calls are given)
     tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
     reasoning: str | None = None  # thinking text
+    # Gemini: the first functionCall part's thoughtSignature (Gemini 3 signs a function-calling
+    # turn there, whether or not it shows its thinking); by default the thinking's signature
+    call_signature: str | None = None
+    redacted: str | None = None  # Anthropic: a redacted_thinking block with this data
     chunks: int | None = None  # pieces to split the text into; None: one per word
     first_ms: float | None = None  # wait before the status line
     delay_ms: float | None = None  # wait between stream pieces

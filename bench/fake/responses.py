@@ -1,11 +1,16 @@
 """OpenAI Responses API wire format (``POST /v1/responses``): the request read as the fake's
 ``Incoming``, the Response object, and its event stream.
 
-Stream: ``response.created``, ``response.in_progress``, then per output item (a reasoning item
-with its summary, a message with one ``output_text`` part, one ``function_call`` per call)
-``response.output_item.added``, its deltas, its ``.done`` events and
-``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when cut by
-the token limit) with the whole response. Every event carries ``sequence_number``.
+Stream, event for event as OpenAI sends it: ``response.created``, ``response.in_progress``,
+then per output item ``response.output_item.added``; for a reasoning item
+``response.reasoning_summary_part.added``, its ``reasoning_summary_text`` deltas and
+``.done``, ``response.reasoning_summary_part.done``; for a message
+``response.content_part.added``, its ``output_text`` deltas (with ``logprobs``) and ``.done``,
+``response.content_part.done``; for a function call its ``function_call_arguments`` deltas and
+``.done``; then ``response.output_item.done``. Last ``response.completed``
+(``response.incomplete`` when cut by the token limit) with the whole response, which echoes the
+request's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``store``. Every event
+carries ``sequence_number``, an ``error`` event too.
 """
 
 from __future__ import annotations
@@ -62,11 +67,15 @@ def incoming(payload: Any) -> Incoming:
 def _usage(plan: Plan) -> dict[str, Any]:
     return {
         "input_tokens": plan.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": plan.cached_tokens},
+        "input_tokens_details": {"cached_tokens": plan.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": plan.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
         "total_tokens": plan.prompt_tokens + plan.completion_tokens,
     }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def _items(plan: Plan) -> list[dict[str, Any]]:
@@ -75,14 +84,13 @@ def _items(plan: Plan) -> list[dict[str, Any]]:
         summary = [{"type": "summary_text", "text": plan.reasoning}]
         items.append({"type": "reasoning", "id": f"rs_{plan.request_id}", "summary": summary})
     if plan.text or not plan.tool_calls:
-        part = {"type": "output_text", "text": plan.text, "annotations": [], "logprobs": []}
         items.append(
             {
                 "type": "message",
                 "id": f"msg_{plan.request_id}",
                 "status": "completed",
                 "role": "assistant",
-                "content": [part],
+                "content": [_text_part(plan.text)],
             }
         )
     for call in plan.tool_calls:
@@ -99,9 +107,14 @@ def _items(plan: Plan) -> list[dict[str, Any]]:
     return items
 
 
-def _response(plan: Plan, status: str, output: list[dict[str, Any]], usage: Any) -> Any:
+def _response(
+    plan: Plan, body: dict[str, Any], status: str, output: list[dict[str, Any]], usage: Any
+) -> Any:
+    """The Response object, with what OpenAI echoes of the request (its tools, tool choice,
+    parallel calls, store)."""
     if status == "completed" and plan.finish == "length":
         status = "incomplete"
+    tools = body.get("tools")
     return {
         "id": f"resp_{plan.request_id}",
         "object": "response",
@@ -111,25 +124,29 @@ def _response(plan: Plan, status: str, output: list[dict[str, Any]], usage: Any)
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "model": plan.model,
         "output": output,
-        "store": True,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": tools if isinstance(tools, list) else [],
+        "store": body.get("store", True),
         "usage": usage,
     }
 
 
-def render(plan: Plan) -> bytes:
-    return orjson.dumps(_response(plan, "completed", _items(plan), _usage(plan)))
+def render(plan: Plan, body: dict[str, Any]) -> bytes:
+    return orjson.dumps(_response(plan, body, "completed", _items(plan), _usage(plan)))
 
 
-def stream(plan: Plan) -> list[tuple[int, bytes]]:
+def stream(plan: Plan, body: dict[str, Any]) -> list[tuple[int, bytes]]:
+    """The events; each element is one event, its ``sequence_number`` its position."""
     seq = 0
 
-    def event(kind: str, body: dict[str, Any]) -> bytes:
+    def event(kind: str, fields: dict[str, Any]) -> bytes:
         nonlocal seq
-        data = orjson.dumps({"type": kind, "sequence_number": seq, **body})
+        data = orjson.dumps({"type": kind, "sequence_number": seq, **fields})
         seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
-    shell = _response(plan, "in_progress", [], None)
+    shell = _response(plan, body, "in_progress", [], None)
     events = [
         (HEAD, event("response.created", {"response": shell})),
         (HEAD, event("response.in_progress", {"response": shell})),
@@ -137,55 +154,59 @@ def stream(plan: Plan) -> list[tuple[int, bytes]]:
     for index, item in enumerate(_items(plan)):
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "reasoning":
-            events.append(
-                (
-                    HEAD,
-                    event(
-                        "response.output_item.added",
-                        {"output_index": index, "item": {**item, "summary": []}},
-                    ),
-                )
-            )
+            shown = {**item, "summary": []}
+            added = {"output_index": index, "item": shown}
+            events.append((HEAD, event("response.output_item.added", added)))
+            at = {**where, "summary_index": 0}
+            part = {**at, "part": {"type": "summary_text", "text": ""}}
+            events.append((HEAD, event("response.reasoning_summary_part.added", part)))
             for piece in plan.reasoning_pieces:
-                delta = {**where, "summary_index": 0, "delta": piece}
+                delta = {**at, "delta": piece}
                 events.append((CONTENT, event("response.reasoning_summary_text.delta", delta)))
+            done = {**at, "text": plan.reasoning}
+            events.append((TAIL, event("response.reasoning_summary_text.done", done)))
+            part = {**at, "part": {"type": "summary_text", "text": plan.reasoning}}
+            events.append((TAIL, event("response.reasoning_summary_part.done", part)))
         elif item["type"] == "message":
             shown = {**item, "status": "in_progress", "content": []}
-            events.append(
-                (HEAD, event("response.output_item.added", {"output_index": index, "item": shown}))
-            )
-            part = {"type": "output_text", "text": "", "annotations": []}
-            events.append(
-                (
-                    HEAD,
-                    event(
-                        "response.content_part.added", {**where, "content_index": 0, "part": part}
-                    ),
-                )
-            )
+            added = {"output_index": index, "item": shown}
+            events.append((HEAD, event("response.output_item.added", added)))
+            at = {**where, "content_index": 0}
+            part = _text_part("")
+            events.append((HEAD, event("response.content_part.added", {**at, "part": part})))
             for piece in plan.pieces:
-                delta = {**where, "content_index": 0, "delta": piece}
+                delta = {**at, "delta": piece, "logprobs": []}
                 events.append((CONTENT, event("response.output_text.delta", delta)))
-            done = {**where, "content_index": 0, "text": plan.text}
+            done = {**at, "text": plan.text, "logprobs": []}
             events.append((TAIL, event("response.output_text.done", done)))
+            part = _text_part(plan.text)
+            events.append((TAIL, event("response.content_part.done", {**at, "part": part})))
         else:
             shown = {**item, "status": "in_progress", "arguments": ""}
-            events.append(
-                (HEAD, event("response.output_item.added", {"output_index": index, "item": shown}))
-            )
+            added = {"output_index": index, "item": shown}
+            events.append((HEAD, event("response.output_item.added", added)))
             call = next(c for c in plan.tool_calls if f"fc_{c.id}" == item["id"])
             for piece in call.pieces:
                 delta = {**where, "delta": piece}
                 events.append((CONTENT, event("response.function_call_arguments.delta", delta)))
+            done = {**where, "name": call.name, "arguments": call.arguments}
+            events.append((TAIL, event("response.function_call_arguments.done", done)))
         events.append(
             (TAIL, event("response.output_item.done", {"output_index": index, "item": item}))
         )
-    final = _response(plan, "completed", _items(plan), _usage(plan))
+    final = _response(plan, body, "completed", _items(plan), _usage(plan))
     ending = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     events.append((TAIL, event(ending, {"response": final})))
     return events
 
 
 def stream_error(error_type: str | None, message: str | None, written: int) -> bytes:
-    body = {"type": "error", "code": error_type or "server_error", "message": message or "error"}
+    """The ``error`` event after ``written`` events (so its ``sequence_number``)."""
+    body = {
+        "type": "error",
+        "sequence_number": written,
+        "code": error_type or "server_error",
+        "message": message or "error",
+        "param": None,
+    }
     return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"

@@ -59,7 +59,8 @@ class FakeUpstream:
     """A scripted upstream; ``async with FakeUpstream() as fake:`` serves on an ephemeral port.
 
     ``fake.url`` is the root (OpenAI channels append ``/v1``); ``fake.queue(Reply(...))`` scripts
-    the next requests; ``fake.requests`` records what arrived (``record=False`` for long runs);
+    the next requests; ``fake.requests`` records what arrived and ``fake.streamed`` the bytes of
+    each stream written, in the order they ended (``record=False`` for long runs);
     ``fake.require_key`` may be changed at any time (None: any non-empty key);
     ``fake.disconnects``, ``await fake.wait_disconnect()`` and ``fake.open_streams`` observe
     clients that leave.
@@ -80,6 +81,7 @@ class FakeUpstream:
         self.defaults = defaults or Defaults()
         self.record = record
         self.requests: list[RecordedRequest] = []
+        self.streamed: list[bytes] = []
         self.disconnects = 0
         self.open_streams = 0
         self._replies: deque[Reply] = deque()
@@ -396,7 +398,7 @@ class FakeUpstream:
     ) -> bytes:
         plan = self._plan_for(where, body, reply, incoming)
         if where.kind == "responses":
-            return responses.render(plan)
+            return responses.render(plan, body)
         if where.protocol == "openai":
             return openai.render(plan)
         if where.protocol == "anthropic":
@@ -413,7 +415,7 @@ class FakeUpstream:
     ) -> web.StreamResponse:
         plan = self._plan_for(where, body, reply, incoming)
         if where.kind == "responses":
-            events = responses.stream(plan)
+            events = responses.stream(plan, body)
             return await self._stream(
                 request, events, responses.SSE_TYPE, responses.stream_error, reply
             )
@@ -450,6 +452,7 @@ class FakeUpstream:
         delay = (reply.delay_ms if reply.delay_ms is not None else self.defaults.delay_ms) / 1000
         limit = reply.drop_after if reply.drop_after is not None else reply.error_after
         self.open_streams += 1
+        sent: list[bytes] = []
         try:
             await resp.prepare(request)
             written = 0
@@ -457,16 +460,17 @@ class FakeUpstream:
             for kind, data in events:
                 if kind != HEAD:
                     if limit is not None and (content >= limit or kind == TAIL):
-                        await self._cut(request, resp, reply, error, written)
+                        sent.append(await self._cut(request, resp, reply, error, written))
                         return resp
                     if kind != TAIL:
                         if content and delay > 0:
                             await asyncio.sleep(delay)
                         content += 1
                 await resp.write(data)
+                sent.append(data)
                 written += 1
             if limit is not None:
-                await self._cut(request, resp, reply, error, written)
+                sent.append(await self._cut(request, resp, reply, error, written))
                 return resp
             await resp.write_eof()
         except ConnectionResetError:
@@ -474,6 +478,8 @@ class FakeUpstream:
                 self._disconnected()
         finally:
             self.open_streams -= 1
+            if self.record:
+                self.streamed.append(b"".join(sent))
         return resp
 
     async def _cut(
@@ -483,12 +489,15 @@ class FakeUpstream:
         reply: Reply,
         error: Callable[[str | None, str | None, int], bytes] | None,
         written: int,
-    ) -> None:
+    ) -> bytes:
+        """Drop the connection, or end the stream with the error event; what was written."""
         if reply.drop_after is not None or error is None:
             self._dropped.add(id(request))
             transport = request.transport
             if transport is not None:
                 transport.close()
-            return
-        await resp.write(error(reply.error_type, reply.error_message, written))
+            return b""
+        data = error(reply.error_type, reply.error_message, written)
+        await resp.write(data)
         await resp.write_eof()
+        return data

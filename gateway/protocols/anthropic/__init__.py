@@ -50,7 +50,6 @@ Not carried across (dropped on purpose); "out" is Messages -> others, "in" other
 | ``stop_sequence`` (which sequence matched)              | out | finish_reason is only "stop"    |
 | ``service_tier``, ``container``, ``mcp_servers``,       | out | Anthropic-only                  |
 | ``context_management``                                  |     |                                 |
-| ``redacted_thinking`` in streams                        | out | stream deltas have no field     |
 | ``response_format`` (JSON mode, json_schema)            | in  | no field in 2023-06-01; not     |
 |                                                         |     | emulated with a forced tool     |
 | ``n``, ``seed``, ``logprobs``, ``logit_bias``,          | in  | no counterpart                  |

@@ -41,9 +41,10 @@ def load_event(data: bytes) -> dict[str, JSON]:
 
 # upstream side: Anthropic events -> chat chunks -----------------------------------------------
 class AnthropicStreamDecoder:
-    """One per stream. Text, tool use (``input_json_delta`` -> argument deltas), thinking and
-    signatures become deltas as they arrive; usage (input from ``message_start``, output from
-    ``message_delta``) becomes one final chunk with ``choices: []`` at ``message_stop``."""
+    """One per stream. Text, tool use (``input_json_delta`` -> argument deltas), thinking,
+    signatures and redacted thinking become deltas as they arrive; usage (input from
+    ``message_start``, output from ``message_delta``) becomes one final chunk with
+    ``choices: []`` at ``message_stop``."""
 
     __slots__ = ("_id", "_created", "_model", "_tools", "_next_tool", "_usage", "_done")
 
@@ -131,6 +132,9 @@ class AnthropicStreamDecoder:
         if btype == "thinking":
             thinking = REPLY.opt_text(block.get("thinking"), "content_block", "thinking")
             return [self._chunk({"reasoning_content": thinking})] if thinking else []
+        if btype == "redacted_thinking":  # whole in its start event
+            data = REPLY.opt_text(block.get("data"), "content_block", "data")
+            return [self._chunk({"redacted_reasoning": [data]})] if data else []
         return []
 
     def _delta(self, payload: dict[str, JSON]) -> list[ChatChunk]:
@@ -253,6 +257,9 @@ class AnthropicStreamEncoder:
             signature = delta.get("reasoning_signature")
             if signature:
                 parts.append(self._signature(signature))
+            for data in delta.get("redacted_reasoning") or ():
+                parts.append(self._open_block({"type": "redacted_thinking", "data": data}))
+                parts.append(self._close())
             for text in (delta.get("content"), delta.get("refusal")):
                 if text:
                     if self._open != "text":

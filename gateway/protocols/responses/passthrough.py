@@ -6,7 +6,9 @@ client's and the usage read from ``response.completed``.
 Stream events go out as they arrive; only the lifecycle events (which carry the response
 object, its model and usage) are parsed and written again. The stream is complete when
 ``response.completed``, ``response.incomplete`` or ``response.failed`` arrived; an ``error``
-event before any output fails the attempt, so another channel can be tried.
+event before any output fails the attempt, so another channel can be tried. The gateway's own
+``error`` event (a stream cut short, a malformed event) continues the upstream's
+``sequence_number``s; after the upstream's own ``error`` event it sends none of its own.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
 class ResponsesPassthrough(EventPassthrough):
     """One per stream (see the module docstring)."""
 
-    __slots__ = ("content_type", "usage", "generated", "_model", "_ended", "_output")
+    __slots__ = ("content_type", "usage", "generated", "_model", "_ended", "_output", "_seq",
+                 "_failed")  # fmt: skip
 
     def __init__(self, ctx: Ctx) -> None:
         super().__init__()
@@ -63,6 +66,8 @@ class ResponsesPassthrough(EventPassthrough):
         self._model = ctx.model
         self._ended = False
         self._output = False  # an output item was announced
+        self._seq = -1  # the last sequence_number the upstream sent
+        self._failed: GatewayError | None = None  # the upstream's error event, passed on
 
     def feed_event(self, event: SSEEvent) -> bytes:
         payload = _load(event.data)
@@ -70,6 +75,9 @@ class ResponsesPassthrough(EventPassthrough):
         if not isinstance(kind, str):
             raise UpstreamError("upstream sent a stream event without a type")
         name = event.event or kind
+        seq = payload.get("sequence_number")
+        if isinstance(seq, int) and not isinstance(seq, bool):
+            self._seq = seq
         if kind in LIFECYCLE:
             response = payload.get("response")
             if isinstance(response, dict):
@@ -78,8 +86,10 @@ class ResponsesPassthrough(EventPassthrough):
                     self._ended = True
                     self.usage = decode_usage(response.get("usage")) or self.usage
             return frame(orjson.dumps(payload), name)
-        if kind == "error" and not self._output:
-            raise _stream_error(payload)
+        if kind == "error":
+            if not self._output:
+                raise _stream_error(payload)
+            self._failed = _stream_error(payload)
         if kind in DELTAS:
             self.generated += 1
         elif kind == "response.output_item.added":
@@ -87,12 +97,23 @@ class ResponsesPassthrough(EventPassthrough):
         return frame(event.data, name)
 
     def end(self) -> bytes:
+        if self._failed is not None:
+            raise self._failed  # told already, by the upstream's event
         if not self._ended:
             raise UpstreamError("the upstream's stream ended before the response was complete")
         return b""
 
     def error_event(self, err: GatewayError) -> bytes:
-        body = {"type": "error", "code": err.code or err.type, "message": err.message}
+        if self._failed is not None:
+            return b""
+        self._seq += 1
+        body = {
+            "type": "error",
+            "sequence_number": self._seq,
+            "code": err.code or err.type,
+            "message": err.message,
+            "param": None,
+        }
         return frame(orjson.dumps(body), "error")
 
 

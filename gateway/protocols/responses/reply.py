@@ -1,31 +1,40 @@
 """Chat-completions replies -> Response objects, and the pieces the stream encoder shares.
 
 Output items in the order a Responses model gives them: a ``reasoning`` item (summary from the
-thinking text, ``encrypted_content`` the opaque signature), a ``message`` with one
-``output_text`` part, then one ``function_call`` per tool call. A reply cut by the token limit
-is ``status: incomplete`` with ``incomplete_details.reason: max_output_tokens``. Ids derive
-from the request id; nothing is stored (``store: false``).
+thinking text, ``encrypted_content`` the opaque signature), one ``reasoning`` item per
+Anthropic ``redacted_thinking`` block (``encrypted_content`` its data after ``REDACTED``, so
+that it goes back as that block), a ``message`` with one ``output_text`` part, then one
+``function_call`` per tool call, a call that carries Gemini's ``thought_signature`` preceded
+by a ``reasoning`` item with no summary whose ``encrypted_content`` is that signature (it goes
+back to that call, see ``request``). A reply cut by the token limit is ``status: incomplete``
+with ``incomplete_details.reason: max_output_tokens``, one stopped by a content filter
+(Gemini SAFETY and the like, Anthropic's refusal) with ``content_filter``. Ids derive from the
+request id; nothing is stored (``store: false``).
 """
 
 from __future__ import annotations
 
-from gateway.protocols.base import Ctx, count
+from gateway.errors import GatewayError
+from gateway.protocols.base import Ctx, count, field_of
 from gateway.protocols.responses.tools import split_name
 from gateway.types import JSON, ChatResponse, ToolCall, Usage
+
+# ``encrypted_content`` of a reasoning item that stands for an Anthropic ``redacted_thinking``
+# block: a prefix no signature starts with (signatures are base64, without ':')
+REDACTED = "redacted_thinking:"
+# why a reply is incomplete, by its chat finish reason
+INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+# ResponseError.code by status (the SDK's list has no code for the others)
+ERROR_CODES = {400: "invalid_prompt", 413: "invalid_prompt", 429: "rate_limit_exceeded"}
 
 
 def response_id(ctx: Ctx) -> str:
     return f"resp_{ctx.request_id}"
 
 
-def reasoning_item(ctx: Ctx, text: str, signature: str | None) -> dict[str, JSON]:
+def reasoning_item(item_id: str, text: str, signature: str | None) -> dict[str, JSON]:
     summary = [{"type": "summary_text", "text": text}] if text else []
-    return {
-        "type": "reasoning",
-        "id": f"rs_{ctx.request_id}",
-        "summary": summary,
-        "encrypted_content": signature,
-    }
+    return {"type": "reasoning", "id": item_id, "summary": summary, "encrypted_content": signature}
 
 
 def message_item(ctx: Ctx, text: str, status: str) -> dict[str, JSON]:
@@ -59,15 +68,17 @@ def function_item(ctx: Ctx, n: int, call_id: str, name: str, arguments: str, sta
 
 
 def encode_usage(usage: Usage | None) -> JSON:
+    """A ResponseUsage with every field the SDK's type requires (cache writes: Anthropic's)."""
     if not usage:
         return None
     prompt = count(usage.get("prompt_tokens"))
     completion = count(usage.get("completion_tokens"))
-    cached = count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
-    reasoning = count((usage.get("completion_tokens_details") or {}).get("reasoning_tokens"))
+    cached = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
+    written = count(usage.get("cache_creation_tokens"))
+    reasoning = count(field_of(usage.get("completion_tokens_details"), "reasoning_tokens"))
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": prompt + completion,
@@ -86,18 +97,25 @@ def decode_usage(usage: JSON) -> Usage | None:
     details = usage.get("input_tokens_details")
     if isinstance(details, dict) and details.get("cached_tokens"):
         out["prompt_tokens_details"] = {"cached_tokens": count(details["cached_tokens"])}
+    if isinstance(details, dict) and details.get("cache_write_tokens"):
+        out["cache_creation_tokens"] = count(details["cache_write_tokens"])
     details = usage.get("output_tokens_details")
     if isinstance(details, dict) and details.get("reasoning_tokens"):
         out["completion_tokens_details"] = {"reasoning_tokens": count(details["reasoning_tokens"])}
     return out
 
 
+def error_object(err: GatewayError) -> dict[str, JSON]:
+    """A failed response's ``error``: a code from the SDK's ``ResponseError.code`` list."""
+    return {"code": ERROR_CODES.get(err.status, "server_error"), "message": err.message}
+
+
 def envelope(
     ctx: Ctx, status: str, output: list[JSON], usage: JSON, finish: str | None
 ) -> dict[str, JSON]:
     """A Response object around its output items."""
-    incomplete = {"reason": "max_output_tokens"} if finish == "length" else None
-    if incomplete is not None and status == "completed":
+    reason = INCOMPLETE.get(finish) if finish else None
+    if reason is not None and status == "completed":
         status = "incomplete"
     return {
         "id": response_id(ctx),
@@ -105,7 +123,7 @@ def envelope(
         "created_at": ctx.created,
         "status": status,
         "error": None,
-        "incomplete_details": incomplete,
+        "incomplete_details": {"reason": reason} if reason is not None else None,
         "model": ctx.model,
         "output": output,
         "parallel_tool_calls": True,
@@ -120,11 +138,14 @@ def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
     choices = resp.get("choices") or [{}]
     choice = choices[0]
     message = choice.get("message") or {}
+    rid = ctx.request_id
     output: list[JSON] = []
     reasoning = message.get("reasoning_content") or ""
     signature = message.get("reasoning_signature")
     if reasoning or signature:
-        output.append(reasoning_item(ctx, reasoning, signature))
+        output.append(reasoning_item(f"rs_{rid}", reasoning, signature))
+    for k, data in enumerate(message.get("redacted_reasoning") or ()):
+        output.append(reasoning_item(f"rs_{rid}_redacted_{k}", "", REDACTED + data))
     content = message.get("content")
     if isinstance(content, list):  # parts: their text
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -133,11 +154,14 @@ def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
     calls: list[ToolCall] = message.get("tool_calls") or []
     for n, call in enumerate(calls):
         function = call.get("function") or {}
+        signed = call.get("thought_signature")
+        if signed:
+            output.append(reasoning_item(f"rs_{rid}_call_{n}", "", signed))
         output.append(
             function_item(
                 ctx,
                 n,
-                call.get("id") or f"call_{ctx.request_id}_{n}",
+                call.get("id") or f"call_{rid}_{n}",
                 function.get("name") or "",
                 function.get("arguments") or "",
                 "completed",

@@ -3,24 +3,31 @@
 ``instructions`` become the first system message; ``input`` (a string, or a list of items:
 messages with ``input_text`` / ``input_image`` / ``output_text`` parts, ``function_call``,
 ``function_call_output``, ``reasoning``) becomes messages, a function call joining the
-assistant message before it so that parallel calls stay one turn, and a reasoning item
-riding on the assistant message after it (its summary as ``reasoning_content``, its
-``encrypted_content`` as the opaque ``reasoning_signature``, so the next turn is accepted).
-Flat function ``tools``, ``tool_choice``, ``text.format``, ``max_output_tokens``,
-``reasoning.effort`` map to their chat-completions fields.
+assistant message before it so that parallel calls stay one turn, and reasoning items
+riding on the assistant message after them (summaries as ``reasoning_content``, an
+``encrypted_content`` as the opaque ``reasoning_signature``, one that starts with
+``REDACTED`` as Anthropic's ``redacted_reasoning``, so the next turn is accepted). A
+reasoning item with no summary right before a function call that shares its turn with other
+reasoning is that call's own ``thought_signature`` (how ``reply`` shows Gemini's signature on a
+functionCall part). Flat function ``tools``, ``tool_choice``, ``text.format``,
+``max_output_tokens``, ``reasoning.effort`` map to their chat-completions fields.
 
 Tools and their names: ``tools``.
 
-Refused with a 400 naming the field (the gateway keeps nothing): ``previous_response_id``,
-``conversation``, ``background``, ``item_reference`` items, ``input_file`` parts, custom
-tools. Dropped on purpose: the tools OpenAI runs itself (``web_search``, ``file_search``, ...:
-no other provider runs them, and clients such as Codex CLI always offer them), ``store``
-(always false), ``include``, ``metadata``, ``truncation``, ``service_tier``, ``user``,
-``prompt_cache_key``, ``safety_identifier`` (docs/conversions.md).
+Refused with a 400 naming the field: what needs a kept response (the gateway keeps nothing:
+``previous_response_id``, ``conversation``, ``background``, ``item_reference`` items,
+``input_file`` parts), custom tools, the tools a client runs with item types of their own
+(``local_shell``, ``computer_use_preview``), a ``tool_choice`` naming a function not in
+``tools``. Dropped on purpose: the tools OpenAI runs itself (``web_search``, ``file_search``,
+...: no other provider runs them, and clients such as Codex CLI always offer them), a
+``tool_choice`` left without tools, ``store`` (always false), ``include``, ``metadata``,
+``truncation``, ``service_tier``, ``user``, ``prompt_cache_key``, ``safety_identifier``
+(docs/conversions.md).
 """
 
 from __future__ import annotations
 
+from gateway.protocols.responses.reply import REDACTED
 from gateway.protocols.responses.tools import bad, decode_tool_choice, decode_tools, tool_name
 from gateway.types import JSON, ChatMessage, ChatRequest, ToolCall
 
@@ -54,12 +61,13 @@ def decode_request(payload: JSON) -> ChatRequest:
         req["stream"] = True
     _sampling(payload, req)
     tools = payload.get("tools")
-    if tools is not None:
-        converted = decode_tools(tools)
-        if converted:
-            req["tools"] = converted
+    converted = decode_tools(tools) if tools is not None else []
+    if converted:
+        req["tools"] = converted
     if payload.get("tool_choice") is not None:
-        req["tool_choice"] = decode_tool_choice(payload["tool_choice"])
+        choice = decode_tool_choice(payload["tool_choice"], converted)
+        if choice is not None:
+            req["tool_choice"] = choice
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):
@@ -105,30 +113,35 @@ def decode_input(value: JSON) -> list[ChatMessage]:
     if not isinstance(value, list):
         raise bad("'input' must be a string or a list of items")
     messages: list[ChatMessage] = []
-    reasoning: dict[str, JSON] | None = None  # a reasoning item waiting for its turn
+    reasoning: list[dict[str, JSON]] = []  # reasoning items waiting for their turn
     for i, item in enumerate(value):
         where = f"input[{i}]"
         if not isinstance(item, dict):
             raise bad(f"'{where}' must be an object")
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "reasoning":
-            reasoning = item
+            reasoning.append(item)
             continue
         if kind == "message":
             message = decode_message(item, where)
             if message["role"] == "assistant":
                 _carry_reasoning(message, reasoning, where)
-                reasoning = None
+                reasoning = []
             messages.append(message)
         elif kind == "function_call":
             call = decode_function_call(item, where)
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and reasoning is None:
+            joins = last is not None and last["role"] == "assistant"
+            signature = _call_signature(reasoning, joins, where)
+            if signature is not None:
+                call["thought_signature"] = signature
+                reasoning.pop()
+            if last is not None and joins and not reasoning:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 turn: ChatMessage = {"role": "assistant", "content": None, "tool_calls": [call]}
                 _carry_reasoning(turn, reasoning, where)
-                reasoning = None
+                reasoning = []
                 messages.append(turn)
         elif kind == "function_call_output":
             messages.append(decode_function_output(item, where))
@@ -139,21 +152,52 @@ def decode_input(value: JSON) -> list[ChatMessage]:
     return messages
 
 
-def _carry_reasoning(message: ChatMessage, item: dict[str, JSON] | None, where: str) -> None:
-    if item is None:
-        return
+def _summary(item: dict[str, JSON], where: str) -> list[str]:
     summary = item.get("summary") or []
     if not isinstance(summary, list):
         raise bad(f"'{where}': a reasoning item's 'summary' must be a list")
-    texts = []
-    for part in summary:
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+    return [p["text"] for p in summary if isinstance(p, dict) and isinstance(p.get("text"), str)]
+
+
+def _encrypted(item: dict[str, JSON]) -> str | None:
+    encrypted = item.get("encrypted_content")
+    return encrypted if isinstance(encrypted, str) and encrypted else None
+
+
+def _call_signature(reasoning: list[dict[str, JSON]], joins: bool, where: str) -> str | None:
+    """The signature a reasoning item right before a function call gives that call (Gemini's
+    signature on a functionCall part): one with no summary whose turn has other reasoning, or
+    that the call brings into a turn already begun. Alone at the start of a turn, it is the
+    turn's (Anthropic's signature of a thinking block with no text; Gemini takes it for the
+    turn's first call all the same)."""
+    if not reasoning:
+        return None
+    item = reasoning[-1]
+    encrypted = _encrypted(item)
+    if encrypted is None or encrypted.startswith(REDACTED) or _summary(item, where):
+        return None
+    others = [r for r in reasoning[:-1] if not (_encrypted(r) or "").startswith(REDACTED)]
+    return encrypted if others or joins else None
+
+
+def _carry_reasoning(message: ChatMessage, items: list[dict[str, JSON]], where: str) -> None:
+    """Reasoning items onto the assistant turn after them: summaries as its thinking, the last
+    signature as its signature, redacted thinking (``REDACTED`` data) as its own blocks."""
+    texts: list[str] = []
+    redacted: list[str] = []
+    for item in items:
+        texts.extend(_summary(item, where))
+        encrypted = _encrypted(item)
+        if encrypted is None:
+            continue
+        if encrypted.startswith(REDACTED):
+            redacted.append(encrypted[len(REDACTED) :])
+        else:
+            message["reasoning_signature"] = encrypted
     if texts:
         message["reasoning_content"] = "\n\n".join(texts)
-    encrypted = item.get("encrypted_content")
-    if isinstance(encrypted, str) and encrypted:
-        message["reasoning_signature"] = encrypted
+    if redacted:
+        message["redacted_reasoning"] = redacted
 
 
 def decode_message(item: dict[str, JSON], where: str) -> ChatMessage:

@@ -5,7 +5,9 @@ completions (``{type, function: {name, parameters}}``). A ``namespace`` tool (a 
 functions, as Codex CLI sends for its sub-agent tools) becomes its functions, each named
 ``<namespace>__<name>``; ``split_name`` takes such a name apart again for the reply. The tools
 OpenAI runs itself are left out (``HOSTED_TOOLS``: no other provider runs them, and Codex CLI
-offers web search in every request); any other tool type is a 400.
+offers web search in every request), and so is a ``tool_choice`` left without tools; the
+tools a client runs with item types of their own (``local_shell``, ``computer_use_preview``)
+and any other tool type are a 400.
 """
 
 from __future__ import annotations
@@ -26,14 +28,14 @@ HOSTED_TOOLS = frozenset(
         "web_search_2025_08_26",
         "web_search_preview_2025_03_11",
         "file_search",
-        "computer_use_preview",
         "code_interpreter",
         "image_generation",
         "mcp",
-        "local_shell",
         "tool_search",
     }
 )
+# tools the client runs for OpenAI's own models, with item types of their own: refused
+CLIENT_RUN_TOOLS = frozenset({"local_shell", "computer_use_preview"})
 SEPARATOR = "__"  # between a namespace and a function's name
 
 
@@ -81,6 +83,12 @@ def decode_tools(tools: JSON) -> list[JSON]:
                 if not isinstance(member, dict) or member.get("type") != "function":
                     raise bad(f"'{where}.tools[{j}]': only function tools are carried")
                 out.append(decode_function(member, f"{where}.tools[{j}]", namespace))
+        elif isinstance(kind, str) and kind in CLIENT_RUN_TOOLS:
+            raise bad(
+                f"'{where}.type' {kind!r} is not supported: its calls and their results are item "
+                "types of OpenAI's own models, which the gateway does not carry; offer the "
+                "command or the computer as a function tool"
+            )
         elif not isinstance(kind, str) or kind not in HOSTED_TOOLS:
             raise bad(
                 f"'{where}.type' {str(kind)[:40]!r} is not supported; function tools are carried "
@@ -100,11 +108,18 @@ def decode_function(tool: dict[str, JSON], where: str, namespace: str | None) ->
     return {"type": "function", "function": function}
 
 
-def decode_tool_choice(choice: JSON) -> JSON:
+def decode_tool_choice(choice: JSON, tools: list[JSON]) -> JSON:
+    """The chat ``tool_choice`` for the ``tools`` carried: none when no tool is carried (the
+    hosted ones left out: an upstream refuses a choice without tools), a 400 when it names a
+    function that is not among them."""
     if choice in ("auto", "none", "required"):
-        return choice
+        return choice if tools else None
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name")
         if isinstance(name, str) and name:
+            if not any(t["function"]["name"] == name for t in tools):
+                raise bad(
+                    f"'tool_choice' names the function {name[:64]!r}, which is not in 'tools'"
+                )
             return {"type": "function", "function": {"name": name}}
     raise bad("'tool_choice' must be auto, none, required or {type: function, name}")
