@@ -30,9 +30,9 @@ from gateway.store import (
     hash_key,
     key_hint,
 )
+from gateway.store.catalogue import View, view
 from gateway.store.catalogue import channel_json as channel_json
 from gateway.store.catalogue import model_json as model_json
-from gateway.store.catalogue import view
 from gateway.store.records import KEY_CHANGES, KEY_STATUSES, from_micro
 from gateway.store.records import format_time as format_time
 from gateway.store.records import usage_json as usage_json
@@ -115,9 +115,10 @@ def _group(groups: Sequence[str], value: object, field: str = "group") -> str:
     return value
 
 
-async def _groups(store: Store, settings: Settings) -> tuple[str, ...]:
-    """The groups there are: the file's and those made through the admin API."""
-    return view(await store.load_catalogue(), settings).groups
+async def _catalogue(store: Store, settings: Settings) -> View:
+    """The live catalogue: the file's groups and models and those made through the admin
+    API."""
+    return view(await store.load_catalogue(), settings)
 
 
 def _name(value: object) -> str:
@@ -156,6 +157,26 @@ def _model_names(value: object) -> tuple[str, ...] | None:
         if not isinstance(name, str) or not name:
             raise InvalidRequestError(f"models[{i}]: must be a non-empty string")
     return tuple(dict.fromkeys(value))
+
+
+def group_models(v: View, group: str) -> list[str]:
+    """The catalogue names a key of ``group`` may be limited to: the models some channel of
+    the group serves, in catalogue order. A disabled channel counts: disabling one for a while
+    does not make the keys' limits wrong."""
+    served = {m for ch in v.channels if group in ch.groups for m in ch.models}
+    return [m.name for m in v.models if m.name in served]
+
+
+def _models_in_group(names: Sequence[object], v: View, group: str) -> None:
+    """Each of a key's ``models`` must be a model of its group (a typo would make every
+    request 404): 400 naming the first that is not."""
+    allowed = group_models(v, group)
+    for i, name in enumerate(names):
+        if name not in allowed:
+            raise InvalidRequestError(
+                f"models[{i}]: {name!r} is not a model of group {group!r} "
+                f"(its models: {', '.join(allowed) or 'none'})"
+            )
 
 
 def _networks(value: object) -> tuple[str, ...] | None:
@@ -256,10 +277,13 @@ async def create_key(
     """Make a key; returns the record and the secret, which nothing keeps."""
     if not isinstance(account, str) or not account:
         raise InvalidRequestError("account: must be a non-empty string")
-    grp = settings.groups[0] if group is None else _group(await _groups(store, settings), group)
+    live = await _catalogue(store, settings)
+    grp = settings.groups[0] if group is None else _group(live.groups, group)
     name = _name("" if name is None else name)
     expiry = _time(expires_at, "expires_at")
     limit_quota, limit_models = _quota(quota), _model_names(models)
+    if isinstance(models, list):  # given, and a list of names (_model_names checked)
+        _models_in_group(models, live, grp)
     limit_ips = _networks(allowed_ips)
     if await store.get_account(account) is None:
         raise NotFoundError(f"account {account!r} not found")
@@ -311,13 +335,22 @@ async def update_key(
     store: Store, settings: Settings, key_id: str, body: Mapping[str, object]
 ) -> KeyRecord:
     """Change any of status, group, expires_at (null clears the expiry), name and the
-    limits quota, models and allowed_ips (null clears a limit)."""
+    limits quota, models and allowed_ips (null clears a limit). The key's models, given or
+    kept, must be models of its group, given or kept."""
     only_fields(body, KEY_CHANGES)
     changes: dict[str, object] = key_limits(body)
     if "status" in body:
         changes["status"] = _status(body["status"])
-    if "group" in body:
-        changes["group"] = _group(await _groups(store, settings), body["group"])
+    if "group" in body or changes.get("models") is not None:
+        live = await _catalogue(store, settings)
+        if "group" in body:
+            changes["group"] = _group(live.groups, body["group"])
+        current = await get_key(store, key_id)
+        group = str(changes.get("group", current.group))
+        # the names given (a list: key_limits checked them), else those the key has
+        names = body["models"] if "models" in body else current.models
+        if isinstance(names, list | tuple):
+            _models_in_group(names, live, group)
     if "expires_at" in body:
         changes["expires_at"] = _time(body["expires_at"], "expires_at")
     if "name" in body:

@@ -352,7 +352,7 @@ async def cmd_models_delete(args: argparse.Namespace, settings: Settings, store:
 
 async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
     v = await catalogue.load(store, settings)
-    return Output({"data": list(v.groups)}, groups_table(v))
+    return Output({"data": [catalogue.group_out(g, v) for g in v.groups]}, groups_table(v))
 
 
 async def cmd_groups_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:

@@ -72,7 +72,7 @@ class Channel:
     name: str
     type: str
     base_url: str
-    api_key: str
+    api_key: str = field(repr=False)  # the upstream's credential: in no repr, so in no log
     groups: tuple[str, ...]
     models: tuple[str, ...]
     model_map: dict[str, str] = field(default_factory=dict)
@@ -104,7 +104,7 @@ class AccountSeed:
 @dataclass(frozen=True, slots=True)
 class KeySeed:
     id: str
-    key: str
+    key: str = field(repr=False)  # the key's secret
     account: str
     group: str
     status: str = "enabled"
@@ -166,7 +166,7 @@ class MetricsSettings:
     with a ``token``, only to ``Authorization: Bearer <token>``."""
 
     enabled: bool = True
-    token: str = ""
+    token: str = field(default="", repr=False)
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -194,8 +194,9 @@ class TracingSettings:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    store: str
-    admin_token: str
+    # secrets are in no repr: the store URL may hold a password, the admin token is one
+    store: str = field(repr=False)
+    admin_token: str = field(repr=False)
     groups: tuple[str, ...]
     models: tuple[Model, ...]
     channels: tuple[Channel, ...]

@@ -4,9 +4,6 @@ this instance and on another one, and the channel test."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -16,12 +13,12 @@ from gateway.config import parse_settings
 from gateway.store import Store
 from gateway.store.catalogue import CHANNEL, CatalogueEdit, CatalogueRecords
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
+from tests.test_instances import propagated
 from tests.test_relay import dead_port
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 CLIENT = {"Authorization": f"Bearer {KEYS['alice']}"}
 SECRET = "sk-upstream-made-at-run-time-7f3e"
-DEADLINE = 5.0  # generous on a shared machine; the design target is one second
 
 
 class AdminClient:
@@ -69,16 +66,6 @@ def channel(fake_url: str, name: str = "c-api", **kw: Any) -> dict[str, Any]:
 
 
 MODEL = {"name": "m-api", "capabilities": ["chat"], "price": {"input": 1.0, "output": 2.0}}
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], want: Any) -> None:
-    end = time.monotonic() + DEADLINE
-    while True:
-        got = await check()
-        if got == want or time.monotonic() > end:
-            assert got == want
-            return
-        await asyncio.sleep(0.05)
 
 
 def error_of(reply: tuple[int, Any], status: int) -> dict[str, Any]:
@@ -269,14 +256,14 @@ async def test_a_change_on_one_instance_serves_on_another(
         on_a, on_b = AdminClient(http, a.url), AdminClient(http, b.url)
         assert (await on_a("POST", "/admin/models", MODEL))[0] == 201
         assert (await on_a("POST", "/admin/channels", channel(fake.url)))[0] == 201
-        await eventually(lambda: on_b.chat("m-api"), 200)
+        await propagated(lambda: on_b.chat("m-api"), 200)
         assert fake.requests[-1].headers["authorization"] == f"Bearer {SECRET}"
         assert (await on_a("PATCH", "/admin/channels/c-api", {"status": "disabled"}))[0] == 200
-        await eventually(lambda: on_b.chat("m-api"), 404)
+        await propagated(lambda: on_b.chat("m-api"), 404)
         assert (await on_b("PATCH", "/admin/channels/c-api", {"status": "enabled"}))[0] == 200
-        await eventually(lambda: on_a.chat("m-api"), 200)
+        await propagated(lambda: on_a.chat("m-api"), 200)
         assert (await on_b("DELETE", "/admin/channels/c-api"))[0] == 200
-        await eventually(lambda: on_a.chat("m-api"), 404)
+        await propagated(lambda: on_a.chat("m-api"), 404)
         # both list the same catalogue
         assert (await on_a("GET", "/admin/models"))[1] == (await on_b("GET", "/admin/models"))[1]
 

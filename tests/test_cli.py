@@ -406,7 +406,16 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     out, _ = gw("groups", "list")
     assert rows(out) == [["NAME", "ORIGIN"], ["default", "file"], ["vip", "file"]]
     gw("groups", "add", "team")
-    assert gw.json("groups", "list") == {"data": ["default", "vip", "team"]}
+    # the admin API's shape (GET /admin/groups), not bare names
+    assert gw.json("groups", "list") == {
+        "data": [
+            {"name": "default", "origin": "file"},
+            {"name": "vip", "origin": "file"},
+            {"name": "team", "origin": "api"},
+        ]
+    }
+    out, _ = gw("groups", "list")
+    assert rows(out) == [["NAME", "ORIGIN"], ["default", "file"], ["vip", "file"], ["team", "api"]]
 
     out, _ = gw("models", "add", "m2", "--capabilities", "chat,vision", "--input", "1",
                 "--output", "2")  # fmt: skip
@@ -449,7 +458,7 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     assert out.strip() == "deleted channel c2"
     assert gw.json("models", "delete", "m2") == {"name": "m2", "deleted": True}
     gw("groups", "delete", "team")
-    assert gw.json("groups", "list") == {"data": ["default", "vip"]}
+    assert [g["name"] for g in gw.json("groups", "list")["data"]] == ["default", "vip"]
 
 
 def test_channels_test_verb(catalogue_gw: Runner) -> None:

@@ -3,28 +3,57 @@ Python through ``executable_path``): sign in with the admin token; create an acc
 key; copy the secret; a request made with it through the ``openai`` SDK appears in the usage
 table and the overview's charts; disabling the key makes the SDK get 401; sign in with a key
 and see its balance and model square; sign out. A phone-width screen has no sideways scroll.
-Screenshots of each page go to ``tests/screenshots/`` (git-ignored): look at them."""
+Screenshots of each page go to ``tests/screenshots/`` (git-ignored): look at them.
+
+Without chromium (or Playwright) the test is skipped locally with the reason, and fails when
+``CI`` is set: a CI run must not pass by skipping it. ``GATEWAY_TEST_CHROMIUM`` names another
+browser binary."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
+from gateway.store import MICRO
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM = (
+    os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+)
 SHOTS = Path(__file__).parent / "screenshots"
-playwright_api = pytest.importorskip("playwright.async_api")
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is missing")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def missing() -> str | None:
+    """Why the browser cannot run here, or None."""
+    try:
+        import playwright.async_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed"
+    if not Path(CHROMIUM).exists():
+        return f"Debian's chromium is missing ({CHROMIUM})"
+    return None
 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
+    reason = missing()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}: CI needs it (tests/ensure_packages.sh installs it)")
+        pytest.skip(reason)
+    from playwright import async_api as playwright_api
+
     async with playwright_api.async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
         try:
@@ -39,13 +68,19 @@ async def shot(page: Any, name: str) -> None:
 
 
 async def catalogue_channels(gateway: ServedGateway) -> list[dict[str, Any]]:
-    import aiohttp
-
     async with aiohttp.ClientSession() as s:
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         async with s.get(gateway.url + "/admin/channels", headers=headers) as r:
             data: list[dict[str, Any]] = (await r.json())["data"]
             return data
+
+
+async def admin_keys_status(page: Any) -> int:
+    """GET /admin/keys from the page, with the browser's cookies."""
+    status: int = await page.evaluate(
+        "fetch('/admin/keys', { credentials: 'same-origin' }).then(r => r.status)"
+    )
+    return status
 
 
 async def sign_in(page: Any, url: str, token: str) -> None:
@@ -116,7 +151,19 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await shot(page, "04-usage")
     await page.get_by_role("link", name="Overview").click()
     await page.get_by_role("img", name="Cost per day").wait_for()
-    assert await page.locator("figure.chart rect").count() > 0
+    # the charts show that request: today's bar of its model, with its cost and its count
+    (record,) = await gateway.state.store.usage("carol", 10)
+    today = datetime.now(UTC).date().isoformat()
+    shown = await page.evaluate(
+        "v => Number(v).toLocaleString(undefined, { maximumFractionDigits: 6 })",
+        record.cost / MICRO,
+    )
+    assert record.cost > 0
+    for name, value in (("Cost per day", shown), ("Requests per day", "1")):
+        chart = page.locator("figure.chart").filter(has=page.get_by_role("img", name=name))
+        titles = await chart.locator("rect title").all_text_contents()
+        assert titles == [f"{today} chat-small: {value}"], (name, titles)
+        assert await chart.locator(".legend").text_content() == "chat-small"
     await shot(page, "05-overview")
 
     # disable it: the SDK gets 401
@@ -174,8 +221,15 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     assert channel["priority"] == 3  # the edit, and the key kept
     assert channel["api_key_hint"].endswith("-key")
 
+    # sign-out ends the session on the server: the old cookie, sent again, is refused
+    (old,) = [c for c in await context.cookies() if c["name"] == "gw_console"]
+    assert await admin_keys_status(page) == 200
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in").wait_for()
+    assert not [c for c in await context.cookies() if c["name"] == "gw_console"]
+    await context.add_cookies([old])
+    assert await admin_keys_status(page) == 401
+    await context.clear_cookies()
 
     # a key holder's view
     await sign_in(page, gateway.url, KEYS["alice"])
@@ -184,8 +238,37 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await shot(page, "07-my-key")
     await page.get_by_role("link", name="Model square").click()
     card = page.get_by_role("region", name="chat-small")
+    url = gateway.url
+    # each client's snippet: its base URL (with /v1 where that client's SDK wants it), its
+    # key setting and the model
+    snippets = {
+        "OpenAI SDK": [f'base_url="{url}/v1"', 'api_key="YOUR_KEY"', 'model="chat-small"'],
+        "curl": [f"curl {url}/v1/chat/completions", "Authorization: Bearer YOUR_KEY",
+                 '"model": "chat-small"'],
+        "Anthropic SDK": [f'anthropic.Anthropic(base_url="{url}"', 'api_key="YOUR_KEY"',
+                          'model="chat-small"'],
+        "google-genai": [f'http_options={{"base_url": "{url}"}}', 'api_key="YOUR_KEY"',
+                         'model="chat-small"'],
+        "Claude Code": [f"export ANTHROPIC_BASE_URL={url}\n",
+                        "export ANTHROPIC_API_KEY=YOUR_KEY", "claude --model chat-small"],
+        "Gemini CLI": [f"export GOOGLE_GEMINI_BASE_URL={url}\n",
+                       "export GEMINI_API_KEY=YOUR_KEY", "gemini -m chat-small"],
+        "Codex CLI": [f'base_url = "{url}/v1"', 'wire_api = "responses"',
+                      'env_key = "GATEWAY_API_KEY"', 'model = "chat-small"',
+                      "export GATEWAY_API_KEY=YOUR_KEY"],
+    }  # fmt: skip
+    tabs = await card.get_by_role("tab").all_text_contents()
+    assert sorted(tabs) == sorted(snippets)
+    for tab, wanted in snippets.items():
+        await card.get_by_role("tab", name=tab, exact=True).click()
+        assert (
+            await card.get_by_role("tab", name=tab, exact=True).get_attribute("aria-selected")
+            == "true"
+        )
+        text = await card.locator("pre").text_content() or ""
+        for part in wanted:
+            assert part in text, (tab, part, text)
     await card.get_by_role("tab", name="Claude Code").click()
-    assert f"ANTHROPIC_BASE_URL={gateway.url}" in (await card.locator("pre").text_content() or "")
     await shot(page, "08-model-square")
     assert await page.get_by_role("link", name="Keys").count() == 0  # no admin pages
 
@@ -199,3 +282,21 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await page.get_by_role("button", name="Sign in").wait_for()
     await context.close()
     assert not errors, errors
+
+
+def test_ci_fails_rather_than_skips_without_chromium() -> None:
+    """With ``CI`` set and no browser, the console's browser test fails; without ``CI`` it
+    is skipped with the reason."""
+    test = f"{Path(__file__).relative_to(REPO)}::test_the_console_as_an_operator_and_a_key_holder"
+    for ci, outcome in (("1", "1 error"), ("", "1 skipped")):
+        env = {**os.environ, "CI": ci, "GATEWAY_TEST_CHROMIUM": "/nonexistent/chromium"}
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", test, "-k",
+             "sqlite"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert outcome in done.stdout, done.stdout[-2000:]
+        if ci:
+            assert done.returncode != 0 and "CI needs it" in done.stdout
+        else:
+            assert done.returncode == 0 and "chromium is missing" in done.stdout + done.stderr

@@ -10,13 +10,25 @@ that key's own view here: ``/console/me`` (the key, its balance and spend), ``/c
 
 Every reply is ``no-store``; the page is served with a strict Content-Security-Policy (only
 this origin's script and style, no inline code, no framing).
+
+Sign-in takes only ``application/json`` (a form on another site can post only form types or
+``text/plain`` without a preflight) and refuses a request another site's page made (its
+``Origin`` is not this host, or ``Sec-Fetch-Site: cross-site``) with 403: otherwise such a
+form could sign the victim's browser in as the attacker's key (login CSRF). Sign-out ends the
+session on the server, on every instance: its nonce goes to the store's revoked sessions,
+which every cache loads with the keys (``store/cache.py``), so checking a session never waits
+for the store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.requests import Request
@@ -30,6 +42,8 @@ from gateway.errors import AuthenticationError, GatewayError
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
 from gateway.types import JSON
+
+log = logging.getLogger("gateway.console")
 
 STATIC = Path(__file__).parent / "static"
 ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
@@ -58,6 +72,8 @@ ENDPOINTS = {
 }
 USAGE_DAYS = 30
 USAGE_RECORDS = 1000
+STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -79,12 +95,16 @@ def signer_of(request: Request) -> Signer:
 
 
 def session_of(request: Request) -> Session | None:
-    """The request's console session, if any (CSRF not checked: see ``csrf_ok``); none in
-    an app without the console (the admin routes mounted on their own)."""
+    """The request's console session, if any and not signed out (CSRF not checked: see
+    ``csrf_ok``); none in an app without the console (the admin routes mounted on their
+    own)."""
     signer: Signer | None = getattr(request.app.state, "console", None)
     if signer is None:
         return None
-    return signer.read(request.cookies.get(COOKIE))
+    session = signer.read(request.cookies.get(COOKIE))
+    if session is None or request.app.state.gateway.cache.revoked(session.nonce):
+        return None
+    return session
 
 
 def csrf_ok(request: Request, session: Session) -> bool:
@@ -124,7 +144,37 @@ async def asset(request: Request) -> Response:
 # ---- sign-in -------------------------------------------------------------------------------
 
 
+def same_origin(origin: str, host: str) -> bool:
+    """Whether an ``Origin`` header names the host the request was sent to (its ``Host``
+    header). Schemes are not compared: behind a proxy that ends TLS the browser's origin is
+    https and the request here http. A ``Host`` without a port (a proxy's ``$host``) matches
+    the origin's host name on any port."""
+    try:
+        seen, here = urlsplit(origin), urlsplit("//" + host)
+        if seen.scheme not in DEFAULT_PORTS or not seen.hostname or not here.hostname:
+            return False  # "null" (a sandboxed frame, a file:), or no Host to compare with
+        port = seen.port or DEFAULT_PORTS[seen.scheme]  # ValueError: not a port
+        return seen.hostname == here.hostname and here.port in (None, port)
+    except ValueError:  # a port that is not a number
+        return False
+
+
+def cross_site(request: Request) -> bool:
+    """Whether another site's page made the request (the browser says so)."""
+    if request.headers.get("sec-fetch-site", "").lower() == "cross-site":
+        return True
+    origin = request.headers.get("origin")
+    return origin is not None and not same_origin(origin, request.headers.get("host", ""))
+
+
 async def sign_in(request: Request) -> Response:
+    if cross_site(request):
+        return _error(403, "sign-in from another site's page is refused", "cross_site")
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        return _error(
+            415, "sign-in takes a JSON body (content-type: application/json)", "media_type"
+        )
     try:
         body = orjson.loads(await request.body())
         token = body["token"] if isinstance(body, dict) else None
@@ -158,9 +208,22 @@ async def sign_in(request: Request) -> Response:
 
 
 async def sign_out(request: Request) -> Response:
-    session = session_of(request)
-    if session is not None and not csrf_ok(request, session):
-        return _error(403, "missing or wrong x-console-csrf header", "csrf")
+    """End the session here at once and, through the store, on every instance within a
+    second. When the store does not take it: 503 and the cookie kept, to try again."""
+    session = signer_of(request).read(request.cookies.get(COOKIE))
+    if session is not None:
+        if not csrf_ok(request, session):
+            return _error(403, "missing or wrong x-console-csrf header", "csrf")
+        cache = request.app.state.gateway.cache
+        if not cache.revoked(session.nonce):  # else the store has it already
+            store = request.app.state.gateway.store
+            try:
+                async with asyncio.timeout(STORE_TIMEOUT):
+                    await store.revoke_session(session.nonce, session.expires, int(time.time()))
+            except Exception as exc:  # noqa: BLE001 - the store failed or did not answer
+                log.warning("console.sign_out_failed error=%s", type(exc).__name__)
+                return _error(503, "the store does not answer; sign out again", "store_unavailable")
+            cache.revoke(session.nonce, session.expires)
     resp = _json({"signed_in": False})
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return resp

@@ -12,7 +12,9 @@ The cookie is ``HttpOnly`` (scripts never read it), ``SameSite=Strict`` (no othe
 sends it) and ``Secure`` over HTTPS. A request that changes anything must also carry the
 session's CSRF token in ``x-console-csrf``: a form on another site cannot set that header.
 A key session is checked against the key cache on every request, so a key disabled, expired
-or deleted ends its sessions within a second.
+or deleted ends its sessions within a second. A cookie stays valid by its signature alone, so
+signing out also revokes the session's nonce on the server (``console.sign_out``, kept by
+the store and loaded into every cache) until the session would have ended anyway.
 """
 
 from __future__ import annotations

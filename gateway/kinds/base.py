@@ -12,7 +12,7 @@ and is priced by the catalogue (``billing.Rate``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from gateway.asgi import BodyRead, Headers
@@ -32,9 +32,10 @@ class Incoming:
 
     spec: RouteSpec
     path_model: str | None  # the ``{model}`` of a generate-content path
-    scope: Scope
-    receive: Receive
-    headers: Headers  # the headers the relay reads (``asgi.RELAY_HEADERS``)
+    # the client's key is among the headers (and the scope's): in no repr
+    scope: Scope = field(repr=False)
+    receive: Receive = field(repr=False)
+    headers: Headers = field(repr=False)  # the headers the relay reads (asgi.RELAY_HEADERS)
     limits: Limits
     query: bytes  # the query string
     reading: BodyRead | None = None  # the body's deadline (asgi.BodyDeadlines)

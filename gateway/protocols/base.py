@@ -53,7 +53,7 @@ class UpstreamTarget:
 
     channel: str  # channel name (for logs and records)
     base_url: str  # as configured: openai includes /v1, anthropic and gemini are roots
-    api_key: str
+    api_key: str = field(repr=False)
     model: str  # the upstream's model name (after model_map)
     default_max_tokens: int  # from the catalogue, for protocols that require max tokens
     stream: bool
@@ -63,8 +63,8 @@ class UpstreamTarget:
 @dataclass(slots=True)
 class UpstreamCall:
     url: str
-    headers: dict[str, str]
-    body: bytes
+    headers: dict[str, str] = field(repr=False)  # the channel's credential among them
+    body: bytes = field(repr=False)  # the prompt
 
 
 @dataclass(slots=True)

@@ -125,7 +125,7 @@ class Store(Protocol):
 
     async def version(self) -> int:
         """A number that changes whenever a key, an account (other than by a debit) or the
-        catalogue changes."""
+        catalogue changes, or a console session is signed out."""
         ...
 
     async def load_keys(self) -> list[KeyRecord]: ...
@@ -135,6 +135,16 @@ class Store(Protocol):
         """What each key has spent in all (key id -> micro-units; keys that spent nothing may
         be left out). Settlement adds a record's cost to its key's in the same step as the
         debit."""
+        ...
+
+    async def revoke_session(self, nonce: str, expires: int, now: int) -> None:
+        """A console session signed out (``console/session.py``): keep its nonce until
+        ``expires``, when the session would end anyway (unix seconds), and change the
+        version so that every cache loads it; forget those over at ``now``."""
+        ...
+
+    async def load_revoked(self, now: int) -> dict[str, int]:
+        """The nonces of the sessions signed out and not over at ``now`` -> when they end."""
         ...
 
     async def create_account(self, account_id: str, balance: int) -> Account: ...

@@ -30,6 +30,13 @@ Local debits are tracked until the store's snapshot certainly includes them, so 
 A failed reload (the store briefly down) logs one line, keeps the old snapshot and tries again
 on the next tick.
 
+Console sessions signed out (``Store.revoke_session``) change the version too: their nonces are
+reloaded with the keys, so checking a session (``revoked()``) is a dict lookup here, never a
+store round trip, and every instance refuses a signed-out session within a second. The
+instance that signs a session out adds it at once (``revoke()``). Nothing is ever un-revoked,
+so a reload adds to what is known and only drops what is over (a session ends by itself
+after its lifetime: the store forgets it then too).
+
 The catalogue (groups, models, channels) changes the version too: when it changed, its records
 are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
 which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
@@ -70,6 +77,7 @@ class Cache:
         self._keys: dict[str, KeyRecord] = {}
         self._balances: dict[str, int] = {}
         self._spent: dict[str, int] = {}  # key id -> what it spent, as the store last said
+        self._revoked: dict[str, int] = {}  # signed-out session nonce -> when it ends (unix s)
         self._pending: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
@@ -135,10 +143,11 @@ class Cache:
             version = await self._store.version()
             changed = force or version != self._version
             listener = self._catalogue_listener
-            keys = records = None
+            keys = records = revoked = None
             if changed:
                 keys = await self._store.load_keys()
                 records = await self._store.load_catalogue() if listener is not None else None
+                revoked = await self._store.load_revoked(int(time.time()))
             balances = await self._store.load_balances()
             spent = await self._store.load_spent()
             # everything read, then swapped in together with no await between: a request never
@@ -149,6 +158,11 @@ class Cache:
                     listener(records)
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
+            if revoked is not None:
+                now = int(time.time())
+                # what this process revoked while the store was read is kept
+                kept = {n: e for n, e in self._revoked.items() if e > now}
+                self._revoked = kept | revoked
             self._balances = balances
             self._spent = spent
             self.fresh_at = time.monotonic()
@@ -172,6 +186,15 @@ class Cache:
 
     def key(self, key_hash: str) -> KeyRecord | None:
         return self._keys.get(key_hash)
+
+    def revoked(self, nonce: str) -> bool:
+        """Whether the console session of this nonce was signed out (here or elsewhere)."""
+        return nonce in self._revoked
+
+    def revoke(self, nonce: str, expires: int) -> None:
+        """A session signed out on this instance: refused here at once (the store tells the
+        other instances)."""
+        self._revoked[nonce] = max(expires, self._revoked.get(nonce, 0))
 
     def balance(self, account: str) -> int | None:
         """The account's balance in micro-units, less this process's debits the snapshot does

@@ -10,9 +10,11 @@ records that change rarely; the hot path reads them from the cache, never from h
 - A debit and its usage record are one atomic script per record. The record is added to the
   account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
   is new, so re-sending a batch after a failure (the writer retries) never debits twice.
-- ``gw:version`` is INCR'd after every key change, account creation, top-up and catalogue
-  change (never by a debit), and the new value is PUBLISHed on ``gw:changes``; caches poll
-  the version.
+- ``gw:version`` is INCR'd after every key change, account creation, top-up, catalogue
+  change and console sign-out (never by a debit), and the new value is PUBLISHed on
+  ``gw:changes``; caches poll the version.
+- Console sessions signed out are one sorted set (nonce scored by when the session ends),
+  trimmed of those over at each sign-out and expiring with the last of them.
 - The catalogue (groups, models, channels) is one hash, ``gw:catalogue``: a field per entry
   and a ``version`` field that each edit's script checks and increments, so an edit is a
   compare-and-set on one key (``store/catalogue.py``).
@@ -82,6 +84,9 @@ KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
 INSTANCES_KEY = "gw:instances"  # set of instance ids that published holds
 HOLDS_KEY = "gw:holds:{{{instance}}}"  # hash: account -> micro-units held; expires
 COOLING_KEY = "gw:cooling"  # hash: channel -> until (ms since the epoch)
+# sorted set: nonce of a console session signed out -> when it ends (unix seconds); one key
+# (one slot), which expires with the last of them
+REVOKED_KEY = "gw:revoked_sessions"
 USAGE_KEEP = 1_000_000
 # a Redis that is away fails a call within these (seconds) rather than hanging it
 CONNECT_TIMEOUT = 2.0
@@ -130,6 +135,16 @@ for i = 1, #all, 2 do
   else out[#out + 1] = all[i]; out[#out + 1] = all[i + 1] end
 end
 return out
+"""
+
+# KEYS: revoked sessions   ARGV: now, nonce, expires (unix seconds)
+REVOKE_SESSION_LUA = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local was = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]) or '0')
+if tonumber(ARGV[3]) > was then redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2]) end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then redis.call('EXPIREAT', KEYS[1], last[2]) end
+return 1
 """
 
 # KEYS: balance   ARGV: amount   -> new balance, or nil when the account does not exist
@@ -244,6 +259,7 @@ class RedisStore:
     _update_key: AsyncScript
     _delete_key: AsyncScript
     _edit_catalogue: AsyncScript
+    _revoke_session: AsyncScript
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -286,6 +302,7 @@ class RedisStore:
         self._update_key = client.register_script(UPDATE_KEY_LUA)
         self._delete_key = client.register_script(DELETE_KEY_LUA)
         self._edit_catalogue = client.register_script(EDIT_CATALOGUE_LUA)
+        self._revoke_session = client.register_script(REVOKE_SESSION_LUA)
         try:
             await client.ping()
         except BaseException:
@@ -355,6 +372,17 @@ class RedisStore:
                 pipe.hgetall(spent_key(account))
             tables = await pipe.execute()
         return {_text(k): int(v) for table in tables for k, v in table.items()}
+
+    async def load_revoked(self, now: int) -> dict[str, int]:
+        raw = cast(
+            "list[tuple[bytes, float]]",
+            await self.client.zrangebyscore(REVOKED_KEY, f"({now}", "+inf", withscores=True),
+        )
+        return {_text(nonce): int(until) for nonce, until in raw}
+
+    async def revoke_session(self, nonce: str, expires: int, now: int) -> None:
+        await self._revoke_session(keys=[REVOKED_KEY], args=[now, nonce, expires])
+        await self._changed()
 
     # -- accounts ---------------------------------------------------------------------------
 

@@ -8,8 +8,9 @@ Unix epoch (UTC), which sort and compare exactly.
 
 Schema: ``accounts``, ``keys`` (by SHA-256 of the secret, never the secret), ``usage``
 (newest first by account through an index), ``catalogue_entries`` (groups, models and
-channels, one row per entry: ``store/catalogue.py``) and ``meta`` (the ``version`` the caches
-poll: bumped by every key change, account creation, top-up and catalogue change, never by a
+channels, one row per entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions
+signed out, until they would have ended) and ``meta`` (the ``version`` the caches poll: bumped
+by every key change, account creation, top-up, catalogue change and sign-out, never by a
 debit).
 """
 
@@ -131,6 +132,11 @@ CREATE TABLE IF NOT EXISTS holds (
 CREATE TABLE IF NOT EXISTS cooling (
     channel TEXT PRIMARY KEY,
     until   INTEGER NOT NULL
+);
+-- console sessions ended by sign-out, kept until they would have ended anyway
+CREATE TABLE IF NOT EXISTS revoked_sessions (
+    nonce   TEXT PRIMARY KEY,
+    expires INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
@@ -377,6 +383,27 @@ class SQLiteStore:
             return {r[0]: int(r[1]) for r in rows}
 
         return await self._run(run)
+
+    async def load_revoked(self, now: int) -> dict[str, int]:
+        def run(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute(
+                "SELECT nonce, expires FROM revoked_sessions WHERE expires > ?", (now,)
+            )
+            return {r[0]: int(r[1]) for r in rows}
+
+        return await self._run(run)
+
+    async def revoke_session(self, nonce: str, expires: int, now: int) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM revoked_sessions WHERE expires <= ?", (now,))
+            conn.execute(
+                "INSERT INTO revoked_sessions (nonce, expires) VALUES (?, ?) "
+                "ON CONFLICT (nonce) DO UPDATE SET expires = max(expires, excluded.expires)",
+                (nonce, expires),
+            )
+            conn.execute(BUMP_VERSION)
+
+        await self._tx(run)
 
     # -- accounts ---------------------------------------------------------------------------
 
