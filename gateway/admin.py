@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts, catalogue, console
+from gateway import accounts, catalogue, console, usage_query
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -268,10 +268,23 @@ async def delete_key(request: Request, state: AdminState) -> Response:
 
 
 async def usage(request: Request, state: AdminState) -> Response:
-    limit = accounts.usage_limit(request.query_params.get("limit"))
+    """Usage records, newest first, filtered and paged (``usage_query``). The next page's
+    cursor is in the ``x-next-cursor`` header, and in the body's ``next_cursor`` when the
+    request gives one of the filters or a cursor (with only ``account`` and ``limit`` the
+    body stays ``{"data": [...]}`` as it always was)."""
+    params = request.query_params
+    limit = accounts.usage_limit(params.get("limit"))
+    query = usage_query.from_params(params)
     await state.writer.flush()
-    records = await accounts.usage(state.store, request.query_params.get("account"), limit)
-    return json_response({"data": [accounts.usage_json(r) for r in records]})
+    page = await usage_query.read(state.store, query, limit)
+    cursor = None if page.next is None else usage_query.cursor_text(page.next)
+    body: dict[str, JSON] = {"data": [accounts.usage_json(r) for r in page.records]}
+    if usage_query.asks_for_pages(params):
+        body["next_cursor"] = cursor
+    resp = json_response(body)
+    if cursor is not None:
+        resp.headers[usage_query.CURSOR_HEADER] = cursor
+    return resp
 
 
 async def usage_daily(request: Request, state: AdminState) -> Response:

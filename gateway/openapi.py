@@ -223,6 +223,34 @@ KEY_FIELDS: JSONObject = {
 }
 
 
+# GET /admin/usage's parameters (gateway/usage_query.py): each a string, as written here
+USAGE_PARAMS: dict[str, str] = {
+    "account": "an account id",
+    "key": "a key id",
+    "model": "the model name the client asked for",
+    "status": "an HTTP status (200, 429, ...), ok (below 400) or error (400 and up)",
+    "since": "RFC 3339 time or day (midnight UTC), included",
+    "until": "RFC 3339 time or day (midnight UTC), not included",
+    "limit": "records per page: 1 to 1000 (larger is cut), default 100",
+    "cursor": "the next_cursor (or x-next-cursor) of the page before",
+}
+
+
+def usage_operation() -> JSONObject:
+    """Filtered and paged; the next page's cursor in ``x-next-cursor``, and in the body's
+    ``next_cursor`` when a filter or a cursor is given."""
+    op = _admin("usage records, newest first", query=tuple(USAGE_PARAMS))
+    for param in op["parameters"]:
+        param["description"] = USAGE_PARAMS[param["name"]]
+    op["responses"]["200"]["headers"] = {
+        "x-next-cursor": {
+            "description": "the cursor of the next page; absent on the last page",
+            "schema": STRING,
+        }
+    }
+    return op
+
+
 def admin_paths() -> JSONObject:
     return {
         "/admin/accounts": {
@@ -254,7 +282,7 @@ def admin_paths() -> JSONObject:
             ),
             "delete": _admin("delete a key", params=("id",)),
         },
-        "/admin/usage": {"get": _admin("usage records, newest first", query=("account", "limit"))},
+        "/admin/usage": {"get": usage_operation()},
         "/admin/usage/daily": {"get": _admin("daily totals", query=("since", "until", "account"))},
         "/admin/models": {
             "get": _admin("the catalogue's models"),

@@ -529,6 +529,89 @@ async def test_usage_includes_requests_still_in_the_writer(
     assert [r["request_id"] for r in data] == ["req-7"]
 
 
+async def test_usage_filters_and_pages_in_the_store(admin: Admin, store: Store) -> None:
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 1})
+    await admin("POST", "/admin/accounts", {"id": "bob", "balance": 1})
+    records = [usage_record(n, "alice" if n % 2 else "bob", minutes=n) for n in range(12)]
+    for n, r in enumerate(records):
+        r.key_id = f"k-{r.account}"
+        r.model = "embed-small" if n % 3 == 0 else "chat-small"
+        r.status = 429 if n % 4 == 0 else 200
+    for r in records[6:10]:
+        r.time = records[5].time  # five at one instant: pages must not skip or repeat them
+    await store.settle(records)
+
+    def ids(reply: Reply) -> list[str]:
+        return [r["request_id"] for r in reply.json()["data"]]
+
+    reply = await admin("GET", "/admin/usage?model=embed-small&limit=1000")
+    assert ids(reply) == ["req-9", "req-6", "req-3", "req-0"]
+    assert reply.json()["next_cursor"] is None and "x-next-cursor" not in reply.headers
+    assert ids(await admin("GET", "/admin/usage?key=k-alice")) == [
+        f"req-{n}" for n in (11, 9, 7, 5, 3, 1)
+    ]
+    assert ids(await admin("GET", "/admin/usage?account=bob&status=429")) == [
+        "req-8",
+        "req-4",
+        "req-0",
+    ]
+    assert ids(await admin("GET", "/admin/usage?status=error&key=k-alice")) == []
+    assert len(ids(await admin("GET", "/admin/usage?status=ok"))) == 9
+    since, until = "2030-01-01T00:02:00Z", "2030-01-01T00:04:00%2B00:00"  # + as %2B
+    assert ids(await admin("GET", f"/admin/usage?since={since}&until={until}")) == [
+        "req-3",
+        "req-2",
+    ]
+    assert len(ids(await admin("GET", "/admin/usage?since=2030-01-01&until=2030-01-02"))) == 12
+
+    # pages of 3 across the five records of one instant: each record once, newest first (the
+    # first page's body is the old shape: the cursor is in the header of every page)
+    seen: list[str] = []
+    cursor: str | None = ""
+    while cursor is not None:
+        reply = await admin("GET", f"/admin/usage?limit=3&cursor={cursor}")
+        seen += ids(reply)
+        assert reply.json().get("next_cursor", "-") in ("-", reply.headers.get("x-next-cursor"))
+        cursor = reply.headers.get("x-next-cursor")
+    everything = ids(await admin("GET", "/admin/usage?limit=1000"))
+    assert seen == everything and len(set(seen)) == 12
+    # the first page of the old shape: the body as it always was, the cursor in a header
+    reply = await admin("GET", "/admin/usage?account=alice&limit=2")
+    assert set(reply.json()) == {"data"}
+    assert ids(reply) == ["req-11", "req-9"]
+    cursor = reply.headers["x-next-cursor"]
+    reply = await admin("GET", f"/admin/usage?account=alice&limit=2&cursor={cursor}")
+    assert ids(reply) == ["req-7", "req-5"]
+    assert reply.json()["next_cursor"] == reply.headers["x-next-cursor"]
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("status=teapot", "status"),
+        ("status=99", "status"),
+        ("status=600", "status"),
+        ("since=yesterday", "since"),
+        ("until=2030-13-01", "until"),
+        ("since=2030-01-02&until=2030-01-01", "until"),
+        ("cursor=not-a-cursor", "cursor"),
+        ("cursor=WzEsMl0", "cursor"),  # [1,2] in base64url: a cursor of the other store kind
+        ("cursor=WyJhIiwxXQ", "cursor"),  # ["a",1]
+        ("limit=0&model=m", "limit"),
+    ],
+)
+async def test_bad_usage_parameters_are_400_naming_the_parameter(
+    admin: Admin, store: Store, query: str, param: str
+) -> None:
+    from gateway.store.sqlite import SQLiteStore
+
+    if query == "cursor=WzEsMl0" and isinstance(store, SQLiteStore):
+        query = "cursor=WzEsImEiXQ"  # [1,"a"]: a Redis cursor, refused by SQLite
+    reply = await admin("GET", f"/admin/usage?{query}")
+    err = assert_error(reply, 400, "invalid_request_error")
+    assert err["message"].startswith(f"{param}:"), err
+
+
 # ---- catalogue -----------------------------------------------------------------------------
 
 

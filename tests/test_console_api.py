@@ -193,3 +193,58 @@ async def test_a_group_and_channel_made_at_run_time_reach_the_square_and_the_met
             square = await r.json()
     assert square["group"] == "team"
     assert [m["name"] for m in square["models"]] == ["chat-small"]
+
+
+async def test_a_key_on_a_busy_account_sees_its_own_records_a_page_at_a_time(
+    gateway: ServedGateway,
+) -> None:
+    """The key's view reads through the store's key filter: 1,200 newer records of another
+    key on the same account do not hide this key's, and its pages follow ``next_cursor``."""
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.store import UsageRecord
+
+    def record(n: int, key_id: str) -> UsageRecord:
+        return UsageRecord(
+            time=datetime.now(UTC) - timedelta(hours=1) + timedelta(milliseconds=n),
+            request_id=f"busy-{key_id}-{n}",
+            account="alice",
+            key_id=key_id,
+            model="chat-small",
+            channel="oa",
+            protocol="openai",
+            endpoint="chat",
+            prompt_tokens=1,
+            completion_tokens=1,
+            cost=0,
+            status=200,
+            latency_ms=5,
+            ip_range="203.0.113.0/24",
+        )
+
+    async with aiohttp.ClientSession() as s:
+        body = {"account": "alice", "group": "default", "name": "quiet"}
+        async with s.post(gateway.url + "/admin/keys", json=body, headers=ADMIN) as r:
+            made = await r.json()
+    mine = [record(n, made["id"]) for n in range(5)]
+    await gateway.state.store.settle(mine + [record(n, "k-alice") for n in range(10, 1210)])
+    async with session() as s:
+        await sign_in(s, gateway, made["key"])
+        seen: list[str] = []
+        cursor = ""
+        while True:
+            async with s.get(f"{gateway.url}/console/usage?limit=2&cursor={cursor}") as r:
+                assert r.status == 200, await r.text()
+                page = await r.json()
+            assert len(page["records"]) <= 2
+            seen += [u["request_id"] for u in page["records"]]
+            if page["next_cursor"] is None:
+                break
+            cursor = page["next_cursor"]
+        assert seen == [f"busy-{made['id']}-{n}" for n in (4, 3, 2, 1, 0)]
+        # the key's own records only, whatever the parameters say
+        async with s.get(gateway.url + "/console/usage?key=k-alice&account=bob") as r:
+            assert len((await r.json())["records"]) == 5
+        async with s.get(gateway.url + "/console/usage?cursor=zz") as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["message"].startswith("cursor:")

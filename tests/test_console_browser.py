@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.store import MICRO
+from gateway.store import MICRO, UsageRecord
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 CHROMIUM = (
@@ -81,6 +81,35 @@ async def admin_keys_status(page: Any) -> int:
         "fetch('/admin/keys', { credentials: 'same-origin' }).then(r => r.status)"
     )
     return status
+
+
+async def admin_get(gateway: ServedGateway, path: str) -> list[dict[str, Any]]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with s.get(gateway.url + path, headers=headers) as r:
+            data: list[dict[str, Any]] = (await r.json())["data"]
+            return data
+
+
+def usage(n: int, key_id: str, model: str, start: datetime) -> UsageRecord:
+    return UsageRecord(
+        time=start + timedelta(milliseconds=n),
+        request_id=f"bulk-{model}-{n}",
+        account="carol",
+        key_id=key_id,
+        model=model,
+        channel="oa",
+        protocol="openai",
+        endpoint="chat",
+        prompt_tokens=1,
+        completion_tokens=1,
+        cost=0,
+        status=200,
+        latency_ms=5,
+        ip_range="203.0.113.0/24",
+    )
 
 
 async def sign_in(page: Any, url: str, token: str) -> None:
@@ -144,26 +173,69 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     assert reply.choices[0].message.content
     await gateway.state.writer.flush()
     await page.get_by_role("link", name="Usage").click()
-    usage = page.locator("#usage-filter")
-    await usage.get_by_label("Account").fill("carol")
-    await usage.get_by_role("button", name="Filter").click()
+    usage_form = page.locator("#usage-filter")
+    await usage_form.get_by_label("Account").fill("carol")
+    await usage_form.get_by_role("button", name="Filter").click()
     await page.get_by_role("cell", name="chat-small").first.wait_for()
     await shot(page, "04-usage")
+
+    # filters run in the store: three older records of a rare model behind 1,200 newer ones
+    # (the newest 1,000 held none of them), found by the model filter; pages follow cursors
+    carol_key = (await gateway.state.store.usage("carol", 1))[0].key_id
+    now = datetime.now(UTC)
+    bulk = [usage(n, carol_key, "rare-model", now - timedelta(hours=1)) for n in range(3)]
+    bulk += [usage(n, carol_key, "chat-small", now - timedelta(minutes=30)) for n in range(1200)]
+    await gateway.state.store.settle(bulk)
+    await usage_form.get_by_label("Model").fill("rare-model")
+    await usage_form.get_by_role("button", name="Filter").click()
+    await page.get_by_text("Page 1: 3 records").wait_for()
+    rows = page.locator("#usage-results tbody tr")
+    assert await rows.count() == 3
+    assert set(await page.locator("#usage-results tbody td:nth-child(4)").all_text_contents()) == {
+        "rare-model"
+    }
+    await shot(page, "04-usage-filtered")
+    await usage_form.get_by_label("Model").fill("")
+    await usage_form.get_by_role("button", name="Filter").click()
+    await page.get_by_text("Page 1: 50 records").wait_for()
+    first_page = await rows.all_text_contents()
+    await page.locator("#usage-results").get_by_role("button", name="Next").click()
+    await page.get_by_text("Page 2: 50 records").wait_for()
+    second_page = await rows.all_text_contents()
+    assert len(second_page) == 50 and not set(first_page) & set(second_page)
+    await page.locator("#usage-results").get_by_role("button", name="Previous").click()
+    await page.get_by_text("Page 1: 50 records").wait_for()
+    assert await rows.all_text_contents() == first_page
+    async with page.expect_download() as download:
+        await usage_form.get_by_role("button", name="Export CSV").click()
+    exported = Path(await (await download.value).path()).read_text().splitlines()
+    assert len(exported) == 1 + 1204  # the header, then every record of carol's
+    await page.get_by_text("Exported 1,204 records.").wait_for()
     await page.get_by_role("link", name="Overview").click()
     await page.get_by_role("img", name="Cost per day").wait_for()
-    # the charts show that request: today's bar of its model, with its cost and its count
-    (record,) = await gateway.state.store.usage("carol", 10)
+    # the charts show the SDK's request: today's bar of its model, with its cost (the bulk
+    # records above cost nothing)
+    (record,) = [
+        r for r in await gateway.state.store.usage("carol", 2000) if r.request_id[:5] != "bulk-"
+    ]
     today = datetime.now(UTC).date().isoformat()
     shown = await page.evaluate(
         "v => Number(v).toLocaleString(undefined, { maximumFractionDigits: 6 })",
         record.cost / MICRO,
     )
     assert record.cost > 0
-    for name, value in (("Cost per day", shown), ("Requests per day", "1")):
-        chart = page.locator("figure.chart").filter(has=page.get_by_role("img", name=name))
-        titles = await chart.locator("rect title").all_text_contents()
-        assert titles == [f"{today} chat-small: {value}"], (name, titles)
-        assert await chart.locator(".legend").text_content() == "chat-small"
+    chart = page.locator("figure.chart").filter(has=page.get_by_role("img", name="Cost per day"))
+    titles = await chart.locator("rect title").all_text_contents()
+    assert f"{today} chat-small: {shown}" in titles, titles
+    assert await chart.locator(".legend").text_content() == "chat-small"
+    assert await page.locator("figure.chart rect").count() > 0
+    # each chart has its axes: the highest total and zero, the first and last day
+    days = [(now - timedelta(days=d)).strftime("%Y-%m-%d") for d in (29, 0)]
+    axis = await page.locator("figure.chart").first.locator("text.axis").all_text_contents()
+    assert "0" in axis and days[0] in axis and days[1] in axis, axis
+    box = await page.locator("figure.chart").first.bounding_box()
+    heading = await page.get_by_role("heading", name="Overview, last 30 days").bounding_box()
+    assert box is not None and heading is not None and abs(box["x"] - heading["x"]) < 2
     await shot(page, "05-overview")
 
     # disable it: the SDK gets 401
@@ -207,6 +279,16 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_label("Priority").fill("3")
     await form.get_by_role("button", name="Save channel console-ch").click()
     await page.get_by_text("Channel console-ch saved.").wait_for()
+    await page.get_by_role("button", name="Edit channel console-ch").click()
+    await form.get_by_label("Weight").fill("5")
+    await form.get_by_label("Model map").fill("console-model=up-console")
+    await form.get_by_role("button", name="Save channel console-ch").click()
+    await page.get_by_text("Channel console-ch saved.").wait_for()
+    await form.get_by_role("button", name="Add channel").wait_for()  # drawn again
+    await page.get_by_label("Search").fill("console")
+    assert await page.locator("tbody tr").count() == 1  # only console-ch matches
+    hint = await page.locator("td span.nowrap", has_text="…-key").bounding_box()
+    assert hint is not None and hint["height"] < 30  # the key's hint on one line
     await shot(page, "06-channels-added")
     alice = openai.AsyncOpenAI(base_url=gateway.v1, api_key=KEYS["alice"], max_retries=0)
     reply = await alice.chat.completions.create(
@@ -220,6 +302,25 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     channel = next(c for c in await catalogue_channels(gateway) if c["name"] == "console-ch")
     assert channel["priority"] == 3  # the edit, and the key kept
     assert channel["api_key_hint"].endswith("-key")
+    assert channel["weight"] == 5 and channel["model_map"] == {"console-model": "up-console"}
+
+    # a model made here is edited here: every price kind and the default max tokens
+    await page.get_by_role("link", name="Models").click()
+    await page.get_by_role("button", name="Edit model console-model").click()
+    form = page.locator("#new-model")
+    await form.get_by_label("Capabilities").fill("chat, embeddings")
+    await form.get_by_label("Price per request").fill("0.25")
+    await form.get_by_label("Price per image").fill("0.5")
+    await form.get_by_label("Default max tokens").fill("777")
+    await form.get_by_role("button", name="Save model console-model").click()
+    await page.get_by_text("Model console-model saved.").wait_for()
+    assert await page.get_by_role("button", name="Edit model chat-small").count() == 0
+    await page.get_by_text("from the file (read-only)").first.wait_for()
+    models = {m["name"]: m for m in await admin_get(gateway, "/admin/models")}
+    edited = models["console-model"]
+    assert edited["default_max_tokens"] == 777 and edited["capabilities"] == ["chat", "embeddings"]
+    assert (edited["price"]["request"], edited["price"]["image"]) == (0.25, 0.5)
+    await shot(page, "06-models-edited")
 
     # sign-out ends the session on the server: the old cookie, sent again, is refused
     (old,) = [c for c in await context.cookies() if c["name"] == "gw_console"]
@@ -269,6 +370,12 @@ async def test_the_console_as_an_operator_and_a_key_holder(
         for part in wanted:
             assert part in text, (tab, part, text)
     await card.get_by_role("tab", name="Claude Code").click()
+    assert f"ANTHROPIC_BASE_URL={gateway.url}" in (await card.locator("pre").text_content() or "")
+    card = page.get_by_role("region", name="console-model")  # chat and embeddings now
+    await card.get_by_role("tab", name="curl embeddings").click()
+    assert f"{gateway.url}/v1/embeddings" in (await card.locator("pre").text_content() or "")
+    await card.get_by_role("tab", name="google-genai embed_content").click()
+    assert "embed_content(" in (await card.locator("pre").text_content() or "")
     await shot(page, "08-model-square")
     assert await page.get_by_role("link", name="Keys").count() == 0  # no admin pages
 
@@ -276,10 +383,23 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await page.set_viewport_size({"width": 390, "height": 844})
     await page.get_by_role("link", name="Usage").click()
     await page.get_by_role("heading", name="My usage").wait_for()
+    # the only request of this key was free: no chart of zeros, an empty state instead
+    await page.get_by_text("No cost in the last 30 days.").wait_for()
+    assert await page.get_by_text("highest 1 a day").count() == 0
+    await page.get_by_role("cell", name="console-model").wait_for()
     assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     await shot(page, "09-phone-usage")
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in").wait_for()
+
+    # the operator's eight sections at phone width: every link in sight, none scrolled away
+    await sign_in(page, gateway.url, ADMIN_TOKEN)
+    await page.get_by_role("heading", name="Overview, last 30 days").wait_for()
+    for link in await page.locator("#nav a").all():
+        place = await link.bounding_box()
+        assert place is not None and place["x"] >= 0 and place["x"] + place["width"] <= 390
+    assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    await shot(page, "10-phone-overview")
     await context.close()
     assert not errors, errors
 

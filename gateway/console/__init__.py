@@ -35,7 +35,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway.accounts import daily_json, key_json, usage_json
+from gateway import usage_query
+from gateway.accounts import daily_json, key_json, usage_json, usage_limit
 from gateway.auth import check_key, key_hash
 from gateway.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
 from gateway.errors import AuthenticationError, GatewayError
@@ -71,7 +72,7 @@ ENDPOINTS = {
     "rerank": ["POST /v1/rerank"],
 }
 USAGE_DAYS = 30
-USAGE_RECORDS = 1000
+USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for up to 1000
 STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -262,7 +263,10 @@ async def me(request: Request) -> Response:
 
 
 async def usage(request: Request) -> Response:
-    """The signed-in key's usage records and daily totals (the admin reads /admin/usage)."""
+    """The signed-in key's usage records, a page at a time (``limit``, ``cursor``, and the
+    filters of /admin/usage but ``account`` and ``key``: ``usage_query``), found through the
+    store's key filter however busy its account; and its daily totals. The admin reads
+    /admin/usage."""
     found = _signed_in(request)
     if isinstance(found, Response):
         return found
@@ -270,14 +274,21 @@ async def usage(request: Request) -> Response:
     if key is None:
         return _error(404, "the admin reads /admin/usage", "not_found")
     state = request.app.state.gateway
-    await state.writer.flush()
-    records = [r for r in await state.store.usage(key.account, USAGE_RECORDS) if r.key_id == key.id]
+    params = request.query_params
+    try:
+        limit = usage_limit(params.get("limit") or USAGE_RECORDS)
+        query = usage_query.from_params(params, account=key.account, key_id=key.id)
+        await state.writer.flush()
+        page = await usage_query.read(state.store, query, limit)
+    except GatewayError as err:
+        return _error(err.status, err.message, "invalid_request")
     today = datetime.now(UTC).date()
     since = (today - timedelta(days=USAGE_DAYS - 1)).isoformat()
     days = await state.store.usage_daily(since, today.isoformat(), key.account)
     return _json(
         {
-            "records": [usage_json(r) for r in records],
+            "records": [usage_json(r) for r in page.records],
+            "next_cursor": None if page.next is None else usage_query.cursor_text(page.next),
             "daily": [daily_json(d) for d in days if d.key_id == key.id],
         }
     )

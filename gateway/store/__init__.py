@@ -37,6 +37,10 @@ class MissingError(StoreError):
     """No such account or key."""
 
 
+class CursorError(StoreError):
+    """A usage cursor this store did not make."""
+
+
 @dataclass(frozen=True, slots=True)
 class Account:
     id: str
@@ -97,6 +101,60 @@ class DailyUsage:
     prompt_tokens: int
     completion_tokens: int
     cost: int  # micro-units
+
+
+# where a listing of usage records stands: (time in microseconds since the epoch, the store's
+# tiebreaker among records of the same microsecond: SQLite's row number, Redis's request id)
+Position = tuple[int, int | str]
+STATUS_CLASSES = ("ok", "error")  # below 400; 400 and up (499 included: the client went away)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageQuery:
+    """Which usage records to list: every field given must match; ``since`` is included and
+    ``until`` is not; ``after`` is a page's ``UsagePage.next``, where the page after it
+    starts."""
+
+    account: str | None = None
+    key_id: str | None = None
+    model: str | None = None
+    status: int | str | None = None  # an HTTP status, or one of STATUS_CLASSES
+    since: datetime | None = None
+    until: datetime | None = None
+    after: Position | None = None
+
+    def matches(self, rec: UsageRecord) -> bool:
+        """Whether the record passes the filters on its fields (not those on its time)."""
+        if self.account is not None and rec.account != self.account:
+            return False
+        if self.key_id is not None and rec.key_id != self.key_id:
+            return False
+        if self.model is not None and rec.model != self.model:
+            return False
+        status = self.status
+        if status is None:
+            return True
+        if status == "ok":
+            return rec.status < 400
+        if status == "error":
+            return rec.status >= 400
+        return rec.status == status
+
+    @property
+    def filtered(self) -> bool:
+        """Whether some record of the account(s) may fail the filters on fields."""
+        return self.key_id is not None or self.model is not None or self.status is not None
+
+
+@dataclass(frozen=True, slots=True)
+class UsagePage:
+    """A page of usage records, newest first; ``next``: where the next page starts, None
+    when nothing is left to read. A page may hold fewer records than asked for and still
+    have a ``next`` (a store reads a bounded number of records per call): only ``next``
+    None means the end."""
+
+    records: list[UsageRecord]
+    next: Position | None
 
 
 def day_of(rec: UsageRecord) -> str:
@@ -163,6 +221,12 @@ class Store(Protocol):
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
         """Newest first."""
+        ...
+
+    async def usage_page(self, query: UsageQuery, limit: int) -> UsagePage:
+        """At most ``limit`` of the records ``query`` selects, newest first (records of the
+        same microsecond in the store's own fixed order), from ``query.after`` on. Raises
+        CursorError for an ``after`` of another store's kind."""
         ...
 
     async def usage_daily(

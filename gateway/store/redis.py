@@ -27,10 +27,9 @@ records that change rarely; the hot path reads them from the cache, never from h
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 from urllib.parse import unquote
@@ -43,9 +42,13 @@ from gateway.store import (
     MICRO,
     Account,
     ConflictError,
+    CursorError,
     DailyUsage,
     KeyRecord,
     MissingError,
+    Position,
+    UsagePage,
+    UsageQuery,
     UsageRecord,
     day_of,
 )
@@ -87,10 +90,17 @@ COOLING_KEY = "gw:cooling"  # hash: channel -> until (ms since the epoch)
 # sorted set: nonce of a console session signed out -> when it ends (unix seconds); one key
 # (one slot), which expires with the last of them
 REVOKED_KEY = "gw:revoked_sessions"
-USAGE_KEEP = 1_000_000
+USAGE_KEEP = 1_000_000  # newest usage records kept per account
+# a usage listing reads an account's records newest first in windows of ZREVRANGEBYSCORE
+# (USAGE_BATCH at a time, or the page's size and one more when nothing is filtered out), and
+# reads at most USAGE_SCAN records per call in all (each account at least the page's size):
+# a page of rare matches comes back short, with a cursor where the reading stopped
+USAGE_BATCH = 1_000
+USAGE_SCAN = 10_000
+USAGE_SCAN_CONCURRENCY = 16  # accounts read at once by a listing of every account
 # a Redis that is away fails a call within these (seconds) rather than hanging it
 CONNECT_TIMEOUT = 2.0
-COMMAND_TIMEOUT = 10.0  # newest usage records kept per account
+COMMAND_TIMEOUT = 10.0
 UPDATE_RETRIES = 50
 
 # -- scripts ---------------------------------------------------------------------------------
@@ -246,6 +256,17 @@ def cluster_nodes(url: str) -> tuple[list[ClusterNode], str | None]:
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
+
+
+@dataclass(slots=True)
+class _Scan:
+    """What reading one account's usage found: matches (with their positions), whether
+    records are left past the last match, and where the reading stopped short (its budget
+    spent) when it did."""
+
+    found: list[tuple[Position, UsageRecord]] = dataclass_field(default_factory=list)
+    more: bool = False
+    stopped: Position | None = None
 
 
 class RedisStore:
@@ -549,22 +570,96 @@ class RedisStore:
         return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
+        return (await self.usage_page(UsageQuery(account=account), limit)).records
+
+    async def usage_page(self, query: UsageQuery, limit: int) -> UsagePage:
+        """Each account's sorted set is read newest first (``_scan_usage``); a listing of
+        every account merges theirs. Records of one microsecond are ordered by request id,
+        which is also the cursor's tiebreaker."""
         if limit <= 0:
-            return []
-        client = self.client
-        if account is not None:
-            raw = cast("list[bytes]", await client.zrevrange(usage_key(account), 0, limit - 1))
-            return [decode_usage(r) for r in raw]
-        members = await client.smembers(USAGE_ACCOUNTS_KEY)
-        accounts = sorted(_text(m) for m in members)
+            return UsagePage([], None)
+        if query.after is not None and not isinstance(query.after[1], str):
+            raise CursorError("not a cursor of this store")
+        if query.account is not None:
+            accounts = [query.account]
+        else:
+            members = await self.client.smembers(USAGE_ACCOUNTS_KEY)
+            accounts = sorted(_text(m) for m in members)
         if not accounts:
-            return []
-        async with client.pipeline(transaction=False) as pipe:
-            for a in accounts:
-                pipe.zrevrange(usage_key(a), 0, limit - 1, withscores=True)
-            per_account: list[list[tuple[bytes, float]]] = await pipe.execute()
-        merged = heapq.merge(*per_account, key=lambda item: -item[1])
-        return [decode_usage(member) for member, _ in itertools.islice(merged, limit)]
+            return UsagePage([], None)
+        budget = max(limit, USAGE_SCAN // len(accounts))
+        gate = asyncio.Semaphore(USAGE_SCAN_CONCURRENCY)
+
+        async def scan(account: str) -> _Scan:
+            async with gate:
+                return await self._scan_usage(usage_key(account), query, limit, budget)
+
+        scans = await asyncio.gather(*(scan(a) for a in accounts))
+        # an account whose reading stopped short of its page bounds the merged page: what it
+        # holds past the record where it stopped was not read
+        bound = max((s.stopped for s in scans if s.stopped is not None), default=None)
+        found = [(pos, rec) for s in scans for pos, rec in s.found if bound is None or pos >= bound]
+        found.sort(key=lambda item: item[0], reverse=True)
+        page = found[:limit]
+        more = len(found) > limit or bound is not None or any(s.more for s in scans)
+        if len(page) == limit and more:
+            after: Position | None = page[-1][0]
+        else:
+            after = bound
+        return UsagePage([rec for _, rec in page], after)
+
+    async def _scan_usage(self, key: str, query: UsageQuery, limit: int, budget: int) -> _Scan:
+        """One account's records that match, newest first, from ``query.after`` on: at most
+        ``limit`` of them, having read at most ``budget`` records (a microsecond's records are
+        read whole, however many)."""
+        hi = None if query.until is None else to_micros(query.until) - 1
+        after = query.after
+        if after is not None:
+            hi = after[0] if hi is None else min(hi, after[0])
+        lo = "-inf" if query.since is None else to_micros(query.since)
+        batch = limit + 1 if not query.filtered else max(limit + 1, USAGE_BATCH)
+        out = _Scan()
+        read = 0
+        while True:
+            raw = cast(
+                "list[tuple[bytes, float]]",
+                await self.client.zrevrangebyscore(
+                    key, "+inf" if hi is None else hi, lo, start=0, num=batch, withscores=True
+                ),
+            )
+            if not raw:
+                return out
+            last = int(raw[-1][1])
+            if len(raw) < batch:
+                hi = None  # the last window
+            elif int(raw[0][1]) == last:  # a whole window of one microsecond: read it all
+                raw = cast(
+                    "list[tuple[bytes, float]]",
+                    await self.client.zrevrangebyscore(key, last, last, withscores=True),
+                )
+                hi = last - 1
+            else:  # the last microsecond may go on past the window: read it with the next one
+                raw = [item for item in raw if int(item[1]) != last]
+                hi = last
+            window = [
+                ((int(score), rec.request_id), rec)
+                for rec, score in ((decode_usage(member), score) for member, score in raw)
+            ]
+            window.sort(key=lambda item: item[0], reverse=True)
+            for i, (pos, rec) in enumerate(window):
+                if after is not None and pos >= after:
+                    continue
+                read += 1
+                if query.matches(rec):
+                    out.found.append((pos, rec))
+                    if len(out.found) == limit:
+                        out.more = i + 1 < len(window) or hi is not None
+                        return out
+                if read >= budget:
+                    out.stopped = pos if (i + 1 < len(window) or hi is not None) else None
+                    return out
+            if hi is None:
+                return out
 
     # -- catalogue: every entry in the one hash CATALOGUE_KEY, so every operation is on one key
 

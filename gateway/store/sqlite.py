@@ -7,11 +7,11 @@ turn instead of failing. Money is integer micro-units; times are integer microse
 Unix epoch (UTC), which sort and compare exactly.
 
 Schema: ``accounts``, ``keys`` (by SHA-256 of the secret, never the secret), ``usage``
-(newest first by account through an index), ``catalogue_entries`` (groups, models and
-channels, one row per entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions
-signed out, until they would have ended) and ``meta`` (the ``version`` the caches poll: bumped
-by every key change, account creation, top-up, catalogue change and sign-out, never by a
-debit).
+(newest first through indexes by account, by key and by time), ``catalogue_entries``
+(groups, models and channels, one row per entry: ``store/catalogue.py``), ``revoked_sessions``
+(console sessions signed out, until they would have ended) and ``meta`` (the ``version`` the
+caches poll: bumped by every key change, account creation, top-up, catalogue change and
+sign-out, never by a debit).
 """
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ from gateway.store import (
     MICRO,
     Account,
     ConflictError,
+    CursorError,
     DailyUsage,
     KeyRecord,
     MissingError,
+    UsagePage,
+    UsageQuery,
     UsageRecord,
 )
 from gateway.store.catalogue import CatalogueRecords, Editor, seed_edit
@@ -47,6 +50,7 @@ from gateway.store.records import (
     key_from_row,
     key_row,
     seed_keys,
+    to_micros,
     usage_from_row,
     usage_row,
 )
@@ -103,6 +107,8 @@ DROP INDEX IF EXISTS usage_account_time;
 DROP INDEX IF EXISTS usage_time;
 CREATE INDEX IF NOT EXISTS usage_by_account ON usage (account, time, seq);
 CREATE INDEX IF NOT EXISTS usage_by_time ON usage (time, seq);
+-- a key's records, newest first: the usage listing's key filter, a key holder's own view
+CREATE INDEX IF NOT EXISTS usage_by_key ON usage (key_id, time, seq);
 -- settlement looks a batch's request ids up here: a record is stored once
 CREATE INDEX IF NOT EXISTS usage_by_request ON usage (request_id);
 -- the daily totals (store.DailyUsage), kept by settle in the transaction that adds records
@@ -244,6 +250,40 @@ def _edit_catalogue(conn: sqlite3.Connection, edit: Editor) -> bool:
         "DELETE FROM catalogue_entries WHERE kind = ? AND name = ?", sorted(change.delete)
     )
     return True
+
+
+def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
+    """The WHERE clause (and its arguments) of a usage query."""
+    clauses: list[str] = []
+    args: list[object] = []
+    for column, value in (
+        ("account", query.account),
+        ("key_id", query.key_id),
+        ("model", query.model),
+    ):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            args.append(value)
+    if query.status == "ok":
+        clauses.append("status < 400")
+    elif query.status == "error":
+        clauses.append("status >= 400")
+    elif query.status is not None:
+        clauses.append("status = ?")
+        args.append(query.status)
+    if query.since is not None:
+        clauses.append("time >= ?")
+        args.append(to_micros(query.since))
+    if query.until is not None:
+        clauses.append("time < ?")
+        args.append(to_micros(query.until))
+    if query.after is not None:
+        time, seq = query.after
+        if not isinstance(seq, int):
+            raise CursorError("not a cursor of this store")
+        clauses.append("(time, seq) < (?, ?)")
+        args += [time, seq]
+    return ("WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
 class SQLiteStore:
@@ -586,19 +626,25 @@ class SQLiteStore:
         return await self._tx(run)
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
-        if limit <= 0:
-            return []
+        return (await self.usage_page(UsageQuery(account=account), limit)).records
 
-        def run(conn: sqlite3.Connection) -> list[UsageRecord]:
-            order = "ORDER BY time DESC, seq DESC LIMIT ?"
-            if account is None:
-                rows = conn.execute(f"SELECT {USAGE_COLUMNS} FROM usage {order}", (limit,))
-            else:
-                rows = conn.execute(
-                    f"SELECT {USAGE_COLUMNS} FROM usage WHERE account = ? {order}",
-                    (account, limit),
-                )
-            return [usage_from_row(r) for r in rows.fetchall()]
+    async def usage_page(self, query: UsageQuery, limit: int) -> UsagePage:
+        """One SELECT: the filters in its WHERE, newest first by ``(time, seq)`` along the
+        index of the key (when the query names one), else of the account, else of time;
+        model and status are checked on the rows that index walks, up to the limit."""
+        if limit <= 0:
+            return UsagePage([], None)
+        where, args = _usage_where(query)
+
+        def run(conn: sqlite3.Connection) -> UsagePage:
+            rows = conn.execute(
+                f"SELECT seq, {USAGE_COLUMNS} FROM usage {where} "
+                "ORDER BY time DESC, seq DESC LIMIT ?",
+                [*args, limit + 1],
+            ).fetchall()
+            page = rows[:limit]
+            after = (page[-1][1], page[-1][0]) if len(rows) > limit else None
+            return UsagePage([usage_from_row(r[1:]) for r in page], after)
 
         return await self._run(run)
 

@@ -30,7 +30,8 @@ function svg(tag, attrs = {}, ...children) {
   return el;
 }
 
-async function api(method, path, body) {
+// one call: the decoded reply and its headers; an error reply throws with its message
+async function call(method, path, body) {
   const headers = {};
   if (body !== undefined) headers["content-type"] = "application/json";
   if (method !== "GET") headers["x-console-csrf"] = state.csrf;
@@ -45,8 +46,10 @@ async function api(method, path, body) {
     err.status = r.status;
     throw err;
   }
-  return data;
+  return { data, headers: r.headers };
 }
+
+async function api(method, path, body) { return (await call(method, path, body)).data; }
 
 function notice(message, ok = false) {
   const box = document.getElementById("notice");
@@ -90,6 +93,21 @@ function paged(columns, rows, empty) {
   return box;
 }
 
+// a search box over a small list, and the list's table (paged) of the rows it matches:
+// ``text(row)`` gives the words a row is found by
+function searchable(id, placeholder, columns, rows, text, empty) {
+  const input = h("input", { type: "search", id, placeholder, autocomplete: "off" });
+  const list = h("div");
+  const draw = () => {
+    const q = input.value.trim().toLowerCase();
+    const shown = rows.filter(r => !q || text(r).some(v => String(v ?? "").toLowerCase().includes(q)));
+    list.replaceChildren(paged(columns, shown, rows.length ? "Nothing matches the search." : empty));
+  };
+  input.addEventListener("input", draw);
+  draw();
+  return [h("div", { class: "search" }, field("Search", input)), list];
+}
+
 function field(label, input) { return h("label", {}, label, input); }
 
 async function copy(text, what) {
@@ -118,9 +136,18 @@ function csv(rows, columns) {
   return [columns.join(","), ...rows.map(r => columns.map(c => cell(r[c])).join(","))].join("\n") + "\n";
 }
 
-// a stacked bar chart of one value per day and model
-function chart(title, days, series, value, format = num) {
-  const names = [...new Set(series.map(s => s.model))].sort();
+// a width for a chart's drawing that is about its size on screen, so that its labels read
+// at their own size on a phone and on a wide screen alike
+function chartWidth() {
+  const main = document.getElementById("main");
+  return Math.round(Math.min(1100, Math.max(280, (main ? main.clientWidth : 640) - 64)));
+}
+
+// a stacked bar chart of one value per day and model, with its axes: the highest day's total
+// and zero beside the bars, the first and last day (and the middle one, when there is room)
+// under them; a chart of nothing but zeros says so instead
+function chart(title, days, series, value, format = num, empty = "Nothing in these days.") {
+  const names = [...new Set(series.filter(s => Number(value(s))).map(s => s.model))].sort();
   const color = n => COLORS[names.indexOf(n) % COLORS.length];
   const byDay = new Map(days.map(d => [d, new Map()]));
   for (const s of series) {
@@ -128,24 +155,45 @@ function chart(title, days, series, value, format = num) {
     if (m) m.set(s.model, (m.get(s.model) || 0) + Number(value(s)));
   }
   const totals = days.map(d => [...byDay.get(d).values()].reduce((a, b) => a + b, 0));
-  const max = Math.max(...totals, 0) || 1;
-  const W = 600, H = 160, bw = W / days.length;
-  const bars = [];
+  const max = Math.max(...totals, 0);
+  const first = days[0], last = days[days.length - 1];
+  if (!(max > 0)) {
+    return h("figure", { class: "chart card" },
+      h("figcaption", {}, h("strong", { text: title })),
+      h("p", { class: "muted empty", text: empty }));
+  }
+  const W = chartWidth(), H = 200, top = 10, base = H - 28;
+  const maxText = format(max);
+  const left = 14 + 7.5 * Math.max(maxText.length, 1);
+  const bw = (W - left) / days.length;
+  const text = (x, y, anchor, t) => svg("text", { x, y, "text-anchor": anchor, class: "axis" }, document.createTextNode(t));
+  const parts = [
+    svg("line", { x1: left, x2: W, y1: top, y2: top, class: "grid-line" }),
+    svg("line", { x1: left, x2: W, y1: base, y2: base, class: "base-line" }),
+    text(left - 6, top + 4, "end", maxText),
+    text(left - 6, base + 4, "end", "0"),
+    text(left, H - 8, "start", first),
+    text(W, H - 8, "end", last),
+  ];
+  if (W - left > 420 && days.length > 2) {
+    const mid = Math.floor(days.length / 2);
+    parts.push(text(left + (mid + 0.5) * bw, H - 8, "middle", days[mid]));
+  }
   days.forEach((d, i) => {
-    let y = H;
+    let y = base;
     for (const n of names) {
       const v = byDay.get(d).get(n) || 0;
       if (!v) continue;
-      const bh = (v / max) * (H - 10);
+      const bh = (v / max) * (base - top);
       y -= bh;
-      bars.push(svg("rect", { x: i * bw + 1, y, width: Math.max(bw - 2, 1), height: bh, fill: color(n) },
+      parts.push(svg("rect", { x: left + i * bw + 1, y, width: Math.max(bw - 2, 1), height: bh, fill: color(n) },
         svg("title", {}, document.createTextNode(`${d} ${n}: ${format(v)}`))));
     }
   });
-  const label = `${title}, ${days[0]} to ${days[days.length - 1]}, highest ${format(max)}`;
+  const label = `${title}, ${first} to ${last}, highest ${maxText}`;
   return h("figure", { class: "chart card" },
-    h("figcaption", {}, h("strong", { text: title }), h("span", { class: "muted", text: ` (highest ${format(max)} a day)` })),
-    svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label }, bars),
+    h("figcaption", {}, h("strong", { text: title }), h("span", { class: "muted", text: ` (highest ${maxText} a day)` })),
+    svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": label }, parts),
     h("div", { class: "legend" }, names.map(n => {
       const sw = h("span", { class: "swatch" });
       sw.style.background = color(n);
@@ -310,7 +358,7 @@ const USAGE_COLUMNS = ["time", "request_id", "account", "key_id", "model", "chan
   "prompt_tokens", "completion_tokens", "cost", "status", "latency_ms"];
 
 function usageTable(records, withAccount) {
-  return paged([
+  return table([
     { label: "Time", value: r => r.time.replace("T", " ").replace("Z", "") },
     withAccount ? { label: "Account", value: r => r.account } : null,
     { label: "Key", value: r => r.key_id },
@@ -324,36 +372,111 @@ function usageTable(records, withAccount) {
   ].filter(Boolean), records, "No usage records match.");
 }
 
-async function usagePage() {
-  const box = h("div");
-  const inputs = {
-    account: h("input", { name: "account", placeholder: "all" }),
-    key: h("input", { name: "key", placeholder: "any" }),
-    model: h("input", { name: "model", placeholder: "any" }),
-    status: h("input", { name: "status", placeholder: "any", inputmode: "numeric" }),
-    from: h("input", { name: "from", type: "date" }),
-    to: h("input", { name: "to", type: "date" }),
+const USAGE_PAGE = 50;  // records on a page of the usage table
+const EXPORT_PAGE = 1000;  // records per request of a CSV export (the API's most)
+const EXPORT_MAX = 100000;  // records one CSV export holds at most
+
+function nextDay(day) {
+  const d = new Date(`${day}T00:00:00Z`);
+  d.setUTCDate(d.getUTCDate() + 1);
+  return d.toISOString().slice(0, 10);
+}
+
+// usage records filtered and paged by the server: ``fetchPage(params)`` gives
+// { records, next } (next: the cursor of the page after, or null); ``names`` are the filters
+// shown. Previous pages are found again by the cursors that opened them.
+async function usageBrowser(fetchPage, names, withAccount) {
+  const all = {
+    account: ["Account", h("input", { name: "account", placeholder: "all" })],
+    key: ["Key id", h("input", { name: "key", placeholder: "any" })],
+    model: ["Model", h("input", { name: "model", placeholder: "any" })],
+    status: ["Status", h("input", { name: "status", placeholder: "any, ok, error or 429", list: "usage-statuses", autocomplete: "off" })],
+    from: ["From (UTC day)", h("input", { name: "from", type: "date" })],
+    to: ["To (UTC day, included)", h("input", { name: "to", type: "date" })],
   };
-  let shown = [];
+  const box = h("div", { id: "usage-results" });
+  const exported = h("p", { class: "muted", role: "status", id: "usage-export" });
+  let starts = [""];  // starts[i]: the cursor that opens page i ("" the first)
+  let page = 0;
+  const read = () => {
+    const p = new URLSearchParams();
+    for (const n of names) {
+      const v = all[n][1].value.trim();
+      if (!v) continue;
+      if (n === "from") p.set("since", v);
+      else if (n === "to") p.set("until", nextDay(v));
+      else p.set(n, v);
+    }
+    return p;
+  };
+  let filters = read();  // as the form was when last submitted
+  const params = () => new URLSearchParams(filters);
   const load = async () => {
+    const p = params();
+    p.set("limit", String(USAGE_PAGE));
+    if (starts[page]) p.set("cursor", starts[page]);
     try {
-      const acct = inputs.account.value.trim();
-      const { data } = await api("GET", `/admin/usage?limit=1000${acct ? `&account=${encodeURIComponent(acct)}` : ""}`);
-      const [k, m, s, from, to] = ["key", "model", "status", "from", "to"].map(n => inputs[n].value.trim());
-      shown = data.filter(r => (!k || r.key_id === k) && (!m || r.model === m) && (!s || String(r.status) === s) &&
-        (!from || r.time.slice(0, 10) >= from) && (!to || r.time.slice(0, 10) <= to));
-      box.replaceChildren(usageTable(shown, true));
+      const { records, next } = await fetchPage(p);
+      starts = starts.slice(0, page + 1);
+      if (next) starts.push(next);
+      const go = step => { page += step; load(); };
+      const short = Boolean(next) && records.length < USAGE_PAGE;
+      box.replaceChildren(usageTable(records, withAccount),
+        h("div", { class: "pager" },
+          h("button", { type: "button", disabled: page === 0, onclick: () => go(-1) }, "Previous"),
+          h("span", { class: "muted", id: "usage-page", text: `Page ${page + 1}: ${records.length} record${records.length === 1 ? "" : "s"}` }),
+          h("button", { type: "button", disabled: !next, onclick: () => go(1) }, "Next")),
+        h("p", { class: "muted", hidden: !short, text: "This page is short: the store reads a bounded number of records per request. Next reads on from here." }));
     } catch (e) { notice(e.message); }
   };
+  const exportAll = async () => {
+    const rows = [];
+    let cursor = "", capped = false;
+    exported.textContent = "Exporting…";
+    try {
+      for (;;) {
+        const p = params();
+        p.set("limit", String(EXPORT_PAGE));
+        if (cursor) p.set("cursor", cursor);
+        const { records, next } = await fetchPage(p);
+        rows.push(...records);
+        cursor = next;
+        if (!cursor) break;
+        if (rows.length >= EXPORT_MAX) { capped = true; break; }
+        exported.textContent = `Exporting… ${num(rows.length)} records so far`;
+      }
+      if (rows.length > EXPORT_MAX) { rows.length = EXPORT_MAX; capped = true; }
+      download("usage.csv", csv(rows, USAGE_COLUMNS));
+      exported.textContent = capped
+        ? `Exported the newest ${num(EXPORT_MAX)} matching records, the most one export holds: narrow the filters or the days for the rest.`
+        : `Exported ${num(rows.length)} record${rows.length === 1 ? "" : "s"}.`;
+    } catch (e) { exported.textContent = ""; notice(e.message); }
+  };
   const form = h("form", { class: "inline", id: "usage-filter" },
-    field("Account", inputs.account), field("Key id", inputs.key), field("Model", inputs.model),
-    field("Status", inputs.status), field("From", inputs.from), field("To", inputs.to),
+    names.map(n => field(all[n][0], all[n][1])),
+    h("datalist", { id: "usage-statuses" }, ["ok", "error", "200", "400", "401", "402", "404", "429", "499", "500", "502"].map(v => h("option", { value: v }))),
     h("button", { type: "submit", class: "primary" }, "Filter"),
-    h("button", { type: "button", onclick: () => download("usage.csv", csv(shown, USAGE_COLUMNS)) }, "Export CSV"));
-  form.addEventListener("submit", ev => { ev.preventDefault(); load(); });
+    h("button", { type: "button", onclick: exportAll }, "Export CSV"));
+  form.addEventListener("submit", ev => {
+    ev.preventDefault();
+    filters = read();
+    starts = [""];
+    page = 0;
+    exported.textContent = "";
+    load();
+  });
   await load();
-  return [h("h1", { text: "Usage" }), h("p", { class: "muted", text: "The newest 1,000 records of the account (or of all), filtered here." }),
-    h("div", { class: "card" }, form), h("div", { class: "card" }, box)];
+  return [h("div", { class: "card" }, form, exported), h("div", { class: "card" }, box)];
+}
+
+async function usagePage() {
+  const fetchPage = async p => {
+    const { data, headers } = await call("GET", `/admin/usage?${p}`);
+    return { records: data.data, next: headers.get("x-next-cursor") };
+  };
+  return [h("h1", { text: "Usage" }),
+    h("p", { class: "muted", text: "Newest first, filtered by the server; Export CSV saves every matching record." }),
+    await usageBrowser(fetchPage, ["account", "key", "model", "status", "from", "to"], true)];
 }
 
 async function channelsPage() {
@@ -369,17 +492,20 @@ async function channelsPage() {
     } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
   } }, "Test");
   let editing = null;  // the channel the form changes, or null: the form adds one
+  const mapText = m => Object.entries(m || {}).map(([a, b]) => `${a}=${b}`).join(", ");
   const edit = c => {
     editing = c.name;
     for (const [name, value] of [["name", c.name], ["type", c.type], ["base_url", c.base_url],
       ["api_key", ""], ["groups", (c.groups || []).join(", ")], ["models", (c.models || []).join(", ")],
-      ["priority", c.priority]]) form.elements[name].value = value;
+      ["model_map", mapText(c.model_map)], ["priority", c.priority], ["weight", c.weight],
+      ["status", c.status || "enabled"]]) form.elements[name].value = value;
     form.elements.name.readOnly = true;
     form.querySelector("button[type=submit]").textContent = `Save channel ${c.name}`;
+    cancel.hidden = false;
     form.elements.base_url.focus();
   };
   const actions = c => h("div", { class: "actions" }, test(c),
-    c.origin === "file" ? h("span", { class: "muted", text: "from the file" }) : [
+    c.origin === "file" ? h("span", { class: "muted", title: "defined in the configuration file: change it there", text: "from the file" }) : [
       h("button", { type: "button", "aria-label": `Edit channel ${c.name}`, onclick: () => edit(c) }, "Edit"),
       h("button", { type: "button", "aria-label": `${c.status === "disabled" ? "Enable" : "Disable"} channel ${c.name}`,
         onclick: () => act(() => api("PATCH", path(c), { status: c.status === "disabled" ? "enabled" : "disabled" }), `Channel ${c.name} updated.`) },
@@ -388,6 +514,17 @@ async function channelsPage() {
         onclick: () => confirm(`Delete channel ${c.name}?`) && act(() => api("DELETE", path(c)), `Channel ${c.name} deleted.`) }, "Delete"),
     ]);
   const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
+  // "alias=upstream-name, other=name": the names the channel's upstream knows the models by
+  const modelMap = s => {
+    const out = {};
+    for (const pair of names(s)) {
+      const at = pair.indexOf("=");
+      if (at < 1 || at === pair.length - 1) throw new Error(`model_map: "${pair}" is not model=upstream-name`);
+      out[pair.slice(0, at).trim()] = pair.slice(at + 1).trim();
+    }
+    return out;
+  };
+  const cancel = h("button", { type: "button", hidden: true, onclick: () => render() }, "Cancel");
   const form = h("form", { class: "inline", id: "new-channel" },
     field("Name", h("input", { name: "name", required: true })),
     field("Type", h("select", { name: "type" }, ["openai", "anthropic", "gemini"].map(t => h("option", { value: t, text: t })))),
@@ -395,15 +532,22 @@ async function channelsPage() {
     field("Upstream API key (blank when editing: unchanged)", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
     field("Groups (comma-separated)", h("input", { name: "groups", value: groups.length ? groups[0].name : "" })),
     field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
+    field("Model map (model=upstream model, …)", h("input", { name: "model_map", autocomplete: "off", placeholder: "chat-small=gpt-4o-mini" })),
     field("Priority", h("input", { name: "priority", type: "number", value: "0" })),
-    h("button", { type: "submit", class: "primary" }, "Add channel"),
+    field("Weight", h("input", { name: "weight", type: "number", min: "0", step: "1", value: "1" })),
+    field("Status", h("select", { name: "status" }, ["enabled", "disabled"].map(t => h("option", { value: t, text: t })))),
+    h("button", { type: "submit", class: "primary" }, "Add channel"), cancel,
     h("datalist", { id: "model-names" }, models.map(m => h("option", { value: m.name }))));
   form.addEventListener("submit", ev => {
     ev.preventDefault();
     const f = new FormData(form);
-    const body = { name: f.get("name"), type: f.get("type"), base_url: f.get("base_url"),
-      api_key: f.get("api_key") || "", groups: names(f.get("groups")), models: names(f.get("models")),
-      priority: Number(f.get("priority") || 0) };
+    let body;
+    try {
+      body = { name: f.get("name"), type: f.get("type"), base_url: f.get("base_url"),
+        api_key: f.get("api_key") || "", groups: names(f.get("groups")), models: names(f.get("models")),
+        model_map: modelMap(f.get("model_map")), priority: Number(f.get("priority") || 0),
+        weight: Number(f.get("weight") || 0), status: f.get("status") };
+    } catch (e) { notice(e.message); return; }
     if (editing === null) {
       act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
       return;
@@ -414,20 +558,20 @@ async function channelsPage() {
     act(() => api("PATCH", `/admin/channels/${encodeURIComponent(name)}`, body), `Channel ${name} saved.`);
   });
   return [h("h1", { text: "Channels" }), h("div", { class: "card" }, h("h2", { text: "Add a channel" }), form),
-    h("div", { class: "card" }, result, table([
-    { label: "Name", value: c => c.name },
+    h("div", { class: "card" }, result, searchable("channel-search", "name, type, URL, group or model", [
+    { label: "Name", value: c => h("span", { class: "nowrap", text: c.name }) },
     { label: "Type", value: c => c.type },
     { label: "Base URL", value: c => c.base_url },
-    { label: "Key", value: c => c.api_key_hint || "—" },
+    { label: "Key", value: c => h("span", { class: "nowrap", text: c.api_key_hint || "—" }) },
     { label: "Groups", value: c => (c.groups || []).join(", ") },
-    { label: "Models", value: c => (c.models || []).join(", ") },
+    { label: "Models", value: c => (c.models || []).map(m => c.model_map && c.model_map[m] ? `${m} → ${c.model_map[m]}` : m).join(", ") },
     { label: "Priority", num: true, value: c => c.priority },
     { label: "Weight", num: true, value: c => c.weight },
     { label: "Status", value: c => h("span", { class: `badge ${c.status === "disabled" ? "off" : "ok"}`, text: c.status || "enabled" }) },
     { label: "Health", value: c => h("span", { class: `badge ${c.health === "cooling" ? "off" : "ok"}`,
       text: c.health === "cooling" ? `cooling ${c.cooling_for}s` : "healthy" }) },
     { label: "Actions", value: actions },
-  ], data, "No channels yet: add one above."))];
+  ], data, c => [c.name, c.type, c.base_url, c.status, ...(c.groups || []), ...(c.models || [])], "No channels yet: add one above."))];
 }
 
 function prices(p) {
@@ -441,33 +585,70 @@ function prices(p) {
   return parts.join(", ") || "free";
 }
 
+// each price a model may have (config.PRICE_FIELDS), as the form asks for it
+const PRICE_KINDS = [
+  ["input", "Input price (per M tokens)"],
+  ["output", "Output price (per M tokens)"],
+  ["request", "Price per request"],
+  ["image", "Price per image"],
+  ["audio_second", "Price per audio second"],
+  ["speech_char", "Price per M speech characters"],
+];
+
 async function modelsPage() {
   const { data } = await api("GET", "/admin/models");
   const path = m => `/admin/models/${encodeURIComponent(m.name)}`;
+  let editing = null;  // the model the form changes, or null: the form adds one
+  const cancel = h("button", { type: "button", hidden: true, onclick: () => render() }, "Cancel");
   const form = h("form", { class: "inline", id: "new-model" },
     field("Name", h("input", { name: "name", required: true })),
     field("Capabilities (comma-separated)", h("input", { name: "capabilities", value: "chat" })),
-    field("Input price (per M tokens)", h("input", { name: "input", type: "number", step: "any", value: "0" })),
-    field("Output price (per M tokens)", h("input", { name: "output", type: "number", step: "any", value: "0" })),
-    h("button", { type: "submit", class: "primary" }, "Add model"));
+    PRICE_KINDS.map(([k, label]) => field(label, h("input", { name: k, type: "number", min: "0", step: "any", value: "0" }))),
+    field("Default max tokens", h("input", { name: "default_max_tokens", type: "number", min: "1", step: "1", value: "4096" })),
+    h("button", { type: "submit", class: "primary" }, "Add model"), cancel);
+  const heading = h("h2", { text: "Add a model" });
+  const edit = m => {
+    editing = m.name;
+    form.elements.name.value = m.name;
+    form.elements.name.readOnly = true;
+    form.elements.capabilities.value = m.capabilities.join(", ");
+    for (const [k] of PRICE_KINDS) form.elements[k].value = String(m.price[k] || 0);
+    form.elements.default_max_tokens.value = String(m.default_max_tokens);
+    form.querySelector("button[type=submit]").textContent = `Save model ${m.name}`;
+    heading.textContent = `Edit model ${m.name}`;
+    cancel.hidden = false;
+    form.elements.capabilities.focus();
+  };
   form.addEventListener("submit", ev => {
     ev.preventDefault();
     const f = new FormData(form);
-    const body = { name: f.get("name"),
+    const body = {
       capabilities: String(f.get("capabilities")).split(",").map(x => x.trim()).filter(Boolean),
-      price: { input: Number(f.get("input") || 0), output: Number(f.get("output") || 0) } };
-    act(() => api("POST", "/admin/models", body), `Model ${body.name} added.`);
+      price: Object.fromEntries(PRICE_KINDS.map(([k]) => [k, Number(f.get(k) || 0)])),
+      default_max_tokens: Number(f.get("default_max_tokens") || 4096),
+    };
+    if (editing === null) {
+      body.name = f.get("name");
+      act(() => api("POST", "/admin/models", body), `Model ${body.name} added.`);
+    } else {
+      const name = editing;
+      act(() => api("PATCH", `/admin/models/${encodeURIComponent(name)}`, body), `Model ${name} saved.`);
+    }
   });
-  return [h("h1", { text: "Models" }), h("div", { class: "card" }, h("h2", { text: "Add a model" }), form),
-    h("div", { class: "card" }, table([
+  const actions = m => m.origin === "file"
+    ? h("span", { class: "muted", title: "defined in the configuration file: change it there", text: "from the file (read-only)" })
+    : h("div", { class: "actions" },
+      h("button", { type: "button", "aria-label": `Edit model ${m.name}`, onclick: () => edit(m) }, "Edit"),
+      h("button", { type: "button", class: "danger", "aria-label": `Delete model ${m.name}`,
+        onclick: () => confirm(`Delete model ${m.name}?`) && act(() => api("DELETE", path(m)), `Model ${m.name} deleted.`) }, "Delete"));
+  return [h("h1", { text: "Models" }), h("div", { class: "card" }, heading, form),
+    h("div", { class: "card" }, searchable("model-search", "name or capability", [
     { label: "Name", value: m => m.name },
     { label: "Capabilities", value: m => h("span", {}, m.capabilities.map(c => h("span", { class: "badge", text: c }))) },
     { label: "Price", value: m => prices(m.price) },
     { label: "Default max tokens", num: true, value: m => m.default_max_tokens },
-    { label: "Actions", value: m => m.origin === "file" ? h("span", { class: "muted", text: "from the file" }) :
-      h("button", { type: "button", class: "danger", "aria-label": `Delete model ${m.name}`,
-        onclick: () => confirm(`Delete model ${m.name}?`) && act(() => api("DELETE", path(m)), `Model ${m.name} deleted.`) }, "Delete") },
-  ], data, "No models yet: add one above."))];
+    { label: "Actions", value: actions },
+  ], data, m => [m.name, ...m.capabilities], "No models yet: add one above."))];
 }
 
 async function groupsPage() {
@@ -480,34 +661,50 @@ async function groupsPage() {
     const name = new FormData(form).get("name");
     act(() => api("POST", "/admin/groups", { name }), `Group ${name} added.`);
   });
-  return [h("h1", { text: "Groups" }), h("div", { class: "card" }, form), h("div", { class: "card" }, table([
+  return [h("h1", { text: "Groups" }), h("div", { class: "card" }, form), h("div", { class: "card" }, searchable("group-search", "group name", [
     { label: "Group", value: g => g.name },
-    { label: "Actions", value: g => g.origin === "file" ? h("span", { class: "muted", text: "from the file" }) :
+    { label: "Actions", value: g => g.origin === "file" ? h("span", { class: "muted", title: "defined in the configuration file: change it there", text: "from the file" }) :
       h("button", { type: "button", class: "danger", "aria-label": `Delete group ${g.name}`,
         onclick: () => confirm(`Delete group ${g.name}?`) && act(() => api("DELETE", `/admin/groups/${encodeURIComponent(g.name)}`), `Group ${g.name} deleted.`) }, "Delete") },
-  ], data, "No groups."))];
+  ], data, g => [g.name], "No groups."))];
 }
 
+// the clients' code for a model, by what it can do: each capability's own endpoints
 function snippets(model, caps) {
   const base = location.origin;
-  const chat = caps.includes("chat");
-  const out = {
-    "OpenAI SDK": chat
-      ? `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")\nr = client.chat.completions.create(model="${model}", messages=[{"role": "user", "content": "Hello"}])\nprint(r.choices[0].message.content)`
-      : caps.includes("embeddings")
-        ? `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")\nprint(client.embeddings.create(model="${model}", input="Hello").data[0].embedding[:4])`
-        : `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")`,
-    curl: chat
-      ? `curl ${base}/v1/chat/completions \\\n  -H "Authorization: Bearer YOUR_KEY" -H "Content-Type: application/json" \\\n  -d '{"model": "${model}", "messages": [{"role": "user", "content": "Hello"}]}'`
-      : `curl ${base}/v1/models -H "Authorization: Bearer YOUR_KEY"`,
-  };
-  if (chat) {
+  const auth = `-H "Authorization: Bearer YOUR_KEY"`;
+  const json = `${auth} -H "Content-Type: application/json"`;
+  const openai = `from openai import OpenAI\nclient = OpenAI(base_url="${base}/v1", api_key="YOUR_KEY")\n`;
+  const out = {};
+  if (caps.includes("chat")) {
+    out["OpenAI SDK"] = `${openai}r = client.chat.completions.create(model="${model}", messages=[{"role": "user", "content": "Hello"}])\nprint(r.choices[0].message.content)`;
+    out.curl = `curl ${base}/v1/chat/completions \\\n  ${json} \\\n  -d '{"model": "${model}", "messages": [{"role": "user", "content": "Hello"}]}'`;
     out["Anthropic SDK"] = `import anthropic\nclient = anthropic.Anthropic(base_url="${base}", api_key="YOUR_KEY")\nm = client.messages.create(model="${model}", max_tokens=256, messages=[{"role": "user", "content": "Hello"}])\nprint(m.content[0].text)`;
     out["google-genai"] = `from google import genai\nclient = genai.Client(api_key="YOUR_KEY", http_options={"base_url": "${base}"})\nprint(client.models.generate_content(model="${model}", contents="Hello").text)`;
     out["Claude Code"] = `export ANTHROPIC_BASE_URL=${base}\nexport ANTHROPIC_API_KEY=YOUR_KEY\nclaude --model ${model}`;
     out["Gemini CLI"] = `export GOOGLE_GEMINI_BASE_URL=${base}\nexport GEMINI_API_KEY=YOUR_KEY\ngemini -m ${model}`;
     out["Codex CLI"] = `# ~/.codex/config.toml\nmodel = "${model}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "Model Gateway"\nbase_url = "${base}/v1"\nenv_key = "GATEWAY_API_KEY"\nwire_api = "responses"\n\n# then: export GATEWAY_API_KEY=YOUR_KEY; codex`;
   }
+  if (caps.includes("embeddings")) {
+    out["OpenAI SDK embeddings"] = `${openai}r = client.embeddings.create(model="${model}", input=["Hello", "World"])\nprint(len(r.data), r.data[0].embedding[:4])`;
+    out["curl embeddings"] = `curl ${base}/v1/embeddings \\\n  ${json} \\\n  -d '{"model": "${model}", "input": ["Hello", "World"]}'`;
+    out["google-genai embed_content"] = `from google import genai\nclient = genai.Client(api_key="YOUR_KEY", http_options={"base_url": "${base}"})\nr = client.models.embed_content(model="${model}", contents=["Hello", "World"])\nprint(r.embeddings[0].values[:4])`;
+  }
+  if (caps.includes("images")) {
+    out["OpenAI SDK images"] = `${openai}r = client.images.generate(model="${model}", prompt="A lighthouse at dawn", n=1)\nprint(r.data[0].url or r.data[0].b64_json[:40])`;
+    out["curl images"] = `curl ${base}/v1/images/generations \\\n  ${json} \\\n  -d '{"model": "${model}", "prompt": "A lighthouse at dawn", "n": 1}'`;
+  }
+  if (caps.includes("audio")) {
+    out["OpenAI SDK transcription"] = `${openai}with open("speech.mp3", "rb") as f:\n    r = client.audio.transcriptions.create(model="${model}", file=f)\nprint(r.text)`;
+    out["OpenAI SDK speech"] = `${openai}with client.audio.speech.with_streaming_response.create(model="${model}", voice="alloy", input="Hello") as r:\n    r.stream_to_file("hello.mp3")`;
+    out["curl transcription"] = `curl ${base}/v1/audio/transcriptions \\\n  ${auth} \\\n  -F model=${model} -F file=@speech.mp3`;
+    out["curl speech"] = `curl ${base}/v1/audio/speech \\\n  ${json} \\\n  -d '{"model": "${model}", "voice": "alloy", "input": "Hello"}' -o hello.mp3`;
+  }
+  if (caps.includes("rerank")) {
+    out["curl rerank"] = `curl ${base}/v1/rerank \\\n  ${json} \\\n  -d '{"model": "${model}", "query": "What is a gateway?", "documents": ["A gateway relays requests.", "A lighthouse guides ships."], "top_n": 1}'`;
+    out["Python rerank"] = `import requests\nr = requests.post("${base}/v1/rerank", headers={"Authorization": "Bearer YOUR_KEY"},\n    json={"model": "${model}", "query": "What is a gateway?", "documents": ["A gateway relays requests.", "A lighthouse guides ships."]})\nprint(r.json())`;
+  }
+  if (!Object.keys(out).length) out.curl = `curl ${base}/v1/models/${model} ${auth}`;
   return out;
 }
 
@@ -559,12 +756,15 @@ async function minePage() {
 }
 
 async function myUsagePage() {
-  const { records, daily } = await api("GET", "/console/usage");
+  const { daily } = await api("GET", "/console/usage?limit=1");
+  const fetchPage = async p => {
+    const data = await api("GET", `/console/usage?${p}`);
+    return { records: data.records, next: data.next_cursor };
+  };
   const days = lastDays(30);
   return [h("h1", { text: "My usage" }),
-    daily.length ? chart("Cost per day", days, daily, d => d.cost, money) : null,
-    h("div", { class: "card" }, usageTable(records, false),
-      h("button", { type: "button", onclick: () => download("usage.csv", csv(records, USAGE_COLUMNS)) }, "Export CSV"))];
+    chart("Cost per day", days, daily, d => d.cost, money, "No cost in the last 30 days."),
+    await usageBrowser(fetchPage, ["model", "status", "from", "to"], false)];
 }
 
 // ---- sign-in and routing ------------------------------------------------------------------
