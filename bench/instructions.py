@@ -115,7 +115,8 @@ def measure(tmp: Path, name: str, cmd: list[str], env: dict[str, str]) -> dict[s
 
 
 def run(tmp: Path, up: Upstream) -> dict[str, dict[str, float]]:
-    """bare relay and gateway, both under hypercorn with one worker."""
+    """bare relay and gateway (with metrics and access log, and without), all under
+    hypercorn with one worker."""
     py = sys.executable
     bare_env = {
         "BARE_UPSTREAMS": orjson.dumps(
@@ -124,25 +125,21 @@ def run(tmp: Path, up: Upstream) -> dict[str, dict[str, float]]:
         "PYTHONPATH": str(targets.ROOT),
     }
     conf = targets.gateway_config(tmp, up)
+    off_conf = targets.gateway_config(tmp, up, "gateway-nometrics", metrics=False)
+
+    def gateway(config: Path) -> list[str]:
+        return [py, "-m", "bench.clock_scaled", str(SLOWDOWN), "serve", "--config", str(config),
+                "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+
     plan = {
         "bare-hypercorn": (
             [py, "-m", "hypercorn", "-b", "127.0.0.1:{port}", "bench.bare_relay:app"],
             bare_env,
         ),
-        "gateway-hypercorn-1w": (
-            [
-                py,
-                "-m",
-                "bench.clock_scaled",
-                str(SLOWDOWN),
-                "serve",
-                "--config",
-                str(conf),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "{port}",
-            ],  # fmt: skip
+        "gateway-hypercorn-1w": (gateway(conf), {"PYTHONPATH": str(targets.ROOT)}),
+        # metrics and access log off: their cost, free of the machine's noise
+        "gateway-hypercorn-1w" + targets.NO_METRICS: (
+            gateway(off_conf),
             {"PYTHONPATH": str(targets.ROOT)},
         ),
     }

@@ -14,9 +14,11 @@ from bench import instructions, payloads
 NGINX = "nginx-relay"
 LITELLM = "litellm"
 GATEWAY = "gateway-hypercorn-1w"
+NO_METRICS = GATEWAY + "-nometrics"  # the same gateway with metrics and access log off
 KINDS = instructions.KINDS
 # targets the gateway must meet
 MIN_SHARE_OF_BARE = 0.85
+MIN_SHARE_OF_NO_METRICS = 0.95  # metrics on the hot path cost at most 5%
 MAX_ADDED_P50_MS, MAX_ADDED_P99_MS = 1.0, 3.0
 MAX_TTFB_GAP_MS = 2.0
 TTFB_STREAMS = 1000
@@ -187,6 +189,7 @@ def _targets(
                 f"| added p99 over direct ≤ {MAX_ADDED_P99_MS:g} ms, {name} "
                 f"| ({scen}) {label}, 1 conn | {d99:+.2f} ms | {ok99} |"
             )
+    rows += _metrics_cost(results, by_scen)
     c = results.get("c", {})
     gw, direct = c.get(GATEWAY, {}), c.get("direct", {})
     if TTFB_STREAMS in gw and TTFB_STREAMS in direct:
@@ -213,6 +216,39 @@ def _targets(
         )
     else:
         rows.append(f"| 10,000 streams | (c) {BIG_STREAMS:,} streams | – | n/a |")
+    return rows
+
+
+def _metrics_cost(results: dict[str, Any], by_scen: dict[str, list[int]]) -> list[str]:
+    """The cost of metrics and the access log on the hot path: the gateway's throughput with
+    them on as a share of its throughput with them off, measured beside each other turn by
+    turn, and the same from instructions per request."""
+    rows = []
+    counted = results.get("e_instructions", {})
+    for scen, label, kind in WRK_SCENARIOS[:2]:
+        cells = results.get(scen, {})
+        on, off = cells.get(GATEWAY, {}), cells.get(NO_METRICS, {})
+        for c in by_scen[scen]:
+            if c not in on or c not in off:
+                continue
+            measured = share(on[c], off[c])
+            if measured is None:
+                continue
+            rows.append(
+                f"| metrics and access log on: throughput ≥ {MIN_SHARE_OF_NO_METRICS:.0%} of off "
+                f"| ({scen}) {label}, {c} conns | {measured:.1%}{turn_ratios(on[c], off[c])} "
+                f"| {_verdict(measured >= MIN_SHARE_OF_NO_METRICS and on[c]['errors'] == 0)} |"
+            )
+        with_them = counted.get(GATEWAY, {}).get(kind)
+        without = counted.get(NO_METRICS, {}).get(kind)
+        if with_them and without:
+            ratio = without / with_them
+            rows.append(
+                "| same, from instructions per request (callgrind, noise-free) "
+                f"| ({scen}) {label} | {ratio:.1%} "
+                f"({(with_them - without) / 1000:,.0f}k instructions a request) "
+                f"| {_verdict(ratio >= MIN_SHARE_OF_NO_METRICS)} |"
+            )
     return rows
 
 
@@ -264,6 +300,10 @@ def render(
         f"{payloads.EMBED_INPUTS} short texts asking for floats.",
         "- Relays rewrite `model` (`bench-json` → `upstream-model`). The bare relay is "
         "`bench/bare_relay.py` (raw ASGI, orjson, one aiohttp session, unlimited pool).",
+        f"- `{NO_METRICS}` is `{GATEWAY}` with `metrics: {{enabled: false}}` and "
+        "`logging: {access: false}`, measured beside it in every turn of (a) and (b) and "
+        "counted by callgrind in (e): the cost of metrics and the access log on the hot path "
+        "(the targets table's share of on to off). It runs no other scenario.",
         "- CPU µs/req: utime+stime of the target's process tree over the cell, divided by "
         "requests served (for `direct` it is the nginx upstream itself).",
         "",

@@ -2,7 +2,9 @@
 
 One run installs nginx and wrk when missing, starts a fixed-reply nginx upstream (core 1), then
 each target in turn (core 0), drives it with wrk and bench.streams (core 1), and writes
-bench/RESULTS.md. Settings (environment):
+bench/RESULTS.md. `gateway-hypercorn-1w-nometrics`, the same gateway with metrics and the
+access log off, runs (a) and (b) beside `gateway-hypercorn-1w` and is counted in (e): the
+report judges their cost on the hot path (on ≥ 95% of off). Settings (environment):
 
     BENCH_QUICK=1         smoke run: short cells, one repetition
     BENCH_DURATION=S      seconds per wrk cell (default 4; quick 2)
@@ -205,20 +207,31 @@ def wrk_summary(runs: list[tuple[wrk.WrkResult, float]]) -> dict[str, Any]:
 
 
 def turn_order(live: list[Target], turn: int) -> list[Target]:
-    """The targets of one turn, each pinned gateway right beside the bare relay of its server,
-    which of the two goes first alternating from turn to turn: the ratio the targets are judged
-    by compares two measurements seconds apart, not a minute, on a machine whose speed drifts."""
+    """The targets of one turn, each pinned gateway right beside the bare relay of its server
+    (and the gateway without metrics beside it), their order reversed from turn to turn: the
+    ratios the targets are judged by compare measurements seconds apart, not a minute, on a
+    machine whose speed drifts."""
     by_name = {t.name: t for t in live}
-    paired = {f"gateway-{t.server}-1w" for t in live if t.group == "bare"}
+    bare = {t.server for t in live if t.group == "bare"}
+    partners = {
+        f"gateway-{server}-1w{suffix}" for server in bare for suffix in ("", targets.NO_METRICS)
+    }
     order: list[Target] = []
     for target in live:
-        if target.name in paired:
+        if target.name in partners:
             continue  # placed beside its bare relay
-        partner = by_name.get(f"gateway-{target.server}-1w") if target.group == "bare" else None
-        if partner is None:
+        if target.group != "bare":
             order.append(target)
-        else:
-            order += [target, partner] if turn % 2 == 0 else [partner, target]
+            continue
+        group = [target] + [
+            by_name[name]
+            for name in (
+                f"gateway-{target.server}-1w",
+                f"gateway-{target.server}-1w{targets.NO_METRICS}",
+            )
+            if name in by_name
+        ]
+        order += group if turn % 2 == 0 else group[::-1]
     return order
 
 
@@ -457,6 +470,8 @@ def main() -> int:
         for name, start in steps:
             if not set(SCENARIOS) & set("cde"):
                 break
+            if name.endswith(targets.NO_METRICS):
+                continue  # there for the cost of metrics in (a) and (b) only
             print(f"== {name}", flush=True)
             target = start()
             if target is None:
@@ -517,6 +532,13 @@ def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
         return steps
     server = "hypercorn" if "--server" in help_text else None
     steps.append(("gateway-hypercorn-1w", lambda: targets.gateway(tmp, up, 1, True, server)))
+    # the same without metrics and access log: what they cost, measured beside it
+    steps.append(
+        (
+            "gateway-hypercorn-1w" + targets.NO_METRICS,
+            lambda: targets.gateway(tmp, up, 1, True, server, metrics=False),
+        )
+    )
     steps.append(
         ("gateway-hypercorn-2w-unpinned", lambda: targets.gateway(tmp, up, 2, False, server))
     )

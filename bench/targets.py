@@ -249,17 +249,23 @@ def gateway_help() -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
-def gateway_config(tmp: Path, up: Upstream, name: str = "gateway") -> Path:
+NO_METRICS = "-nometrics"  # a gateway target's name suffix: metrics and access log off
+
+
+def gateway_config(tmp: Path, up: Upstream, name: str = "gateway", metrics: bool = True) -> Path:
     """The gateway's config for the bench, its SQLite file named after the target: each
     gateway target writes its own usage records, so one's WAL checkpoints and growing indexes
     are never another's. The server runs with the gateway's defaults (keep-alive 75 s):
-    connections wrk closes at the end of a cell are let go at once."""
+    connections wrk closes at the end of a cell are let go at once. ``metrics=False``: no
+    ``/metrics`` (nothing counted) and no access log, the baseline of their cost."""
     lines = [
         f"store: sqlite:///{tmp}/{name}.db",
         "admin_token: bench-admin-token",
         "groups: [default]",
-        "models:",
     ]
+    if not metrics:
+        lines += ["metrics: {enabled: false}", "logging: {access: false}"]
+    lines += ["models:"]
     for kind in KINDS:
         embeddings = kind == "embeddings"
         lines += [
@@ -296,13 +302,14 @@ def gateway_config(tmp: Path, up: Upstream, name: str = "gateway") -> Path:
 
 
 def gateway(
-    tmp: Path, up: Upstream, workers: int, pinned: bool, server: str | None
+    tmp: Path, up: Upstream, workers: int, pinned: bool, server: str | None, metrics: bool = True
 ) -> Target | None:
     exe = gateway_binary()
     if exe is None:
         return None
     name = f"gateway-{server or 'hypercorn'}-{workers}w" + ("" if pinned else "-unpinned")
-    conf = gateway_config(tmp, up, name)
+    name += "" if metrics else NO_METRICS
+    conf = gateway_config(tmp, up, name, metrics)
     port = procs.free_port()
     cmd = [exe, "serve", "--config", str(conf), "--host", "127.0.0.1", "--port", str(port),
            "--workers", str(workers)]  # fmt: skip

@@ -31,6 +31,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway import accounts, catalogue, console, usage_query
+from gateway.asgi import REQUEST_ID
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -149,7 +150,10 @@ def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
             return error_response(err)
         except Exception as exc:  # noqa: BLE001 - the store failed or did not answer in time
             log.warning(
-                "admin.store_unavailable path=%s error=%s", request.url.path, type(exc).__name__
+                "admin.store_unavailable request_id=%s path=%s error=%s",
+                request.scope.get(REQUEST_ID, "-"),
+                request.url.path,
+                type(exc).__name__,
             )
             away = UpstreamUnavailableError("The store does not answer; try again shortly.")
             return error_response(away)

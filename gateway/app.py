@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -25,23 +27,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 from gateway import __version__, accept_errors
-from gateway.asgi import send_error
+from gateway.asgi import REQUEST_ID, send_error
 from gateway.config import Settings, load_settings
 from gateway.dashboard import Dashboard
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.gc_tuning import collect_periodically, tune_gc
 from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
-from gateway.metrics import Metrics, channel_states, registry_for
+from gateway.metrics import OWN_PROTOCOL, Metrics, channel_states, registry_for
 from gateway.model_list import ModelLists
 from gateway.protocols import CLIENTS
 from gateway.relay import Relay
-from gateway.relay.call import request_ids
+from gateway.relay.call import CLIENT_GONE, Call, request_ids
 from gateway.routes import Router, protocol_of_path
+from gateway.server import configure_logging
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
+from gateway.tracing import PROVIDERS
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import Upstream
 
@@ -141,10 +145,37 @@ class NotFoundApp:
         await send_error(send, CLIENTS[protocol_of_path(path)], err)
 
 
+# the endpoint label of the gateway's own paths (anything else outside the client surface is
+# "unknown": a path never becomes a label)
+OWN_PATHS = {
+    "/": "root",
+    "/healthz": "healthz",
+    "/readyz": "readyz",
+    "/metrics": "metrics",
+    "/openapi.json": "openapi",
+    "/admin": "admin",
+    "/console": "console",
+}
+OWN_TREES = ("/admin/", "/console/")
+UNKNOWN = "unknown"
+
+
+def endpoint_of(path: str) -> tuple[str, str]:
+    """(protocol, endpoint) labels of a path outside the client surface's routes."""
+    own = OWN_PATHS.get(path)
+    if own is None and path.startswith(OWN_TREES):
+        own = OWN_PATHS[path[: path.index("/", 1)]]
+    if own is not None:
+        return OWN_PROTOCOL, own
+    return protocol_of_path(path), UNKNOWN
+
+
 class GatewayApp:
     """The ASGI entry: the client surface (``routes.ROUTES``) goes straight to the relay or
     the model lists (a dict lookup, no middleware on the hot path); everything else (admin,
-    health, lifespan, unknown paths) to Starlette."""
+    health, lifespan, unknown paths) to Starlette. Every request that is not relayed gets its
+    x-request-id, its access-log line and its count in the metrics here (the relay's own do
+    in the relay)."""
 
     __slots__ = ("inner", "state", "router", "relay", "handlers")
 
@@ -167,47 +198,88 @@ class GatewayApp:
         if scope["type"] != "http":
             await self.inner(scope, receive, send)
             return
+        path = scope["path"]
         try:
-            found = self.router.match(scope["method"], scope["path"])
+            found = self.router.match(scope["method"], path)
         except GatewayError as err:
-            await send_error(send, CLIENTS[protocol_of_path(scope["path"])], err, reply_id(scope))
+            protocol = protocol_of_path(path)
+            refused = functools.partial(send_error, client=CLIENTS[protocol], err=err)
+            await self._elsewhere(protocol, UNKNOWN, refused, scope, send)
             return
         if found is not None:
             spec, model = found
             handler = self.handlers.get(spec.kind)
             if handler is None:  # the relay sets its reply's x-request-id itself
                 await self.relay.handle(spec, model, scope, receive, send)
-            else:
-                await handler.handle(spec, model, scope, receive, with_reply_id(scope, send))
+                return
+
+            async def handled(send: Send) -> None:
+                await handler.handle(spec, model, scope, receive, send)
+
+            await self._elsewhere(spec.protocol, spec.kind, handled, scope, send)
             return
-        await self.inner(scope, receive, with_reply_id(scope, send))
 
+        async def inner(send: Send) -> None:
+            await self.inner(scope, receive, send)
 
-def reply_id(scope: Scope) -> str:
-    """The x-request-id of a reply the relay does not make: the client's own when safe."""
-    for name, value in scope["headers"]:
-        if name == b"x-request-id":
-            return request_ids(value)[1]
-    return request_ids(None)[1]
+        await self._elsewhere(*endpoint_of(path), inner, scope, send)
 
+    async def _elsewhere(
+        self,
+        protocol: str,
+        endpoint: str,
+        serve: Callable[[Send], Awaitable[None]],
+        scope: Scope,
+        send: Send,
+    ) -> None:
+        """A request served outside the relay: ``serve(send)`` with x-request-id added to its
+        response, then its count in the metrics and its access-log line."""
+        relay = self.relay
+        forwarded = None
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id" and given is None:
+                given = value
+            elif name == b"x-forwarded-for" and forwarded is None:
+                forwarded = value
+        call = Call.arriving(
+            datetime.now(UTC),
+            request_ids(given),
+            protocol,
+            endpoint,
+            relay.address.range_of(scope.get("client"), forwarded),
+        )
+        scope[REQUEST_ID] = call.request_id
+        header = (b"x-request-id", call.reply_id.encode())
+        status = 500  # unless a response starts
 
-def with_reply_id(scope: Scope, send: Send) -> Send:
-    """``send`` with x-request-id added to the response's headers."""
-    header = (b"x-request-id", reply_id(scope).encode())
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                call.responded = True
+                message = {**message, "headers": [*message.get("headers", ()), header]}
+            await send(message)
 
-    async def sending(message: MutableMapping[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), header]}
-        await send(message)
-
-    return sending
+        try:
+            await serve(sending)
+        except asyncio.CancelledError:
+            if not call.responded:
+                status = CLIENT_GONE
+            raise
+        finally:
+            call.status = status
+            call.served_elsewhere(relay.observed, relay.access)
 
 
 def create_app(settings: Settings | None = None) -> GatewayApp:
     """The app. With no settings, as a server's worker process builds it from
-    ``GATEWAY_CONFIG``, the worker's garbage collector is tuned too (``gc_tuning``)."""
+    ``GATEWAY_CONFIG``, the worker's logging is set up as the config says and its garbage
+    collector is tuned (``gc_tuning``)."""
     if settings is None:
-        built = create_app(load_settings())
+        settings = load_settings()
+        configure_logging(settings)  # a worker process: the server's set-up was in its parent
+        built = create_app(settings)
         tune_gc()
         return built
     store = open_store(settings.store)
@@ -229,6 +301,9 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         return states, relay.health.failures_total
 
     metrics.channels = channels_now
+    metrics.providers = lambda: {
+        c.name: PROVIDERS.get(c.type, c.type) for c in relay.catalogue.every_channel
+    }
 
     scheme = settings.store.split("://", 1)[0]
     tasks: list[asyncio.Task[None]] = []

@@ -25,6 +25,9 @@ from gateway.protocols.base import ClientSide
 from gateway.types import JSON, Receive, Scope, Send
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
+# the scope key under which a request served outside the relay (admin, dashboard) carries its
+# request id, for its log lines (set by ``app.GatewayApp``)
+REQUEST_ID = "gateway.request_id"
 CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
 RELAY_HEADERS = frozenset(
     {

@@ -158,6 +158,11 @@ class ServerSettings:
     # connections one process holds at once; past it a new one gets a short 503 and is
     # closed. 0: about half the open-file limit (each stream also holds an upstream socket)
     max_connections: int = 0
+    # on SIGTERM, requests in flight (long streams) get this many seconds to end before they
+    # are cut (hypercorn, uvicorn); a supervisor's own timeout (Kubernetes'
+    # terminationGracePeriodSeconds, compose's stop_grace_period, systemd's TimeoutStopSec)
+    # must be longer
+    graceful_seconds: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,10 +628,12 @@ def _server(v: Any) -> ServerSettings:
     keep_alive = d.get("keep_alive_seconds", base.keep_alive_seconds)
     body = d.get("body_timeout_seconds", base.body_timeout_seconds)
     connections = d.get("max_connections", base.max_connections)
+    graceful = d.get("graceful_seconds", base.graceful_seconds)
     return ServerSettings(
         keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0),
         body_timeout_seconds=_num(body, "server.body_timeout_seconds", minimum=0.0),
         max_connections=_int(connections, "server.max_connections", minimum=0),
+        graceful_seconds=_num(graceful, "server.graceful_seconds", minimum=0.0),
     )
 
 

@@ -20,7 +20,7 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from gateway.asgi import request_headers, send_error, send_json
+from gateway.asgi import REQUEST_ID, request_headers, send_error, send_json
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamUnavailableError
 from gateway.protocols import CLIENTS
 from gateway.routes import RouteSpec
@@ -59,6 +59,12 @@ class Dashboard:
                 body = await self.usage(key, now, scope.get("query_string", b""))
             await send_json(send, 200, body)
         except GatewayError as err:
+            if isinstance(err, UpstreamUnavailableError) and err.__cause__ is not None:
+                log.warning(
+                    "dashboard.store_failed request_id=%s error=%s",
+                    scope.get(REQUEST_ID, "-"),
+                    type(err.__cause__).__name__,
+                )
             await send_error(send, CLIENTS[spec.protocol], err)
 
     async def _days(self, key: KeyRecord, first: date, last: date) -> list[DailyUsage]:
@@ -66,10 +72,9 @@ class Dashboard:
         try:
             rows = await self.store.usage_daily(first.isoformat(), last.isoformat(), key.account)
         except Exception as exc:  # the store is away: say so, in the protocol's shape
-            log.warning("dashboard.store_failed error=%s", type(exc).__name__)
             raise UpstreamUnavailableError(
                 "Usage cannot be read right now; try again shortly.", retry_after=2
-            ) from None
+            ) from exc  # logged by handle(), with the request's id
         if key.quota is not None:
             rows = [r for r in rows if r.key_id == key.id]
         return rows

@@ -44,30 +44,36 @@ class ChannelHealth:
         if self._failures:
             self._failures.pop(channel, None)
 
-    def failed(self, channel: str, err: GatewayError) -> None:
+    def failed(self, channel: str, err: GatewayError, request_id: str = "") -> None:
         """Count a failed attempt on the channel, as ``err`` says: the channel's own fault
         (credentials) cools it at once; an upstream failure (5xx, unreachable, timeout)
         counts toward a cooldown; a client's mistake or this process running out of
-        connections says nothing about the channel."""
+        connections says nothing about the channel. ``request_id``: the request whose
+        attempt it was, named by the log line of a cooldown it begins."""
         if isinstance(err, GatewayOverloadedError):
             return
         if err.channel_fault or err.status >= 500:
             self.failures_total[channel] = self.failures_total.get(channel, 0) + 1
         if err.channel_fault:
-            self._cool(channel, self._cooldown)
+            self._cool(channel, self._cooldown, request_id)
         elif err.status >= 500:
             n = self._failures.get(channel, 0) + 1
             if n >= FAILURES_BEFORE_COOLDOWN:
                 self._failures.pop(channel, None)
-                self._cool(channel, min(self._cooldown, FAILURE_COOLDOWN_SECONDS))
+                self._cool(channel, min(self._cooldown, FAILURE_COOLDOWN_SECONDS), request_id)
             else:
                 self._failures[channel] = n
 
-    def _cool(self, channel: str, seconds: float) -> None:
+    def _cool(self, channel: str, seconds: float, request_id: str) -> None:
         if seconds > 0:
             self.cooling[channel] = time.monotonic() + seconds
             self._begun[channel] = int((time.time() + seconds) * 1000)
-            log.warning("relay.channel_cooling channel=%s seconds=%g", channel, seconds)
+            log.warning(
+                "relay.channel_cooling request_id=%s channel=%s seconds=%g",
+                request_id or "-",
+                channel,
+                seconds,
+            )
 
     async def share(self, store: Store) -> None:
         """Publish the cooldowns begun here since the last call; take every instance's."""

@@ -32,6 +32,7 @@ from wsgiref.handlers import format_date_time
 from hypercorn.config import Config
 
 from gateway.h11_headers import speed_up
+from gateway.relay.call import new_request_id
 
 log = logging.getLogger("gateway.server")
 _MENDED = "_gateway_mended_idle_close"
@@ -40,11 +41,19 @@ _REFUSAL_BODY = (
     b'{"error":{"message":"The gateway has too many connections open; retry shortly.",'
     b'"type":"overloaded_error","code":"too_many_connections"}}'
 )
+# the refusal, with its x-request-id (one of the gateway's own ids) put in where %s stands
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n%s"
-    % (len(_REFUSAL_BODY), _REFUSAL_BODY)
+    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n"
+    % len(_REFUSAL_BODY)
+    + b"x-request-id: %s\r\n\r\n"
+    + _REFUSAL_BODY.replace(b"%", b"%%")
 )
+
+
+def refusal(request_id: str) -> bytes:
+    """The connection cap's 503, carrying ``request_id`` as every reply carries one."""
+    return REFUSAL % request_id.encode()
 
 
 class ConnectionCap:
@@ -77,11 +86,17 @@ def limit_connections(limit: int) -> bool:
         cap = CONNECTIONS
         if cap.limit and cap.open >= cap.limit:
             cap.refused += 1
+            request_id = new_request_id()
             if cap.refused == 1 or cap.refused % 1000 == 0:
-                log.warning("server.connections_refused open=%d refused=%d", cap.open, cap.refused)
+                log.warning(
+                    "server.connections_refused request_id=%s open=%d refused=%d",
+                    request_id,
+                    cap.open,
+                    cap.refused,
+                )
             writer = self.writer
             try:
-                writer.write(REFUSAL)
+                writer.write(refusal(request_id))
                 await writer.drain()
             except OSError:
                 pass

@@ -1,29 +1,54 @@
 """``GET /metrics``: what the gateway serves, how fast, what fails and what it costs, in
 Prometheus' text format (CONTRACT §5a). Never a prompt, a reply, a key or a client IP: the
-labels are the catalogue's model names (a name outside the catalogue counts as ``other``),
-channel names, protocol, endpoint and status.
+labels are the catalogue's model names (a name outside the catalogue counts as ``other``, a
+request refused before its model was read has none), channel names, protocol, endpoint kind
+(``unknown`` for a path the gateway does not serve, never the path) and status.
 
-The hot path pays one ``observe()`` per request, into plain dicts (no metric objects, no
-locks); ``prometheus-client`` builds the exposition from them at scrape time through a
-custom collector, so its format and escaping are the library's. The metrics:
+Names follow the OpenTelemetry GenAI semantic conventions where one exists, in their
+Prometheus form (dots to underscores, the unit as a suffix): ``gen_ai.client.token.usage``
+is ``gen_ai_client_token_usage``, attribute ``gen_ai.request.model`` the label
+``gen_ai_request_model``. The gateway is a GenAI *server* to its clients and a GenAI *client*
+of its upstreams; ``gen_ai_operation_name`` is the endpoint kind (``chat``, ``embeddings``,
+...), ``gen_ai_provider_name`` the channel's type (``openai``, ``anthropic``, ``gcp.gemini``),
+``gen_ai_request_model`` the catalogue's name, ``error_type`` the HTTP status of a failure
+(empty on success). Bucket bounds are the conventions' own, extended past their last bound
+where streams run longer (a 10-minute stream would otherwise only count in ``+Inf``).
 
-- ``gateway_requests_total{model,protocol,endpoint,channel,status}`` (counter)
-- ``gateway_tokens_total{model,type}``: ``type`` is ``input`` or ``output``, as the OpenTelemetry
-  GenAI convention's ``gen_ai.token.type`` (counter)
-- ``gateway_cost_total{model}``: balance units debited (counter)
-- ``gateway_request_duration_seconds{model,endpoint,channel}``: arrival to last byte, as
-  ``gen_ai.server.request.duration`` (histogram)
-- ``gateway_time_to_first_chunk_seconds{model,endpoint,channel}``: a stream's arrival to its
-  first output, as ``gen_ai.server.time_to_first_token`` (histogram)
-- ``gateway_open_streams``, ``gateway_usage_writer_backlog`` (records not yet in the store),
-  ``gateway_usage_parked_records`` (records the store refused, retried alone) (gauges)
-- ``gateway_channel_state{channel,state}``: 1 for the channel's state, ``healthy``, ``cooling``
-  or ``disabled`` (gauge), and ``gateway_channel_failures_total{channel}`` (counter)
+- ``gen_ai_server_request_duration_seconds`` (histogram): a request's arrival to its last
+  byte, every request on the client surface.
+- ``gen_ai_server_time_to_first_token_seconds{...,stream}`` (histogram): arrival to the first
+  output the client is sent. ``stream="false"``: a reply that is not a stream leaves whole,
+  so its first byte goes out with the last and its sample is its duration.
+- ``gen_ai_client_operation_duration_seconds`` (histogram): each upstream attempt, sent to
+  answered in full (a failed one to its failure, with ``error_type``): the upstream's own
+  latency, per channel.
+- ``gen_ai_client_operation_time_to_first_chunk_seconds`` (histogram): a streamed attempt,
+  sent to the upstream's first chunk (a stream quiet past the keep-alive interval, started
+  empty, has no sample).
+- ``gen_ai_client_token_usage{...,gen_ai_token_type}`` (histogram, tokens): the tokens billed
+  per request, ``input`` and ``output``; ``_sum`` is the total (a type the upstream reported
+  none of adds no sample).
+- No convention: ``gateway_requests_total{model,protocol,endpoint,channel,status}`` (every
+  request the app handled, the gateway's own endpoints too, with ``protocol="gateway"``),
+  ``gateway_cost_total{model}`` (balance units), ``gateway_open_streams``,
+  ``gateway_usage_writer_backlog`` (records not yet in the store),
+  ``gateway_usage_parked_records`` (records the store refused, retried alone),
+  ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``) and
+  ``gateway_channel_failures_total{channel}``.
 
-With several worker processes (``--workers N``), each one writes a snapshot of its counters
-to ``GATEWAY_METRICS_DIR`` (a directory the server makes for the run) every second and when it
-stops; a scrape, answered by whichever worker, adds up every worker's snapshot (counters of a
-worker that exited stay, as Prometheus expects of counters; gauges only of live workers).
+The hot path pays one ``observe()`` per request into one row of plain numbers per label set
+(no metric objects, no locks); ``prometheus-client`` builds the exposition at scrape time
+through a custom collector, so its format and escaping are the library's.
+
+With several worker processes (``--workers N``) each writes a snapshot of everything it
+counted to ``GATEWAY_METRICS_DIR`` (a directory the server makes for the run) every second,
+when it answers a scrape and when it stops; a scrape, answered by whichever worker, adds up
+every worker's last snapshot, so every counter and histogram is the sum over workers (a
+worker that exited keeps its counts, as Prometheus expects of counters) and never goes back
+from one scrape to the next, whichever worker answers each (another worker's counts are at
+most a second old). Gauges come from live workers only: open streams,
+backlog and parked records are summed; a channel's state is the worst any worker sees
+(``disabled`` over ``cooling`` over ``healthy``).
 """
 
 from __future__ import annotations
@@ -53,19 +78,43 @@ log = logging.getLogger("gateway.metrics")
 
 DIR_ENV = "GATEWAY_METRICS_DIR"
 SNAPSHOT_EVERY = 1.0  # seconds between a worker's snapshots
-DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-FIRST_CHUNK_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# gen_ai.server.request.duration's and gen_ai.client.operation.duration's bounds, then on to
+# ten minutes
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92, 163.84, 327.68, 655.36)  # fmt: skip
+# gen_ai.server.time_to_first_token's, then 30 s and a minute (thinking models)
+FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                       2.5, 5.0, 7.5, 10.0, 30.0, 60.0)  # fmt: skip
+# gen_ai.client.token.usage's
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                 16777216, 67108864)  # fmt: skip
 OTHER = "other"
+OWN_PROTOCOL = "gateway"  # the protocol label of the gateway's own endpoints (admin, probes)
+STATES = ("healthy", "cooling", "disabled")  # a worse state last
+GENAI = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "channel"]
 
 
-# a row of ``Metrics.rows``: requests, input and output tokens, cost in micro-units, then the
-# duration histogram's buckets (the last one +Inf, not cumulative) and its sum, then the
-# first-chunk histogram's buckets and its sum (a histogram's count is its buckets' sum)
-DURATION_AT = 4
-DURATION_SUM = DURATION_AT + len(DURATION_BUCKETS) + 1
-FIRST_CHUNK_AT = DURATION_SUM + 1
-FIRST_CHUNK_SUM = FIRST_CHUNK_AT + len(FIRST_CHUNK_BUCKETS) + 1
-ROW_WIDTH = FIRST_CHUNK_SUM + 1
+def _after(at: int, bounds: tuple[float, ...]) -> tuple[int, int]:
+    """A histogram at ``at`` in a row: its buckets (the last one +Inf, not cumulative), then
+    its sum; (the sum's index, the next free index)."""
+    return at + len(bounds) + 1, at + len(bounds) + 2
+
+
+# a row of ``Metrics.rows``: requests, cost in micro-units, then the histograms, each its
+# buckets and its sum (a histogram's count is its buckets' sum)
+COST = 1
+DURATION = 2  # gen_ai.server.request.duration
+DURATION_SUM, STREAM_FIRST = _after(DURATION, DURATION_BUCKETS)
+STREAM_FIRST_SUM, REPLY_FIRST = _after(STREAM_FIRST, FIRST_TOKEN_BUCKETS)
+REPLY_FIRST_SUM, UPSTREAM = _after(REPLY_FIRST, FIRST_TOKEN_BUCKETS)
+UPSTREAM_SUM, UPSTREAM_FIRST = _after(UPSTREAM, DURATION_BUCKETS)
+UPSTREAM_FIRST_SUM, TOKENS_IN = _after(UPSTREAM_FIRST, DURATION_BUCKETS)
+TOKENS_IN_SUM, TOKENS_OUT = _after(TOKENS_IN, TOKEN_BUCKETS)
+TOKENS_OUT_SUM, ROW_WIDTH = _after(TOKENS_OUT, TOKEN_BUCKETS)
+# a row of ``Metrics.failed``: a failed attempt's duration buckets and sum
+FAILED_WIDTH = len(DURATION_BUCKETS) + 2
+
+Labels = tuple[str, str, str, str | None, int]  # model, protocol, endpoint, channel, status
 
 
 class Metrics:
@@ -75,62 +124,100 @@ class Metrics:
 
     def __init__(self, known_models: Iterable[str] = ()) -> None:
         self.known = frozenset(known_models)
-        # (model, protocol, endpoint, channel or None, status) -> a row (``ROW_WIDTH``)
-        self.rows: dict[tuple[str, str, str, str | None, int], list[Any]] = {}
+        self.rows: dict[Labels, list[Any]] = {}
+        # failed upstream attempts: (model, endpoint, channel, status) -> ``FAILED_WIDTH``
+        self.failed: dict[tuple[str, str, str, int], list[Any]] = {}
         self.open_streams = 0
-        # read at scrape time, set by the app: writer backlog and parked, channel states and
-        # failures
+        # read at scrape time, set by the app: writer backlog and parked; channel states and
+        # failed attempts as channel health counts them; each channel's provider name
         self.gauges: Callable[[], dict[str, float]] = dict
         self.channels: Callable[[], tuple[dict[str, str], dict[str, int]]] = lambda: ({}, {})
+        self.providers: Callable[[], dict[str, str]] = dict
 
-    def observe(self, rec: UsageRecord, first_chunk: float | None) -> None:
-        """A request that ended (its usage record), and a stream's seconds to first output."""
-        model = rec.model
-        if model not in self.known:
-            model = OTHER
-        labels = (model, rec.protocol, rec.endpoint, rec.channel, rec.status)
+    def _row(self, labels: Labels) -> list[Any]:
         row = self.rows.get(labels)
         if row is None:
             row = self.rows[labels] = [0] * ROW_WIDTH
+        return row
+
+    def observe(
+        self,
+        rec: UsageRecord,
+        seconds: float,
+        first_chunk: float | None,
+        upstream: float | None = None,
+        upstream_first: float | None = None,
+    ) -> None:
+        """A request on the client surface that ended (its usage record) after ``seconds``:
+        ``first_chunk``, a stream's seconds to its first output; ``upstream``, the seconds of
+        the attempt that answered (None: none did); ``upstream_first``, a stream's seconds
+        from that attempt's start to the upstream's first chunk."""
+        model = rec.model
+        if model not in self.known:
+            model = OTHER if model else ""
+        labels = (model, rec.protocol, rec.endpoint, rec.channel, rec.status)
+        row = self.rows.get(labels)
+        if row is None:
+            row = self._row(labels)
         row[0] += 1
-        row[1] += rec.prompt_tokens
-        row[2] += rec.completion_tokens
-        row[3] += rec.cost
-        seconds = rec.latency_ms / 1000
-        row[DURATION_AT + bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1  # le
+        row[COST] += rec.cost
+        row[DURATION + bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1  # le
         row[DURATION_SUM] += seconds
         if first_chunk is not None:
-            row[FIRST_CHUNK_AT + bisect.bisect_left(FIRST_CHUNK_BUCKETS, first_chunk)] += 1
-            row[FIRST_CHUNK_SUM] += first_chunk
+            row[STREAM_FIRST + bisect.bisect_left(FIRST_TOKEN_BUCKETS, first_chunk)] += 1
+            row[STREAM_FIRST_SUM] += first_chunk
+        elif rec.status == 200:  # a whole reply: its first byte left with its last
+            row[REPLY_FIRST + bisect.bisect_left(FIRST_TOKEN_BUCKETS, seconds)] += 1
+            row[REPLY_FIRST_SUM] += seconds
+        if upstream is None:
+            return
+        row[UPSTREAM + bisect.bisect_left(DURATION_BUCKETS, upstream)] += 1
+        row[UPSTREAM_SUM] += upstream
+        if upstream_first is not None:
+            row[UPSTREAM_FIRST + bisect.bisect_left(DURATION_BUCKETS, upstream_first)] += 1
+            row[UPSTREAM_FIRST_SUM] += upstream_first
+        tokens = rec.prompt_tokens
+        if tokens:
+            row[TOKENS_IN + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            row[TOKENS_IN_SUM] += tokens
+        tokens = rec.completion_tokens
+        if tokens:
+            row[TOKENS_OUT + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            row[TOKENS_OUT_SUM] += tokens
 
-    def _series(self) -> tuple[list[list[Any]], list[list[Any]], list[list[Any]]]:
-        """The rows as the snapshot's three tables: requests by their five labels; the two
-        histograms by (model, endpoint, channel), each row its buckets, count and sum."""
-        requests: list[list[Any]] = []
-        duration: dict[tuple[str, str, str], list[float]] = {}
-        first: dict[tuple[str, str, str], list[float]] = {}
-        for (model, protocol, endpoint, channel, status), row in self.rows.items():
-            name = channel or ""
-            requests.append([model, protocol, endpoint, name, str(status), *row[:4]])
-            timing = (model, endpoint, name)
-            _add(duration, timing, row[DURATION_AT : DURATION_SUM + 1])
-            if any(row[FIRST_CHUNK_AT:FIRST_CHUNK_SUM]):
-                _add(first, timing, row[FIRST_CHUNK_AT : FIRST_CHUNK_SUM + 1])
-        return (
-            requests,
-            [[*k, *v] for k, v in duration.items()],
-            [[*k, *v] for k, v in first.items()],
-        )
+    def observe_other(self, protocol: str, endpoint: str, status: int) -> None:
+        """A request the relay did not serve (the model lists, the admin API, the probes, an
+        unknown path): counted, not timed as a GenAI operation."""
+        self._row(("", protocol, endpoint, None, status))[0] += 1
+
+    def attempt_failed(
+        self, model: str, endpoint: str, channel: str, status: int, seconds: float
+    ) -> None:
+        """An upstream attempt that failed after ``seconds`` (the next channel may be tried)."""
+        if model not in self.known:
+            model = OTHER if model else ""
+        key = (model, endpoint, channel, status)
+        row = self.failed.get(key)
+        if row is None:
+            row = self.failed[key] = [0] * FAILED_WIDTH
+        row[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        row[-1] += seconds
 
     # -- snapshots across worker processes --------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        requests, duration, first_chunk = self._series()
+        """Everything this process counted, as JSON-ready tables."""
+        states, failures = self.channels()
         return {
             "pid": os.getpid(),
-            "requests": requests,
-            "duration": duration,
-            "first_chunk": first_chunk,
+            "rows": [
+                [model, protocol, endpoint, channel or "", status, *row]
+                for (model, protocol, endpoint, channel, status), row in self.rows.items()
+            ],
+            "failed": [[*key, *row] for key, row in self.failed.items()],
+            "failures": failures,
+            "providers": self.providers(),
+            "channels": states,
             "gauges": {"open_streams": self.open_streams, **self.gauges()},
         }
 
@@ -147,23 +234,14 @@ class Metrics:
                 self._write(path)
 
     def _write(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(self.snapshot()))
-        tmp.replace(path)
+        _write(path, self.snapshot())
 
 
-def _add(
-    into: dict[tuple[str, str, str], list[float]], labels: tuple[str, str, str], part: list[float]
-) -> None:
-    """A histogram's buckets and sum (``part``) added into its series as buckets, count,
-    sum."""
-    row = into.get(labels)
-    if row is None:
-        row = into[labels] = [0.0] * (len(part) + 1)
-    for i, n in enumerate(part[:-1]):
-        row[i] += n
-    row[-2] += sum(part[:-1])
-    row[-1] += part[-1]
+def _write(path: Path, snapshot: dict[str, Any]) -> None:
+    """A snapshot to ``path``, replaced atomically."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(orjson.dumps(snapshot))
+    tmp.replace(path)
 
 
 def _alive(pid: int) -> bool:
@@ -177,7 +255,8 @@ def _alive(pid: int) -> bool:
 
 
 def _snapshots(own: dict[str, Any], directory: str | None) -> list[dict[str, Any]]:
-    """This process's live snapshot and every other worker's last one."""
+    """This process's live snapshot and every other worker's last one (a worker that is gone
+    keeps its counts, not its gauges or channel states)."""
     out = [own]
     if not directory:
         return out
@@ -189,8 +268,23 @@ def _snapshots(own: dict[str, Any], directory: str | None) -> list[dict[str, Any
         except (OSError, orjson.JSONDecodeError):
             continue  # being replaced; the next scrape reads it
         if not _alive(int(snap.get("pid", 0))):
-            snap["gauges"] = {}
+            snap["gauges"], snap["channels"] = {}, {}
         out.append(snap)
+    return out
+
+
+def _summed(
+    snaps: list[dict[str, Any]], table: str, width: int, labels: int
+) -> dict[tuple[Any, ...], list[Any]]:
+    """A table's rows over every snapshot, added up by their first ``labels`` values."""
+    out: dict[tuple[Any, ...], list[Any]] = {}
+    for snap in snaps:
+        for row in snap.get(table, ()):
+            into = out.get(key := tuple(row[:labels]))
+            if into is None:
+                into = out[key] = [0] * width
+            for i, n in enumerate(row[labels:]):
+                into[i] += n
     return out
 
 
@@ -202,98 +296,171 @@ class Exposition(Collector):
         self.directory = directory
 
     def collect(self) -> Iterator[Metric]:
-        snaps = _snapshots(self.metrics.snapshot(), self.directory)
-        requests: dict[tuple[str, ...], list[int]] = {}
+        own = self.metrics.snapshot()
+        if self.directory:
+            # this worker's counts go to its file first: a later scrape answered by another
+            # worker reads them, so no counter ever goes back between two scrapes
+            with contextlib.suppress(OSError):
+                _write(Path(self.directory) / f"{own['pid']}.json", own)
+        snaps = _snapshots(own, self.directory)
+        rows = _summed(snaps, "rows", ROW_WIDTH, 5)
+        providers: dict[str, str] = {}
         for snap in snaps:
-            for row in snap["requests"]:
-                into = requests.setdefault(tuple(row[:5]), [0, 0, 0, 0])
-                for i in range(4):
-                    into[i] += row[5 + i]
+            providers.update(snap.get("providers", {}))
+
         total = CounterMetricFamily(
             "gateway_requests",
-            "Requests that ended, by model, client protocol, endpoint, channel and status.",
+            "Requests the gateway handled, by model, client protocol, endpoint, channel and "
+            "status.",
             labels=["model", "protocol", "endpoint", "channel", "status"],
         )
-        tokens = CounterMetricFamily(
-            "gateway_tokens", "Tokens billed, by model and type.", labels=["model", "type"]
-        )
+        costs: dict[str, int] = {}
+        for (model, protocol, endpoint, channel, status), row in sorted(rows.items()):
+            total.add_metric([model, protocol, endpoint, channel, str(status)], row[0])
+            if model or row[COST]:
+                costs[model] = costs.get(model, 0) + row[COST]
+        yield total
         cost = CounterMetricFamily(
             "gateway_cost", "Balance units debited, by model.", labels=["model"]
         )
-        by_model: dict[str, list[int]] = {}
-        for labels, (n, tin, tout, micro) in sorted(requests.items()):
-            total.add_metric(list(labels), n)
-            m = by_model.setdefault(labels[0], [0, 0, 0])
-            m[0] += tin
-            m[1] += tout
-            m[2] += micro
-        for model, (tin, tout, micro) in sorted(by_model.items()):
-            tokens.add_metric([model, "input"], tin)
-            tokens.add_metric([model, "output"], tout)
+        for model, micro in sorted(costs.items()):
             cost.add_metric([model], micro / MICRO)
-        yield total
-        yield tokens
         yield cost
-        yield self._histogram(
-            snaps, "duration", DURATION_BUCKETS, "gateway_request_duration_seconds",
+
+        def genai(key: tuple[Any, ...], *more: str) -> tuple[str, ...]:
+            model, _, endpoint, channel, _ = key
+            return (endpoint, providers.get(channel, ""), model, channel, *more)
+
+        def error_type(status: int, least: int = 400) -> str:
+            return str(status) if status >= least else ""
+
+        series: dict[tuple[str, ...], list[Any]] = {}
+        for key, row in rows.items():
+            _add(series, genai(key, error_type(key[4])), row, DURATION, DURATION_SUM)
+        yield _histogram(
+            "gen_ai_server_request_duration_seconds",
             "Seconds from a request's arrival to its last byte.",
+            [*GENAI, "error_type"], DURATION_BUCKETS, series,
         )  # fmt: skip
-        yield self._histogram(
-            snaps, "first_chunk", FIRST_CHUNK_BUCKETS, "gateway_time_to_first_chunk_seconds",
-            "Seconds from a stream's arrival to its first output.",
+
+        series = {}
+        for key, row in rows.items():
+            _add(series, genai(key, "true"), row, STREAM_FIRST, STREAM_FIRST_SUM)
+            _add(series, genai(key, "false"), row, REPLY_FIRST, REPLY_FIRST_SUM)
+        yield _histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Seconds from a request's arrival to the first output its client is sent (a reply "
+            "that is not a stream: with all of it).",
+            [*GENAI, "stream"], FIRST_TOKEN_BUCKETS, series,
         )  # fmt: skip
+
+        series = {}
+        for key, row in rows.items():  # the attempt that answered; a 5xx: it broke off
+            _add(series, genai(key, error_type(key[4], 500)), row, UPSTREAM, UPSTREAM_SUM)
+        for (model, endpoint, channel, status), row in _summed(
+            snaps, "failed", FAILED_WIDTH, 4
+        ).items():
+            labels = (endpoint, providers.get(channel, ""), model, channel, str(status))
+            _add(series, labels, row, 0, FAILED_WIDTH - 1)
+        yield _histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "Seconds of each upstream attempt, sent to answered in full or failed.",
+            [*GENAI, "error_type"], DURATION_BUCKETS, series,
+        )  # fmt: skip
+
+        series = {}
+        for key, row in rows.items():
+            _add(series, genai(key), row, UPSTREAM_FIRST, UPSTREAM_FIRST_SUM)
+        yield _histogram(
+            "gen_ai_client_operation_time_to_first_chunk_seconds",
+            "Seconds from a streamed upstream attempt's start to the upstream's first chunk.",
+            GENAI, DURATION_BUCKETS, series,
+        )  # fmt: skip
+
+        series = {}
+        for key, row in rows.items():
+            _add(series, genai(key, "input"), row, TOKENS_IN, TOKENS_IN_SUM)
+            _add(series, genai(key, "output"), row, TOKENS_OUT, TOKENS_OUT_SUM)
+        yield _histogram(
+            "gen_ai_client_token_usage",
+            "Tokens billed per request, by type (input, output).",
+            [*GENAI, "gen_ai_token_type"], TOKEN_BUCKETS, series,
+        )  # fmt: skip
+
+        yield from self._gauges(snaps)
+
+    @staticmethod
+    def _gauges(snaps: list[dict[str, Any]]) -> Iterator[Metric]:
         gauges: dict[str, float] = {}
+        worst: dict[str, int] = {}
+        failures: dict[str, int] = {}
         for snap in snaps:
             for name, value in snap["gauges"].items():
                 gauges[name] = gauges.get(name, 0) + value
+            for channel, now in snap.get("channels", {}).items():
+                worst[channel] = max(worst.get(channel, 0), STATES.index(now))
+            for channel, n in snap.get("failures", {}).items():
+                failures[channel] = failures.get(channel, 0) + n
         for name, text in (
             ("open_streams", "Streams being relayed now."),
             ("usage_writer_backlog", "Usage records not yet in the store."),
             ("usage_parked_records", "Usage records the store refused, retried alone."),
         ):
             yield GaugeMetricFamily(f"gateway_{name}", text, value=gauges.get(name, 0))
-        states, failures = self.metrics.channels()
         state = GaugeMetricFamily(
             "gateway_channel_state",
-            "1 for each channel's state: healthy, cooling or disabled.",
+            "1 for each channel's state: healthy, cooling or disabled (the worst any worker sees).",
             labels=["channel", "state"],
         )
-        for channel, now in sorted(states.items()):
-            for name in ("healthy", "cooling", "disabled"):
-                state.add_metric([channel, name], 1 if name == now else 0)
+        for channel, now in sorted(worst.items()):
+            for i, name in enumerate(STATES):
+                state.add_metric([channel, name], 1 if i == now else 0)
         yield state
         failed = CounterMetricFamily(
             "gateway_channel_failures",
-            "Failed upstream attempts, by channel (this process).",
+            "Failed upstream attempts that count toward a channel's cooldown, by channel.",
             labels=["channel"],
         )
-        for channel in sorted(states):
+        for channel in sorted(set(worst) | set(failures)):
             failed.add_metric([channel], failures.get(channel, 0))
         yield failed
 
-    @staticmethod
-    def _histogram(
-        snaps: list[dict[str, Any]],
-        field: str,
-        bounds: tuple[float, ...],
-        name: str,
-        text: str,
-    ) -> HistogramMetricFamily:
-        series: dict[tuple[str, ...], list[float]] = {}
-        width = len(bounds) + 3
-        for snap in snaps:
-            for row in snap[field]:
-                into = series.setdefault(tuple(row[:3]), [0.0] * width)
-                for i in range(width):
-                    into[i] += row[3 + i]
-        family = HistogramMetricFamily(name, text, labels=["model", "endpoint", "channel"])
-        for labels, row in sorted(series.items()):
-            cumulative, buckets = 0.0, []
-            for bound, count in zip((*bounds, float("inf")), row[: len(bounds) + 1], strict=True):
-                cumulative += count
-                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-            family.add_metric(list(labels), buckets, sum_value=row[-1])
-        return family
+
+def _add(
+    into: dict[tuple[str, ...], list[Any]],
+    labels: tuple[str, ...],
+    row: list[Any],
+    at: int,
+    end: int,
+) -> None:
+    """The histogram at ``row[at:end]`` (buckets) and ``row[end]`` (sum) added into its series
+    by ``labels``, unless it counted nothing."""
+    buckets = row[at:end]
+    if not any(buckets):
+        return
+    into_row = into.get(labels)
+    if into_row is None:
+        into_row = into[labels] = [0] * (end - at + 1)
+    for i, n in enumerate(buckets):
+        into_row[i] += n
+    into_row[-1] += row[end]
+
+
+def _histogram(
+    name: str,
+    text: str,
+    labels: list[str],
+    bounds: tuple[float, ...],
+    series: dict[tuple[str, ...], list[Any]],
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, text, labels=labels)
+    for values, row in sorted(series.items()):
+        cumulative, buckets = 0.0, []
+        for bound, count in zip((*bounds, float("inf")), row[:-1], strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        family.add_metric(list(values), buckets, sum_value=row[-1])
+    return family
 
 
 def registry_for(metrics: Metrics) -> CollectorRegistry:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import tempfile
@@ -33,8 +34,8 @@ BACKLOG = 2048
 # requests a granian worker serves at once: its default (backlog / workers, 1,024) turned the
 # 2,049th concurrent stream away; a gateway holds thousands of long streams per worker
 GRANIAN_MAX_CONCURRENT = 65536
-GRACEFUL_SECONDS = 30.0  # long enough for in-flight streams to end on SIGTERM
 APP_FACTORY = "gateway.app:create_app"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(message)s"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
 
 
@@ -43,9 +44,7 @@ def serve(
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
     snapshots for the run (``gateway.metrics``), removed when the server stops."""
-    logging.basicConfig(
-        level=settings.logging.level.upper(), format="%(asctime)s %(levelname)s %(message)s"
-    )
+    configure_logging(settings)
     os.environ["GATEWAY_CONFIG"] = settings.path
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
@@ -53,17 +52,27 @@ def serve(
             os.environ[METRICS_DIR_ENV] = snapshots
         if server == "uvicorn":
             limit = settings.server.max_connections or default_connection_limit()
-            _uvicorn(host, port, workers, settings.server.keep_alive_seconds, limit)
+            _uvicorn(host, port, workers, settings, limit)
         elif server == "granian":
             _granian(host, port, workers)
         else:
             _hypercorn(settings, host, port, workers)
 
 
+def configure_logging(settings: Settings) -> None:
+    """The log's level and line format, as ``logging:`` says: in the server's process, and
+    again in each worker process (``create_app()``), which starts with logging unset (a
+    spawned process inherits none of it). A process whose logging is set up already keeps
+    its handlers (``basicConfig`` adds none then); its level is set all the same."""
+    level = settings.logging.level.upper()
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    logging.getLogger().setLevel(level)
+
+
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg = ServerConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    cfg.graceful_timeout = GRACEFUL_SECONDS
+    cfg.graceful_timeout = settings.server.graceful_seconds
     cfg.keep_alive_timeout = settings.server.keep_alive_seconds
     cfg.accesslog = None
     cfg.errorlog = "-"
@@ -99,9 +108,15 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
 
 def hypercorn_worker_app() -> GatewayApp:
     """The app of one of several hypercorn workers, each its own process (``mend_hypercorn``
-    must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it."""
+    must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it.
+
+    A worker ignores SIGTERM. Its shutdown comes from the parent (an event the parent sets on
+    SIGTERM, then hypercorn's graceful shutdown, ``graceful_seconds``), and hypercorn's parent
+    sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
+    streams finish was killed there, streams, access-log lines and all."""
     from gateway.app import create_app
 
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     mend_hypercorn()
     app = create_app()
     limit = app.state.gateway.settings.server.max_connections
@@ -109,7 +124,7 @@ def hypercorn_worker_app() -> GatewayApp:
     return app
 
 
-def _uvicorn(host: str, port: int, workers: int, keep_alive: float, limit: int) -> None:
+def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int) -> None:
     import uvicorn
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
@@ -122,9 +137,10 @@ def _uvicorn(host: str, port: int, workers: int, keep_alive: float, limit: int) 
         backlog=BACKLOG,
         access_log=False,
         server_header=False,
-        timeout_keep_alive=round(keep_alive),  # the config allows no less than 1
+        # the config allows no less than 1
+        timeout_keep_alive=round(settings.server.keep_alive_seconds),
         log_level="warning",
-        timeout_graceful_shutdown=int(GRACEFUL_SECONDS),
+        timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
         limit_concurrency=limit,  # past it, uvicorn answers 503 itself
     )
 

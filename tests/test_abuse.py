@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import re
 import resource
 import signal
 import time
@@ -194,6 +195,12 @@ async def test_past_the_connection_cap_a_new_one_gets_503(
                 break
             assert time.monotonic() < deadline, data
         assert b"too_many_connections" in data and b"connection: close" in data
+        # it carries a request id like every reply, and the log's refusal line names it
+        head = data.split(b"\r\n\r\n", 1)[0].decode()
+        (rid,) = [x.split(": ", 1)[1] for x in head.split("\r\n") if x.startswith("x-request-id:")]
+        assert re.fullmatch(r"[0-9a-f]{16}", rid), head
+        log = gw.log.read_text()
+        assert "server.connections_refused request_id=" in log, log[-2000:]
         for writer in held:
             writer.close()
         held.clear()

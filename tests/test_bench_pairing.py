@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import report
 from bench.report import share, turn_ratios
 from bench.run import turn_order
 from bench.targets import Target
@@ -69,3 +70,32 @@ def test_the_spread_of_the_turns_is_shown() -> None:
     bare = {"rps": 1000.0, "rps_reps": [1000.0, 520.0, 1000.0]}
     assert turn_ratios(gateway, bare) == " (turns 90%–96%)"
     assert turn_ratios({"rps": 1.0, "rps_reps": [1.0]}, {"rps": 1.0, "rps_reps": [1.0]}) == ""
+
+
+def test_the_gateway_without_metrics_is_measured_beside_it() -> None:
+    live = [*LIVE, _target("gateway-hypercorn-1w-nometrics", "gateway", "hypercorn")]
+    group = ["bare-hypercorn", "gateway-hypercorn-1w", "gateway-hypercorn-1w-nometrics"]
+    assert [t.name for t in turn_order(live, 0)][1:4] == group
+    assert [t.name for t in turn_order(live, 1)][1:4] == group[::-1]
+    assert sorted(t.name for t in turn_order(live, 1)) == sorted(t.name for t in live)
+
+
+def test_the_report_judges_the_cost_of_metrics() -> None:
+    """Throughput with metrics on as a share of off, turn by turn, and by instructions."""
+    on = {"rps": 960.0, "rps_reps": [960.0, 500.0], "errors": 0}
+    off = {"rps": 1000.0, "rps_reps": [1000.0, 520.0], "errors": 0}
+    results = {
+        "a": {"gateway-hypercorn-1w": {1: on}, "gateway-hypercorn-1w-nometrics": {1: off}},
+        "b": {},
+        "e_instructions": {
+            "gateway-hypercorn-1w": {"json": 1_900_000.0, "sse": 2_100_000.0},
+            "gateway-hypercorn-1w-nometrics": {"json": 1_850_000.0, "sse": 1_950_000.0},
+        },
+    }
+    rows = [r for r in report._targets(results, [1], [1]) if "metrics and access log" in r]
+    (wall,) = rows
+    assert "(a) non-stream, 1 conns | 96.1% (turns 96%–96%) | **PASS**" in wall
+    counted = [r for r in report._targets(results, [1], [1]) if "| 97.4% (50k instructions" in r]
+    assert len(counted) == 1 and "97.4%" in counted[0] and "**PASS**" in counted[0]
+    sse = [r for r in report._targets(results, [1], [1]) if "(150k instructions" in r]
+    assert len(sse) == 1 and "92.9%" in sse[0] and "**FAIL**" in sse[0]

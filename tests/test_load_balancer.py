@@ -120,10 +120,11 @@ class Nginx:
     """nginx in the foreground, every path in ``directory``, the upstream block naming the
     instances, the server block the repository's own proxy configuration."""
 
-    def __init__(self, directory: Path, instances: list[Gateway]) -> None:
+    def __init__(self, directory: Path, instances: list[Gateway], extra: str = "") -> None:
         self.dir = directory
         self.port = free_port()
         self.instances = instances
+        self.extra = extra  # directives of the server block, before the proxy block
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -156,6 +157,7 @@ http {{
     }}
     server {{
         listen 127.0.0.1:{self.port};
+        {self.extra}
         include {PROXY_CONF};
     }}
 }}
@@ -297,12 +299,20 @@ async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
 
 async def test_nginx_passes_a_stream_on_as_it_comes(fake: FakeUpstream, tmp_path: Path) -> None:
     """The proxy block does not buffer: the first chunk of a slow stream reaches the client
-    long before the stream ends (5 pieces, 3 s apart: buffered, nothing would come for 12 s)."""
+    long before the stream ends (5 pieces, 3 s apart: buffered, nothing would come for 12 s).
+    The gateway's own ``X-Accel-Buffering: no`` is ignored here, so that it is the block's
+    own settings under test, and the block must say ``proxy_buffering off`` itself: nginx
+    (1.22) was seen passing paced pieces on promptly with buffering on too, and buffers what a
+    slow client has not read yet. And /metrics is not served through it (Prometheus scrapes
+    the instances)."""
+    block = PROXY_CONF.read_text().split("location / {", 1)[1].split("}", 1)[0]
+    directives = {line.strip() for line in block.splitlines()}
+    assert {"proxy_buffering off;", "proxy_request_buffering off;"} <= directives
     redis = OwnRedis(tmp_path / "redis")
     await redis.start()
     gw = Gateway(write_config(tmp_path, fake.url, redis.url), free_port(), tmp_path / "gw.log")
     await gw.start()
-    nginx = Nginx(tmp_path / "nginx", [gw])
+    nginx = Nginx(tmp_path / "nginx", [gw], extra="proxy_ignore_headers X-Accel-Buffering;")
     await nginx.start()
     slow = "[[fake chunks=5 delay_ms=3000]] one two three four five"
     body = {"model": "chat-small", "stream": True, "messages": [{"role": "user", "content": slow}]}
@@ -311,12 +321,22 @@ async def test_nginx_passes_a_stream_on_as_it_comes(fake: FakeUpstream, tmp_path
         async with aiohttp.ClientSession() as s:
             async with s.post(nginx.url + "/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200
-                started = time.monotonic()
-                first = await asyncio.wait_for(r.content.readline(), 6)  # well under 12 s
-                assert first.startswith(b"data: ")
-                assert time.monotonic() - started < 6
-                rest = await r.read()
-                assert rest.rstrip().endswith(b"data: [DONE]")
+                # (the first piece may come along with the headers even when nginx buffers:
+                # the pieces after it tell)
+                arrived: list[float] = []
+                last = b""
+                while line := await asyncio.wait_for(r.content.readline(), 6):  # well under 12 s
+                    if line.startswith(b"data: "):
+                        arrived.append(time.monotonic())
+                        last = line
+                assert last.rstrip() == b"data: [DONE]"
+                # each piece as it came: four 3 s pauses between the five
+                gaps = [b - a for a, b in zip(arrived, arrived[1:], strict=False)]
+                assert sum(gap > 1.5 for gap in gaps) == 4, gaps
+            async with s.get(nginx.url + "/metrics") as r:
+                assert r.status == 403
+            async with s.get(gw.url + "/metrics") as r:
+                assert r.status == 200
     finally:
         assert nginx.proc is not None
         nginx.proc.terminate()

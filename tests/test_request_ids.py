@@ -6,6 +6,7 @@ JSON by default or text, with nothing of the key, the prompt or the full address
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -130,6 +131,28 @@ async def test_text_lines_when_asked(
         assert gw.state.relay.access is None
 
 
+async def test_log_lines_a_request_causes_carry_its_id(
+    gateway: ServedGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The upstream failures of a request, and the channel cooldown the third one in a row
+    begins, are logged with that request's id."""
+    caplog.set_level(logging.WARNING)
+    failing = {
+        "model": "chat-small",
+        "messages": [{"role": "user", "content": "[[fake status=500]]"}],
+    }
+    async with aiohttp.ClientSession() as s:
+        for n in range(3):
+            mine = {**ALICE, "x-request-id": f"failing-{n}"}
+            status, rid, _ = await post(s, gateway.v1 + "/chat/completions", failing, mine)
+            assert status >= 500 and rid == f"failing-{n}"
+    lines = [r.getMessage() for r in caplog.records]
+    (cooling,) = [x for x in lines if x.startswith("relay.channel_cooling")]
+    assert cooling.startswith("relay.channel_cooling request_id=failing-2/"), cooling
+    for n in range(3):
+        assert any(f"request_id=failing-{n}/" in x and "upstream" in x for x in lines), lines
+
+
 def test_a_record_arrives_with_its_ids_and_nothing_else_filled_in() -> None:
     """``Call.arriving`` passes its values by position (cheaper on every request): each one
     must land in the field of its name."""
@@ -157,6 +180,8 @@ def test_a_record_arrives_with_its_ids_and_nothing_else_filled_in() -> None:
         "recorded": False,
         "held": 0,
         "first_chunk": None,
+        "upstream_started": 0.0,
+        "upstream_first": None,
         "span": None,
     }
     assert 0 < call.started <= time.perf_counter()

@@ -3,19 +3,26 @@ idle connections (``server.keep_alive_seconds``)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import importlib.util
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from bench import procs
+from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
+from tests.plugins.processes import Gateway, free_port, write_config
+from tests.plugins.servers import KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +129,77 @@ def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, serve
         proc.wait(30)
 
 
+STARTED = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO (\d+) gateway\.started store=sqlite$",
+    re.MULTILINE,
+)
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_each_worker_logs_as_the_config_says(tmp_path: Path, server: str) -> None:
+    """With ``--workers 2`` each worker (a process of its own, spawned without the server's
+    logging) logs at the configured level, every line with its time, level and process."""
+    config = minimal_config(tmp_path, "logging: {level: debug}\n")
+    proc, port = start(tmp_path, config, server, "--workers", "2")
+    log = tmp_path / "log"
+    try:
+        deadline = time.monotonic() + 60
+        while len(STARTED.findall(log.read_text())) < 2:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/nowhere")
+        assert conn.getresponse().status == 404
+        conn.close()
+        # the access line of the request, from one of them (written within a fifth of a second)
+        while '"endpoint":"unknown","status":404' not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = log.read_text()
+    workers = {m.group(1) for m in STARTED.finditer(text)}
+    # (an INFO line at all says the level holds there: the default, WARNING, drops it)
+    assert len(workers) == 2 and str(proc.pid) not in workers, text[-3000:]
+
+
+async def test_sigterm_lets_every_workers_streams_finish(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """Streams of different lengths on both of two workers, then SIGTERM: every stream ends
+    complete (the worker whose streams end first exits first; the other must not be killed
+    then) and the server exits 0."""
+    gw = Gateway(write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db"), free_port(),
+                 tmp_path / "gw.log", workers=2)  # fmt: skip
+    await gw.start()
+    headers = {"authorization": f"Bearer {KEYS['alice']}"}
+    seen: list[bytes] = []
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+
+            async def stream(pause_ms: int, started: asyncio.Event) -> None:
+                text = f"[[fake chunks=4 delay_ms={pause_ms}]] a b c d"
+                body = {"model": "chat-small", "stream": True,
+                        "messages": [{"role": "user", "content": text}]}  # fmt: skip
+                async with s.post(gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    assert r.status == 200
+                    await r.content.readline()
+                    started.set()
+                    seen.append(await r.read())
+
+            events = [asyncio.Event() for _ in range(8)]
+            tasks = [asyncio.create_task(stream(300 + 200 * i, e)) for i, e in enumerate(events)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
+            gw.kill(signal.SIGTERM)
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert len(seen) == 8 and all(b"data: [DONE]" in x for x in seen)
+        assert await gw.exit_code() == 0
+    finally:
+        if gw.proc is not None and gw.proc.poll() is None:
+            gw.proc.kill()
+
+
 def close_wait_sockets(port: int) -> int:
     """The server's sockets on ``port`` whose client has closed and that it still holds."""
     held = 0
@@ -175,3 +253,36 @@ def test_server_section(tmp_path: Path, section: str, expected: float | str) -> 
     else:
         with pytest.raises(ConfigError, match=expected):
             load_settings(config)
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("", 30.0),
+        ("server: {graceful_seconds: 90}\n", 90.0),
+        ("server: {graceful_seconds: 0}\n", 0.0),
+        ("server: {graceful_seconds: -1}\n", "server.graceful_seconds: must be at least 0"),
+    ],
+)
+def test_the_grace_period_is_a_setting(tmp_path: Path, section: str, expected: float | str) -> None:
+    """How long streams in flight get on SIGTERM; hypercorn is given it (uvicorn too)."""
+    config = minimal_config(tmp_path, section)
+    if isinstance(expected, str):
+        with pytest.raises(ConfigError, match=expected):
+            load_settings(config)
+        return
+    settings = load_settings(config)
+    assert settings.server.graceful_seconds == expected
+    seen = {}
+
+    def run(cfg: object) -> None:
+        seen["graceful"] = cfg.graceful_timeout  # type: ignore[attr-defined]
+
+    import hypercorn.run
+
+    from gateway import server
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hypercorn.run, "run", run)
+        server._hypercorn(settings, "127.0.0.1", 0, 2)
+    assert seen == {"graceful": expected}

@@ -46,7 +46,7 @@ async def open_attempt(
     try:
         resp = await upstream.request(exchange.call, exchange.upload, target.timeouts)
     except GatewayError as err:
-        health.failed(channel, err)
+        health.failed(channel, err, rid)
         raise
     if resp.status < 400:
         return resp
@@ -58,7 +58,7 @@ async def open_attempt(
     log.warning(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
-    health.failed(channel, failure)
+    health.failed(channel, failure, rid)
     retry_after = resp.headers.get("retry-after")
     if failure.status == 429 and failure.retry_after is None and retry_after:
         try:
@@ -119,7 +119,7 @@ async def attempt(
         failure = UpstreamTimeoutError(
             f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
         )
-        health.failed(channel.name, failure)
+        health.failed(channel.name, failure, rid)
         raise failure from None
     health.succeeded(channel.name)
     return answer
@@ -162,7 +162,7 @@ async def _answer(
                 channel,
                 err.status,
             )
-        health.failed(channel, err)
+        health.failed(channel, err, rid)
         raise
     except BaseException:
         resp.close()

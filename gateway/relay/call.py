@@ -2,7 +2,9 @@
 
 A record is handed to the usage writer exactly once per request that passed authentication;
 after that it is no longer changed (a stream is recorded before its last bytes leave, so a
-client that goes away in the last instant got, and pays for, the whole reply).
+client that goes away in the last instant got, and pays for, the whole reply). A request
+refused before that (no key, a bad one, the store away) is counted in the metrics and logged
+all the same, with no key and no usage record.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Call(UsageRecord):
     recorded: bool = False  # handed to the writer
     held: int = 0  # micro-units held against the balance until the record replaces them
     first_chunk: float | None = None  # a stream's seconds from arrival to its first output
+    upstream_started: float = 0.0  # perf_counter() when the attempt that answered began
+    upstream_first: float | None = None  # a stream's seconds from then to the upstream's first
     span: Any = None  # the request's trace span, when tracing is configured
 
     @classmethod
@@ -107,19 +111,37 @@ class Call(UsageRecord):
         self, writer: UsageWriter, metrics: Metrics | None, access: AccessLog | None
     ) -> Awaitable[None] | None:
         """Hand the record to the writer, count it in ``metrics`` and log its line; once
-        per request, a no-op after that. Returns what to await for the record to be durable
-        (``UsageWriter.submit``)."""
-        key = self.key
-        if key is None or self.recorded:
+        per request, a no-op after that. A request without a key (refused before one was
+        known) is counted and logged, not written. Returns what to await for the record to
+        be durable (``UsageWriter.submit``)."""
+        if self.recorded:
             return None
         self.recorded = True
+        key = self.key
+        if key is not None:
+            self.account = key.account
+            self.key_id = key.id
         if len(self.model) > MAX_RECORDED_MODEL:
             self.model = self.model[:MAX_RECORDED_MODEL]
-        self.account = key.account
-        self.key_id = key.id
-        self.latency_ms = int((time.perf_counter() - self.started) * 1000)
+        now = time.perf_counter()
+        seconds = now - self.started
+        self.latency_ms = int(seconds * 1000)
         if metrics is not None:
-            metrics.observe(self, self.first_chunk)
+            began = self.upstream_started
+            upstream = now - began if began else None
+            metrics.observe(self, seconds, self.first_chunk, upstream, self.upstream_first)
         if access is not None:
             access.write(self, self.reply_id)
+        if key is None:
+            return None
         return writer.submit(self, self.held)
+
+    def served_elsewhere(self, metrics: Metrics | None, access: AccessLog | None) -> None:
+        """Count and log a request the relay did not serve (model lists, admin, probes, an
+        unknown path), as its status says: no usage record."""
+        self.recorded = True
+        self.latency_ms = int((time.perf_counter() - self.started) * 1000)
+        if metrics is not None:
+            metrics.observe_other(self.protocol, self.endpoint, self.status)
+        if access is not None:
+            access.write(self, self.reply_id)

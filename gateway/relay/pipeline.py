@@ -5,7 +5,8 @@ choose the channels (404, 503), then try them in order: a failure before the fir
 reaches the client moves on to the next channel (``attempt.open_attempt`` classifies it and
 keeps channel health). The reply is relayed whole or as a stream, billed from what the
 upstream reported, and recorded: every request that passed authentication leaves exactly one
-usage record, handed to the writer without awaiting.
+usage record, handed to the writer without awaiting; every request, refused or not, is counted
+in the metrics and has its access-log line.
 
 A second task watches for the client going away (``asgi.Watchlist``, after a short delay so
 that quick replies never pay for it) and cancels the request, whose upstream response is then
@@ -270,6 +271,7 @@ class Relay:
                 span = (
                     None if tracing is None else tracing.attempt(call.span, channel, target.model)
                 )
+                began = time.perf_counter()
                 try:
                     answer = await attempt(
                         self.upstream,
@@ -284,6 +286,14 @@ class Relay:
                 except GatewayError as err:
                     if span is not None:
                         tracing.failed(span, type(err).__name__)  # type: ignore[union-attr]
+                    if self.observed is not None:
+                        self.observed.attempt_failed(
+                            call.model,
+                            call.endpoint,
+                            channel.name,
+                            err.status,
+                            time.perf_counter() - began,
+                        )
                     last = err
                     if err.retryable and exchange.replayable:
                         continue
@@ -292,6 +302,9 @@ class Relay:
                     if span is not None:
                         span.end()
                 job.release()  # no further attempt
+                call.upstream_started = began
+                if answer.first:  # a stream's first output: the upstream's first chunk came
+                    call.upstream_first = time.perf_counter() - began
                 try:
                     if answer.reply is not None:
                         reply = answer.reply
