@@ -17,7 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
+from gateway import health as health_module
 from gateway.config import Settings, parse_settings
+from gateway.health import ChannelHealth
 from gateway.store import (
     MICRO,
     ConflictError,
@@ -32,6 +34,7 @@ from gateway.store import (
 from gateway.store import redis as rstore
 from gateway.store import writer as writer_module
 from gateway.store.cache import Cache
+from gateway.store.cancellation import cancel_and_wait
 from gateway.store.sqlite import SQLiteStore
 from gateway.store.writer import UsageWriter
 from tests.plugins.stores import ALL_BACKENDS, backend_url, sqlite_url
@@ -775,6 +778,45 @@ async def test_writer_stop_gives_up_on_a_store_that_never_answers(
         await asyncio.wait_for(writer.stop(timeout=0.2), 30)  # returns instead of hanging
     if not swallow:
         assert "writer.stop_undelivered records=3" in caplog.text
+
+
+class SwallowingCoolingStore:
+    """A store whose ``share_cooling`` swallows a cancellation landing mid-command and
+    answers as if nothing happened (redis-py's pipelines do this)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.swallow = True
+
+    async def share_cooling(self, cooling: object, now: int) -> dict[str, int]:
+        self.calls += 1
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+        return {}
+
+
+async def test_channel_health_sharing_stops_when_the_cancel_lands_in_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lifespan's shutdown waits for this task: before the fix a swallowed cancel left
+    it looping forever and the shutdown hung (seen as a teardown timeout in the suite)."""
+    monkeypatch.setattr(health_module, "SHARE_INTERVAL", 0.001)
+    store = SwallowingCoolingStore()
+    task = asyncio.create_task(ChannelHealth(1.0).share_forever(store))  # type: ignore[arg-type]
+    deadline = asyncio.get_running_loop().time() + 10
+    while store.calls == 0:  # inside share_cooling now, or about to be
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)  # the store call is in flight
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=10)
+    store.swallow = False  # let a task that ran on be stopped, then fail
+    if not done:
+        await cancel_and_wait(task)
+    assert done, "share_forever ran on after its cancel"
 
 
 @pytest.fixture
