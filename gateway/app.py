@@ -192,12 +192,17 @@ def reply_id(scope: Scope) -> str:
 
 
 def with_reply_id(scope: Scope, send: Send) -> Send:
-    """``send`` with x-request-id added to the response's headers."""
+    """``send`` with x-request-id added to the response's headers; a 401 also ends an
+    HTTP/1 connection (``Connection: close``), on every path and method, as the relay's do:
+    a client without a valid key holds no connection past its answer."""
     header = (b"x-request-id", reply_id(scope).encode())
 
     async def sending(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), header]}
+            headers = [*message.get("headers", ()), header]
+            if message["status"] == 401 and scope.get("http_version") != "2":
+                headers.append((b"connection", b"close"))
+            message = {**message, "headers": headers}
         await send(message)
 
     return sending

@@ -37,6 +37,10 @@ class MissingError(StoreError):
     """No such account or key."""
 
 
+class StoreClosedError(StoreError, RuntimeError):
+    """The store is not open: it never answered yet, or it was closed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Account:
     id: str

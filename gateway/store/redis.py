@@ -44,6 +44,7 @@ from gateway.store import (
     DailyUsage,
     KeyRecord,
     MissingError,
+    StoreClosedError,
     UsageRecord,
     day_of,
 )
@@ -253,7 +254,7 @@ class RedisStore:
     @property
     def client(self) -> aioredis.Redis:
         if self._client is None:
-            raise RuntimeError("RedisStore is not open")
+            raise StoreClosedError("RedisStore is not open")
         return self._client
 
     async def open(self) -> None:
