@@ -11,7 +11,9 @@ so a caller sees its own finished requests; after any change it refreshes this i
 so the change applies here at once (other instances follow within a second).
 
 A store that is away, or does not answer within ``STORE_TIMEOUT``, is a 503 in the same shape,
-never a hung call or a 500.
+never a hung call. A body that does not arrive within the client paths' body timeout
+(``server.body_timeout_seconds``, plus a second per 16 KiB) is a 408, read before the store's
+time starts. Any other failure is a bug: a 500 in the same shape, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -20,29 +22,32 @@ import asyncio
 import functools
 import hmac
 import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol, cast
 
 import orjson
-from starlette.requests import Request
+from redis.exceptions import RedisClusterException, RedisError
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway import accounts, catalogue, console, usage_query
-from gateway.asgi import REQUEST_ID
+from gateway.asgi import BODY_MIN_RATE, REQUEST_ID, too_slow
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
+    InternalError,
     InvalidRequestError,
     NotFoundError,
     PayloadTooLargeError,
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
-from gateway.store import Store
+from gateway.store import Store, StoreError
 from gateway.types import JSON
 from gateway.upstream import Upstream
 
@@ -57,10 +62,14 @@ ERROR_CODES = {
     401: "invalid_admin_token",
     403: "csrf",
     404: "not_found",
+    408: "request_timeout",
     409: "already_exists",
     413: "request_too_large",
+    500: "internal_error",
     503: "store_unavailable",
 }
+# what a store that is away or hung raises: its own errors, its connection's, the time out
+STORE_ERRORS = (StoreError, RedisError, RedisClusterException, sqlite3.Error, OSError, TimeoutError)
 
 
 class Refreshable(Protocol):
@@ -144,11 +153,17 @@ def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
             if not signed_in:
                 return error_response(AuthenticationError("missing or invalid admin token"))
         try:
+            request.state.body = await _read(request, state.settings.server.body_timeout_seconds)
             async with asyncio.timeout(timeout):
                 return await handler(request, state)
+        except ClientDisconnect:
+            return Response(status_code=499)  # gone while its body was read: no one to answer
         except GatewayError as err:
-            return error_response(err)
-        except Exception as exc:  # noqa: BLE001 - the store failed or did not answer in time
+            resp = error_response(err)
+            if err.status in (408, 413):  # the body was not read to its end
+                resp.headers["connection"] = "close"
+            return resp
+        except STORE_ERRORS as exc:  # the store failed or did not answer in time
             log.warning(
                 "admin.store_unavailable request_id=%s path=%s error=%s",
                 request.scope.get(REQUEST_ID, "-"),
@@ -157,24 +172,40 @@ def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
             )
             away = UpstreamUnavailableError("The store does not answer; try again shortly.")
             return error_response(away)
+        except Exception:
+            log.exception("admin.unexpected method=%s path=%s", request.method, request.url.path)
+            return error_response(InternalError("internal error"))
 
     return endpoint
 
 
-async def _body(request: Request) -> dict[str, JSON]:
-    """The request's JSON object, at most ``MAX_BODY`` bytes (413 past it, before reading
-    more than that)."""
+async def _read(request: Request, timeout: float) -> bytes:
+    """The request's body, at most ``MAX_BODY`` bytes (413 past it, before reading more than
+    that), within ``timeout`` seconds plus one for every ``BODY_MIN_RATE`` bytes it sent, as
+    the client paths' bodies (408 past it; 0: no limit)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY:
         raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    started = asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout_at(started + timeout if timeout > 0 else None) as deadline:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > MAX_BODY:
+                    raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
+                chunks.append(chunk)
+                if timeout > 0:
+                    deadline.reschedule(started + timeout + size / BODY_MIN_RATE)
+    except TimeoutError:
+        raise too_slow() from None
+    return b"".join(chunks)
+
+
+async def _body(request: Request) -> dict[str, JSON]:
+    """The request's JSON object (read by ``_guarded``, bounded in size and time)."""
+    raw: bytes = request.state.body
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -258,7 +258,12 @@ class GatewayApp:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 call.responded = True
-                message = {**message, "headers": [*message.get("headers", ()), header]}
+                headers = [*message.get("headers", ()), header]
+                # a client without a valid key holds no connection past its answer, on every
+                # path and method, as the relay's 401s do (HTTP/1: HTTP/2 has no such header)
+                if status == 401 and scope.get("http_version") != "2":
+                    headers.append((b"connection", b"close"))
+                message = {**message, "headers": headers}
             await send(message)
 
         try:

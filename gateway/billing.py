@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import Price
+from gateway.config import MAX_PRICE, Price
 from gateway.types import Usage
 
 PICO_PER_MICRO = 1_000_000
@@ -61,7 +61,9 @@ class Rate:
         return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
 
     def cost_of(self, used: Metered) -> int:
-        """Micro-units for everything a request used, rounded half up once."""
+        """Micro-units for everything a request used, rounded half up once. With prices at
+        most ``config.MAX_PRICE`` and quantities within the ``MAX_*`` below, it stays under
+        2**60: a 64-bit integer in every store, with room for sums."""
         pico = used.prompt_tokens * self.input + used.completion_tokens * self.output + self.request
         if used.images or used.speech_chars or used.audio_seconds:  # not chat's
             pico += used.images * self.image + used.speech_chars * self.speech_char
@@ -72,6 +74,20 @@ class Rate:
 # no request uses this many tokens; an upstream that reports more (or a negative count) is
 # broken, and its number must neither credit an account nor overflow the store's integers
 MAX_TOKENS = 2**31 - 1
+# the same for what is billed where tokens do not apply: images in one reply, seconds of audio
+# one transcription reports (11.5 days), characters one speech request holds
+MAX_IMAGES = 10_000
+MAX_AUDIO_SECONDS = 1_000_000
+MAX_SPEECH_CHARS = MAX_TOKENS
+# the most one request can cost, in micro-units (``Rate.cost_of``)
+MAX_COST = round(
+    MAX_PRICE
+    * (
+        2 * MAX_TOKENS  # input and output, per million tokens
+        + (1 + MAX_IMAGES + MAX_AUDIO_SECONDS) * 1_000_000  # per call, image, second
+        + MAX_SPEECH_CHARS  # per million characters
+    )
+)
 
 
 def billable_tokens(count: object) -> int:
@@ -85,10 +101,21 @@ def billable_tokens(count: object) -> int:
     return 0
 
 
+def billable_seconds(seconds: object) -> float:
+    """Seconds of audio as the upstream reported them, if they are a plausible number; 0 for
+    anything else (missing, text, a bool, NaN, negative, or over ``MAX_AUDIO_SECONDS``)."""
+    if type(seconds) is int:  # before float(): an int past a double's range cannot convert
+        return float(seconds) if 0 <= seconds <= MAX_AUDIO_SECONDS else 0.0
+    if type(seconds) is float and 0.0 <= seconds <= MAX_AUDIO_SECONDS:  # NaN compares False
+        return seconds
+    return 0.0
+
+
 def usage_tokens(usage: Usage | None) -> tuple[int, int]:
     """(prompt, completion) tokens of a chat-completions usage object; 0 where missing or
-    not a plausible count (``billable_tokens``)."""
-    if not usage:
+    not a plausible count (``billable_tokens``); a pass-through's usage is the upstream's, of
+    any JSON type."""
+    if not usage or not isinstance(usage, dict):
         return 0, 0
     return billable_tokens(usage.get("prompt_tokens")), billable_tokens(
         usage.get("completion_tokens")

@@ -7,6 +7,7 @@ line and exits with status 2.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Collection
@@ -21,6 +22,12 @@ import yaml
 CHANNEL_TYPES = ("openai", "anthropic", "gemini")
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
 PRICE_FIELDS = ("input", "output", "request", "image", "audio_second", "speech_char")
+# the highest price of any kind (balance units per million tokens, per call, ...): far above
+# any real one, low enough that no request's cost overflows the stores' 64-bit micro-units
+# (``billing.MAX_COST``)
+MAX_PRICE = 1_000_000
+# the most ``default_max_tokens`` may be (``billing.MAX_TOKENS``: no request uses more)
+MAX_DEFAULT_TOKENS = 2**31 - 1
 KEY_STATUSES = ("enabled", "disabled")
 CHANNEL_STATUSES = ("enabled", "disabled")  # a disabled channel is never chosen
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -163,6 +170,10 @@ class ServerSettings:
     # terminationGracePeriodSeconds, compose's stop_grace_period, systemd's TimeoutStopSec)
     # must be longer
     graceful_seconds: float = 30.0
+    # a request's headers must arrive within this many seconds (a new connection's first from
+    # its accept, a later one's from its first byte), else 408 and the connection is closed
+    # (hypercorn; ``gateway.header_timeout``). 0: no limit
+    header_timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,8 +420,22 @@ def _str_list(v: Any, where: str) -> list[str]:
 def _num(v: Any, where: str, *, minimum: float = 0.0) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ConfigError(f"{where}: must be a number")
-    if v < minimum:
+    try:
+        number = float(v)
+    except OverflowError:  # an integer past a double's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{where}: must be a finite number")
+    if number < minimum:
         raise ConfigError(f"{where}: must be at least {minimum:g}")
+    return number
+
+
+def _price(v: Any, where: str) -> float:
+    """A price: a finite number from 0 to ``MAX_PRICE``, the one rule for the file and the
+    admin API."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_PRICE:
+        raise ConfigError(f"{where}: must be a number from 0 to {MAX_PRICE}")
     return float(v)
 
 
@@ -480,8 +505,11 @@ def parse_model(v: Any, where: str = "") -> Model:
     price_at = _at(where, "price")
     price_raw = _mapping(d.get("price") or {}, price_at)
     _no_unknown(price_raw, set(PRICE_FIELDS), price_at)
-    price = Price(**{k: _num(v, f"{price_at}.{k}") for k, v in price_raw.items()})
-    dmt = _int(d.get("default_max_tokens", 4096), _at(where, "default_max_tokens"), minimum=1)
+    price = Price(**{k: _price(v, f"{price_at}.{k}") for k, v in price_raw.items()})
+    dmt_at = _at(where, "default_max_tokens")
+    dmt = _int(d.get("default_max_tokens", 4096), dmt_at, minimum=1)
+    if dmt > MAX_DEFAULT_TOKENS:
+        raise ConfigError(f"{dmt_at}: must be at most {MAX_DEFAULT_TOKENS}")
     return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
 
 
@@ -629,11 +657,13 @@ def _server(v: Any) -> ServerSettings:
     body = d.get("body_timeout_seconds", base.body_timeout_seconds)
     connections = d.get("max_connections", base.max_connections)
     graceful = d.get("graceful_seconds", base.graceful_seconds)
+    header = d.get("header_timeout_seconds", base.header_timeout_seconds)
     return ServerSettings(
         keep_alive_seconds=_num(keep_alive, "server.keep_alive_seconds", minimum=1.0),
         body_timeout_seconds=_num(body, "server.body_timeout_seconds", minimum=0.0),
         max_connections=_int(connections, "server.max_connections", minimum=0),
         graceful_seconds=_num(graceful, "server.graceful_seconds", minimum=0.0),
+        header_timeout_seconds=_num(header, "server.header_timeout_seconds", minimum=0.0),
     )
 
 

@@ -128,6 +128,8 @@ def _success(spec: RouteSpec) -> JSONObject:
             "content": {"audio/*": {"schema": {"type": "string", "format": "binary"}}},
         }
     content: JSONObject = {"application/json": {"schema": OBJECT}}
+    if spec.stream:  # streamGenerateContent without ?alt=sse: its chunks in one JSON array
+        content["application/json"] = {"schema": {"type": "array", "items": OBJECT}}
     if spec.kind == "chat" or spec.kind == "audio_transcription":
         content["text/event-stream"] = {"schema": STRING}  # when the request streams
     return {"description": "the reply", "content": content}

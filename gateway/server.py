@@ -18,6 +18,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from gateway.config import Settings
+from gateway.header_timeout import time_headers
 from gateway.hypercorn_mend import (
     ServerConfig,
     default_connection_limit,
@@ -54,7 +55,7 @@ def serve(
             limit = settings.server.max_connections or default_connection_limit()
             _uvicorn(host, port, workers, settings, limit)
         elif server == "granian":
-            _granian(host, port, workers)
+            _granian(host, port, workers, settings.server.header_timeout_seconds)
         else:
             _hypercorn(settings, host, port, workers)
 
@@ -92,6 +93,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
 
     mend_hypercorn()
     limit_connections(settings.server.max_connections or default_connection_limit())
+    time_headers(settings.server.header_timeout_seconds)
     app = create_app(settings)
     tune_gc()  # as every other server's worker does in create_app()
 
@@ -121,6 +123,7 @@ def hypercorn_worker_app() -> GatewayApp:
     app = create_app()
     limit = app.state.gateway.settings.server.max_connections
     limit_connections(limit or default_connection_limit())
+    time_headers(app.state.gateway.settings.server.header_timeout_seconds)
     return app
 
 
@@ -145,9 +148,15 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     )
 
 
-def _granian(host: str, port: int, workers: int) -> None:
+def _granian(host: str, port: int, workers: int, header_timeout: float) -> None:
     from granian import Granian  # type: ignore[import-not-found,unused-ignore]
     from granian.constants import Interfaces  # type: ignore[import-not-found,unused-ignore]
+    from granian.http import HTTP1Settings  # type: ignore[import-not-found,unused-ignore]
+
+    # granian's own header timeout (30 s by default; it closes without an answer)
+    http1: dict[str, object] = {}
+    if header_timeout > 0:
+        http1["http1_settings"] = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
 
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
@@ -159,4 +168,5 @@ def _granian(host: str, port: int, workers: int) -> None:
         factory=True,
         backlog=BACKLOG,
         backpressure=GRANIAN_MAX_CONCURRENT,
+        **http1,
     ).serve()

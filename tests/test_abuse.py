@@ -125,6 +125,26 @@ async def test_without_a_key_the_body_is_not_waited_for(gateway: ServedGateway) 
     writer.close()
 
 
+async def test_a_slow_admin_body_gets_408_not_a_store_outage(
+    quick: ServedGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the client paths' bodies: the body timeout (1 s here), not the store's (2 s)."""
+    reader, writer = await connect(quick.url)
+    lines = ["POST /admin/accounts HTTP/1.1", "host: test", "content-type: application/json"]
+    lines += [f"authorization: Bearer {ADMIN_TOKEN}", "content-length: 100"]
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="gateway.admin"):
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"id": "slo')  # no more
+        status, headers, raw = await response(reader)
+    took = time.monotonic() - started
+    writer.close()
+    assert status == 408, raw
+    assert orjson.loads(raw)["error"]["code"] == "request_timeout"
+    assert headers["connection"] == "close"
+    assert took < 1.0 + 1.5  # the body timeout and a margin for a loaded machine
+    assert not [r for r in caplog.records if "store_unavailable" in r.getMessage()]
+
+
 async def test_admin_bodies_are_bounded(gateway: ServedGateway) -> None:
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
     huge = b'{"id": "x", "balance": 1, "pad": "' + b"a" * 100_000 + b'"}'
@@ -251,5 +271,156 @@ async def test_out_of_file_descriptors_is_logged_once_and_survived(
     finally:
         for writer in held:
             writer.close()
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()
+
+
+# ---- header timeout and 401 close, under `gateway serve` (hypercorn, mended) -----------------
+
+# halfway between two dripped bytes (one a second): the close never races a byte in flight
+HEADER_TIMEOUT = 2.5
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> tuple[bytes, float]:
+    """Everything the gateway sends until it closes the connection, and when it did (seconds
+    from now); fails past ``seconds``."""
+    started = time.monotonic()
+    data = b""
+    async with asyncio.timeout(seconds):
+        with contextlib.suppress(ConnectionResetError):  # closed with a byte unread: ended too
+            while chunk := await reader.read(65536):
+                data += chunk
+    return data, time.monotonic() - started
+
+
+async def drip(writer: asyncio.StreamWriter, data: bytes, every: float = 1.0) -> None:
+    """``data`` a byte at a time, until the connection breaks."""
+    for byte in data:
+        try:
+            writer.write(bytes([byte]))
+            await writer.drain()
+        except ConnectionError:
+            return
+        await asyncio.sleep(every)
+
+
+@pytest.fixture
+async def served(fake: FakeUpstream, tmp_path: Path) -> Any:
+    """``gateway serve`` with the default keep-alive (75 s) and a short header timeout."""
+    config = serve_config(tmp_path, fake, header_timeout_seconds=HEADER_TIMEOUT)
+    gw = Gateway(config, free_port(), tmp_path / "log")
+    await gw.start()
+    try:
+        yield gw
+    finally:
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()
+
+
+REQUEST_HEAD = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-x\r\n\r\n"
+MARGIN = 2.5  # the event loop's delay on a loaded machine
+
+
+async def test_dripped_headers_of_a_first_request_get_408_and_close(served: Gateway) -> None:
+    reader, writer = await connect(served.url)
+    dripping = asyncio.create_task(drip(writer, REQUEST_HEAD))
+    try:
+        data, took = await closed_within(reader, HEADER_TIMEOUT + MARGIN)
+    finally:
+        dripping.cancel()
+        writer.close()
+    assert data.startswith(b"HTTP/1.1 408 "), data
+    assert b"connection: close" in data and b'"code":"request_timeout"' in data
+    assert took >= HEADER_TIMEOUT - 0.5  # not closed before its time either
+
+
+async def test_dripped_headers_after_a_keep_alive_get_408_and_close(served: Gateway) -> None:
+    reader, writer = await connect(served.url)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        status, _, _ = await response(reader)
+        assert status == 200
+        # idle for longer than the header timeout: the keep-alive, not the header timeout
+        await asyncio.sleep(HEADER_TIMEOUT + 1)
+        dripping = asyncio.create_task(drip(writer, REQUEST_HEAD))
+        try:
+            data, took = await closed_within(reader, HEADER_TIMEOUT + MARGIN)
+        finally:
+            dripping.cancel()
+        assert data.startswith(b"HTTP/1.1 408 "), data
+        assert took >= HEADER_TIMEOUT - 0.5
+    finally:
+        writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
+    served: Gateway,
+) -> None:
+    reader, writer = await connect(served.url)
+    try:
+        data, _ = await closed_within(reader, HEADER_TIMEOUT + MARGIN)
+    finally:
+        writer.close()
+    assert data == b""  # nothing was asked: nothing is answered
+
+
+async def test_a_whole_request_on_a_kept_connection_is_served(served: Gateway) -> None:
+    """Requests sent at a real speed, on one connection over several header timeouts."""
+    reader, writer = await connect(served.url)
+    try:
+        for _ in range(3):
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            status, _, _ = await response(reader)
+            assert status == 200
+            await asyncio.sleep(HEADER_TIMEOUT * 0.75)
+    finally:
+        writer.close()
+
+
+WRONG = "sk-wrong-0000000000000000"
+GENERATE = orjson.dumps({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+MESSAGES = orjson.dumps(
+    {"model": "claude-small", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+)
+# (method, path, headers, body): every protocol's ways of giving a key, none valid
+UNAUTHORIZED: list[tuple[str, str, dict[str, str], bytes]] = [
+    ("GET", "/v1/models", {}, b""),
+    ("GET", "/v1/models", {"authorization": f"Bearer {WRONG}"}, b""),
+    ("GET", "/v1/models", {"x-api-key": WRONG, "anthropic-version": "2023-06-01"}, b""),
+    ("GET", "/v1beta/models", {"x-goog-api-key": WRONG}, b""),
+    ("GET", f"/v1beta/models?key={WRONG}", {}, b""),
+    ("GET", "/v1/dashboard/billing/subscription", {"authorization": f"Bearer {WRONG}"}, b""),
+    ("POST", "/v1/messages", {"x-api-key": WRONG}, MESSAGES),
+    ("POST", f"/v1beta/models/gemini-small:generateContent?key={WRONG}", {}, GENERATE),
+    ("POST", "/v1beta/models/gemini-small:generateContent", {"x-goog-api-key": WRONG}, GENERATE),
+    ("POST", "/v1/chat/completions", {"authorization": f"Bearer {WRONG}"}, chat_body()),
+    ("GET", "/admin/accounts", {"authorization": "Bearer wrong"}, b""),
+    ("DELETE", "/admin/keys/k-alice", {}, b""),
+    ("POST", "/admin/accounts", {}, b'{"id": "x", "balance": 1}'),
+]
+
+
+async def test_every_401_closes_the_connection(fake: FakeUpstream, tmp_path: Path) -> None:
+    """Any method, any path, any way of giving a key: the 401 ends the connection at once,
+    not after the keep-alive (75 s; the header timeout is off here)."""
+    config = serve_config(tmp_path, fake, header_timeout_seconds=0)
+    gw = Gateway(config, free_port(), tmp_path / "log")
+    await gw.start()
+    try:
+        for method, path, headers, body in UNAUTHORIZED:
+            reader, writer = await connect(gw.url)
+            lines = [f"{method} {path} HTTP/1.1", "host: test", f"content-length: {len(body)}"]
+            lines += [f"{name}: {value}" for name, value in headers.items()]
+            if body:
+                lines.append("content-type: application/json")
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+            try:
+                status, got, _ = await response(reader)
+                assert (status, got.get("connection")) == (401, "close"), (method, path)
+                rest, _ = await closed_within(reader, 5.0)
+                assert rest == b"", (method, path)
+            finally:
+                writer.close()
+    finally:
         gw.kill(signal.SIGTERM)
         await gw.exit_code()

@@ -4,15 +4,18 @@ over a real store, cache and usage writer."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
 import pytest
+import redis.exceptions
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from gateway import accounts
 from gateway.admin import admin_routes
 from gateway.config import Settings, parse_settings
 from gateway.store import MICRO, Store, UsageRecord, hash_key
@@ -210,6 +213,45 @@ async def test_an_unrefused_change_needs_the_token(admin: Admin, store: Store) -
     reply = await admin("POST", "/admin/accounts", {"id": "mallory", "balance": 100}, token="no")
     assert reply.status == 401
     assert await store.get_account("mallory") is None
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        redis.exceptions.ConnectionError("refused"),
+        redis.exceptions.TimeoutError("timed out"),
+        sqlite3.OperationalError("database is locked"),
+        ConnectionResetError(),
+        TimeoutError(),
+    ],
+    ids=repr,
+)
+async def test_a_store_failure_is_503(
+    admin: Admin, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    async def failing(*args: Any) -> Any:
+        raise failure
+
+    monkeypatch.setattr(accounts, "list_accounts", failing)
+    err = assert_error(await admin("GET", "/admin/accounts"), 503, "overloaded_error")
+    assert err["code"] == "store_unavailable"
+
+
+async def test_a_bug_is_a_500_logged_with_its_traceback(
+    admin: Admin, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a store outage: not a 503, not logged as one."""
+
+    async def buggy(*args: Any) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(accounts, "list_accounts", buggy)
+    with caplog.at_level("WARNING", logger="gateway.admin"):
+        err = assert_error(await admin("GET", "/admin/accounts"), 500, "api_error")
+    assert err["code"] == "internal_error"
+    [record] = [r for r in caplog.records if r.name == "gateway.admin"]
+    assert record.getMessage().startswith("admin.unexpected")
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
 
 
 async def test_unknown_admin_path_is_404_in_shape(admin: Admin) -> None:

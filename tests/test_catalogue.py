@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from gateway.config import parse_settings
-from gateway.store import Store
+from gateway.store import Store, open_store
+from gateway.store import catalogue as store_catalogue
 from gateway.store.catalogue import CHANNEL, CatalogueEdit, CatalogueRecords
+from gateway.store.catalogue import MODEL as MODEL_KIND
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
 from tests.test_instances import propagated
 from tests.test_relay import dead_port
@@ -176,6 +179,10 @@ async def test_model_and_group_rows(
     for body, field in [
         ({**MODEL, "name": "m2", "capabilities": ["telepathy"]}, "capabilities[0]"),
         ({**MODEL, "name": "m2", "price": {"input": -1}}, "price.input"),
+        # past the bound every instance's billing can hold (an overflow on every reload)
+        ({**MODEL, "name": "m2", "price": {"input": 1e308}}, "price.input"),
+        ({**MODEL, "name": "m2", "price": {"audio_second": 1_000_001}}, "price.audio_second"),
+        ({**MODEL, "name": "m2", "default_max_tokens": 2**31}, "default_max_tokens"),
         ({**MODEL, "name": "m2", "price": {"per_token": 1}}, "price.per_token"),
         ({**MODEL, "name": "m2", "default_max_tokens": 0}, "default_max_tokens"),
         ({**MODEL, "name": ""}, "name"),
@@ -183,6 +190,8 @@ async def test_model_and_group_rows(
     ]:
         err = error_of(await admin("POST", "/admin/models", body), 400)
         assert err["message"].startswith(f"{field}:"), (field, err)
+        if field in ("price.input", "price.audio_second"):  # the bound is said
+            assert err["message"] == f"{field}: must be a number from 0 to 1000000"
     status, changed = await admin("PATCH", "/admin/models/m-api", {"price": {"input": 4}})
     assert status == 200 and changed["price"]["input"] == 4 and changed["price"]["output"] == 0
     error_of(await admin("PATCH", "/admin/models/m-api", {"capabilities": "chat"}), 400)
@@ -323,6 +332,64 @@ async def test_channel_test_against_a_dead_port(
     await gateway.state.writer.flush()
     assert await store.usage(None, 10) == []
     assert await store.get_account("alice") == before
+
+
+async def test_a_bad_stored_record_is_left_out_and_the_rest_served(
+    store_url: str,
+    fake: Any,
+    http: aiohttp.ClientSession,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store an older version wrote may hold a record today's rules refuse (a price past the
+    bound): the catalogue loads without it, logged once, and keys and changes still apply."""
+    store = open_store(store_url)
+    await store.open()
+    bad = {**MODEL, "name": "m-bad", "price": {"input": 1e308}, "origin": "api", "seq": 1_000_000}
+    good = {**MODEL, "origin": "api", "seq": 1_000_001}
+    serving = {**channel(fake.url), "origin": "api", "seq": 1_000_000}
+
+    def plant(records: CatalogueRecords) -> CatalogueEdit:
+        return CatalogueEdit(
+            put={
+                (MODEL_KIND, "m-bad"): bad,
+                (MODEL_KIND, "m-api"): good,
+                (CHANNEL, "c-api"): serving,
+            }
+        )
+
+    try:
+        await store.edit_catalogue(plant)
+    finally:
+        await store.close()
+    monkeypatch.setattr(store_catalogue, "_WARNED", set(), raising=False)  # this test's lines
+    caplog.set_level("WARNING", logger="gateway.store.catalogue")
+    async with serve_app(parse_settings(make_config(fake.url, store_url))) as gw:
+        admin = AdminClient(http, gw.url)
+        async with http.get(gw.url + "/readyz") as r:
+            assert r.status == 200
+        names = [m["name"] for m in (await admin("GET", "/admin/models"))[1]["data"]]
+        assert "m-api" in names and "m-bad" not in names
+        assert await admin.chat("m-api") == 200
+        # changes still reach every cache: a group made, a key made and used at once
+        assert (await admin("POST", "/admin/groups", {"name": "team"}))[0] == 201
+        status, key = await admin("POST", "/admin/keys", {"account": "alice", "group": "default"})
+        assert status == 201, key
+        body = {"model": "m-api", "messages": [{"role": "user", "content": "hi"}]}
+        headers = {"Authorization": f"Bearer {key['key']}"}
+        async with http.post(gw.v1 + "/chat/completions", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+    lines = [r.getMessage() for r in caplog.records if "catalogue.bad_record" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "m-bad" in lines[0] and "price.input" in lines[0]
+
+
+def test_records_that_are_not_objects_are_left_out() -> None:
+    records = CatalogueRecords.decode(
+        [("model:a", b"{"), ("model:b", b"[1]"), ("model:c", b'{"x": 1}'),
+         ("model:m-api", orjson.dumps(MODEL))]
+    )  # fmt: skip
+    assert list(records.entries[MODEL_KIND]) == ["m-api"]
 
 
 # ---- the store -----------------------------------------------------------------------------

@@ -307,6 +307,24 @@ def test_bad_config_is_one_line_naming_the_field(
         assert one_error_line(err) == "gateway: config error: channels[0].base_url: not a URL"
 
 
+@pytest.mark.parametrize("price", ["1.0e+308", ".inf", ".nan", "1000001", "-0.5"])
+def test_a_price_past_the_bound_is_one_line_exit_2(
+    price: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a traceback at start-up (an overflow pricing it), nor a gateway that overflows on
+    every catalogue load."""
+    monkeypatch.delenv("GATEWAY_STORE", raising=False)
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("input: 0.5", f"input: {price}"))
+    for argv in (["keys", "list"], ["serve"]):
+        assert main([*argv, "--config", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert one_error_line(err) == (
+            "gateway: config error: models[0].price.input: must be a number from 0 to 1000000"
+        )
+
+
 @pytest.mark.parametrize("store", ["redis://127.0.0.1:1/0", "sqlite:///{dir}/not-a-db"])
 def test_unusable_store_is_one_line_exit_1(
     store: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

@@ -3,7 +3,8 @@ deploy/nginx/gateway-proxy.conf) in front of three ``gateway serve`` processes o
 Under mixed load (every client protocol, streams and replies) one instance is killed with
 SIGKILL and Redis is restarted once. Clients see only complete replies or errors in their
 protocol's shape (a request cut off is allowed only if it was in flight on the instance at
-the moment it was killed); an admin change made through one instance holds on another; and
+the moment it was killed); an admin change made through one instance holds on every other
+within the contract's second (measured; 1.5 s allowed for a loaded machine); and
 once the killed instance is started again on its journal, every reply a client received is
 billed exactly once and the balance dropped by exactly the sum of the usage records."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import shutil
 import signal
 import subprocess
@@ -46,7 +48,11 @@ INSTANCES = 3
 CLIENTS = 12
 PHASE = 120  # complete replies between the events of the test
 PHASE_DEADLINE = 60.0
-CHANGE_DEADLINE = 5.0  # generous on a shared machine; the cache refreshes twice a second
+# an admin change serves on every instance within a second (contract §5): the caches refresh
+# twice a second, and scheduling on a loaded machine gets the rest of 1.5 s; the change is
+# polled for longer, so that a failure reports the latency it measured
+CHANGE_REQUIRED = 1.5
+CHANGE_DEADLINE = 10.0
 
 pytestmark = [
     pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed"),
@@ -216,33 +222,38 @@ async def cluster(fake: FakeUpstream, tmp: Path) -> AsyncIterator[tuple[OwnRedis
                 proc.wait()
 
 
-async def admin_change_holds_elsewhere(made_on: Gateway, seen_by: Gateway) -> float:
-    """Seconds between a key made through one instance and its first success on another."""
+async def admin_change_seen(made_on: Gateway, others: list[Gateway], account: str) -> list[float]:
+    """Seconds between a key made through one instance and its first success on each of the
+    ``others`` (inf: not within ``CHANGE_DEADLINE``)."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
     async with aiohttp.ClientSession() as s:
         # an account of its own, so that the load's account sees only the load's requests
         async with s.post(
-            made_on.url + "/admin/accounts", json={"id": "carol", "balance": 1}, headers=admin
+            made_on.url + "/admin/accounts", json={"id": account, "balance": 1}, headers=admin
         ) as r:
             assert r.status == 201, await r.text()
-        carol = {"account": "carol", "group": "default"}
-        async with s.post(made_on.url + "/admin/keys", json=carol, headers=admin) as r:
+        new = {"account": account, "group": "default"}
+        async with s.post(made_on.url + "/admin/keys", json=new, headers=admin) as r:
             assert r.status == 201, await r.text()
             key = (await r.json())["key"]
         made = time.monotonic()
-        while True:
-            async with s.post(
-                seen_by.url + "/v1/chat/completions",
-                json=chat,
-                headers={"Authorization": f"Bearer {key}"},
-            ) as r:
-                await r.read()
-                if r.status == 200:
-                    return time.monotonic() - made
-                assert r.status == 401
-            assert time.monotonic() - made < CHANGE_DEADLINE, "the new key never served"
-            await asyncio.sleep(0.05)
+
+        async def seen_by(gw: Gateway) -> float:
+            while time.monotonic() - made < CHANGE_DEADLINE:
+                async with s.post(
+                    gw.url + "/v1/chat/completions",
+                    json=chat,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as r:
+                    await r.read()
+                    if r.status == 200:
+                        return time.monotonic() - made
+                    assert r.status == 401
+                await asyncio.sleep(0.02)
+            return math.inf
+
+        return list(await asyncio.gather(*(seen_by(gw) for gw in others)))
 
 
 async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
@@ -259,6 +270,8 @@ async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
             load = asyncio.create_task(clients(nginx.url, outcomes, stop))
             try:
                 await until_more_complete(outcomes, PHASE)
+                # every instance up, under load: a change through one, on each other
+                took = await admin_change_seen(instances[0], instances[1:], "carol")
                 killed_at = time.monotonic()
                 instances[0].kill(signal.SIGKILL)
                 assert await instances[0].exit_code() == -signal.SIGKILL
@@ -269,7 +282,8 @@ async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
                 await redis.start()
                 await until_more_complete(outcomes, PHASE)
 
-                took = await admin_change_holds_elsewhere(instances[1], instances[2])
+                # after the store's restart, on every instance still up
+                took += await admin_change_seen(instances[1], instances[2:], "dave")
                 await until_more_complete(outcomes, PHASE // 4)
             finally:
                 stop.set()
@@ -285,7 +299,7 @@ async def test_instances_behind_nginx_survive_a_kill_and_a_redis_restart(
         stray = [o for o in kinds["cut"] if not o.started <= killed_at <= o.ended]
         assert not stray, [o.detail for o in stray[:5]]
         assert len(kinds["cut"]) <= CLIENTS
-        assert took < CHANGE_DEADLINE
+        assert max(took) <= CHANGE_REQUIRED, f"a change took {took} s to serve elsewhere"
 
         await instances[0].start()  # adopts what the killed instance journaled
         completed = [o.request_id for o in kinds["ok"]]

@@ -6,13 +6,19 @@ channel's decoder and every client's encoder, and each pass-through.
 Inputs are the fixtures' upstream replies (tests/fixtures/conversion/*/upstream_response.json
 and .sse; the Responses pass-through reads what the gateway's Responses encoder wrote,
 client_response.json and .sse of the responses__* cases), each field replaced by a value of
-every JSON type (a table), by any JSON value and, for whole replies, a wholly random body
-(hypothesis).
+every JSON type and by numbers far past any real count (a table), by any JSON value and, for
+whole replies, a wholly random body (hypothesis). Each endpoint kind has replies here: chat,
+token counting, embeddings, images, rerank, transcription, and speech (billed from the
+request's ``input``: the reply's bytes are never read).
+
+What a whole reply bills, priced at the highest prices a model may have, must fit the stores:
+a cost within ``billing.MAX_COST`` and a usage record the journal and SQLite can write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -20,16 +26,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.billing import Metered
+from gateway.billing import MAX_COST, Metered, Rate, billable_tokens
+from gateway.config import MAX_PRICE, PRICE_FIELDS, Price
 from gateway.errors import GatewayError
-from gateway.kinds.chat import PASSTHROUGH
+from gateway.kinds.audio import transcription_used
+from gateway.kinds.chat import PASSTHROUGH, ChatJob, chat_used, stream_used
 from gateway.kinds.embeddings import EMBEDDINGS
-from gateway.kinds.media import IMAGES, RERANK
+from gateway.kinds.media import IMAGES, RERANK, SPEECH
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import ConvertedStream, Counter, Ctx, RouteMatch, UpstreamTarget
 from gateway.protocols.embeddings import EmbeddingsRequest
 from gateway.protocols.responses import ResponsesAdapter
 from gateway.sse import SSEParser, frame
+from gateway.store import UsageRecord
+from gateway.store.records import journal_line, usage_row
 from gateway.types import ChatChunk
 from tests.mutation import (
     BOUNDED,
@@ -44,6 +54,10 @@ from tests.mutation import (
 )
 
 CONVERSION = FIXTURES / "conversion"
+# numbers no upstream should report, that one may: past 64 bits, past a billable count
+HUGE_VALUES: tuple[Any, ...] = (1e18, 1e300, -1e300, 2**64 - 1, 2**63, 1.5e19)
+# every price at its highest: the most any reply can be billed
+MOST = Rate.from_price(Price(**dict.fromkeys(PRICE_FIELDS, MAX_PRICE)))
 RESPONSES = ResponsesAdapter()
 # the client sides a reply is encoded for: every protocol, generate-content in both framings
 ROUTES = [
@@ -65,7 +79,7 @@ def target(stream: bool) -> UpstreamTarget:
 class Reply:
     id: str
     protocol: str  # the channel's protocol ("responses": the Responses pass-through)
-    kind: str  # "chat" | "count" | "embeddings" | "images" | "rerank"
+    kind: str  # "chat" | "count" | "embeddings" | "images" | "rerank" | "transcription" | ...
     body: Any
 
 
@@ -87,6 +101,29 @@ def _unique(items: list[Any], key: Any) -> list[Any]:
     return out
 
 
+# the transcription replies of each format that reports what was used
+TRANSCRIPTIONS: dict[str, Any] = {
+    "duration": {"text": "hello", "usage": {"type": "duration", "seconds": 3}},
+    "tokens": {
+        "text": "hello",
+        "usage": {
+            "type": "tokens",
+            "input_tokens": 14,
+            "output_tokens": 3,
+            "total_tokens": 17,
+            "input_token_details": {"audio_tokens": 14, "text_tokens": 0},
+        },
+    },
+    "verbose_json": {
+        "task": "transcribe",
+        "language": "english",
+        "duration": 8.47,
+        "text": "hello",
+        "segments": [{"id": 0, "start": 0.0, "end": 8.47, "text": "hello", "tokens": [1, 2]}],
+    },
+}
+
+
 def replies() -> list[Reply]:
     out = []
     for path in sorted(CONVERSION.glob("*/*/upstream_response.json")):
@@ -105,6 +142,9 @@ def replies() -> list[Reply]:
     out.append(Reply("images", "openai", "images", {"created": 1, "data": [{"url": "u"}]}))
     rerank = {"results": [{"index": 0, "relevance_score": 0.5}], "usage": {"total_tokens": 3}}
     out.append(Reply("rerank", "openai", "rerank", rerank))
+    for name, body in TRANSCRIPTIONS.items():
+        out.append(Reply(f"transcription/{name}", "openai", "transcription", body))
+    out.append(Reply("speech", "openai", "speech", {"model": "m", "input": "hi", "voice": "x"}))
     return _unique(out, lambda r: (r.protocol, r.kind, orjson.dumps(r.body)))
 
 
@@ -141,33 +181,63 @@ def embeddings_request(n: int) -> EmbeddingsRequest:
 
 
 def read_reply(r: Reply, body: Any) -> None:
-    """Every path a whole reply of ``r``'s channel takes to a client."""
-    if r.kind == "images" or r.kind == "rerank":
-        kind = IMAGES if r.kind == "images" else RERANK
+    """Every path a whole reply of ``r``'s channel takes to a client, and what each bills
+    (``settle``)."""
+    if r.kind in ("images", "rerank", "speech"):
+        kind = {"images": IMAGES, "rerank": RERANK, "speech": SPEECH}[r.kind]
         if isinstance(body, dict):
-            kind.meter(body, Metered())
+            asked = kind.asks(body) if r.kind == "speech" else Metered()
+            settle(kind.meter(body, asked))
+        return
+    if r.kind == "transcription":
+        settle(transcription_used(body))
         return
     if r.kind == "embeddings":
         upstream = EMBEDDINGS[r.protocol]
-        upstream.embeddings_passthrough_response(copy(body), ctx())
+        _, usage = upstream.embeddings_passthrough_response(copy(body), ctx())
+        settle(Metered(prompt_tokens=billable_tokens(usage["prompt_tokens"] if usage else 0)))
         items = body.get("data", body.get("embeddings")) if isinstance(body, dict) else None
         req = embeddings_request(len(items) if isinstance(items, list) else 1)
         resp = upstream.decode_embeddings_response(body, req)
+        tokens = resp["usage"]["prompt_tokens"] if "usage" in resp else 0
+        settle(Metered(prompt_tokens=billable_tokens(tokens)))
         for client in EMBEDDINGS.values():
             client.encode_embeddings(copy(resp), {**req, "encoding_format": "base64"}, ctx())
         return
     if r.protocol == "responses":
-        RESPONSES.passthrough_response(body, ctx())
+        settle(chat_used(RESPONSES.passthrough_response(body, ctx())[1]))
         return
     adapter = ADAPTERS[r.protocol]
     if r.kind == "count":
         assert isinstance(adapter, Counter)
-        adapter.decode_count(body)
+        settle(Metered(prompt_tokens=billable_tokens(adapter.decode_count(body))))
         return
-    PASSTHROUGH[r.protocol].passthrough_response(copy(body), ctx())
+    settle(chat_used(PASSTHROUGH[r.protocol].passthrough_response(copy(body), ctx())[1]))
     resp = adapter.decode_response(body)
+    settle(chat_used(resp.get("usage")))
     for client in CLIENTS.values():
         client.encode_response(copy(resp), ctx())
+
+
+def chat_job() -> ChatJob:
+    """A chat request whose prompt was estimated at 3 tokens: what a stream without the
+    upstream's count bills for its prompt."""
+    route = RouteMatch(protocol="openai", capability="chat", model="m", stream=True)
+    return ChatJob(CLIENTS["openai"], route, None, estimate=3)
+
+
+def settle(used: Metered) -> None:
+    """What a reply used, priced at the highest prices, fits the stores: the cost within
+    ``MAX_COST``, and its usage record written as the journal and SQLite write it."""
+    cost = MOST.cost_of(used)
+    assert 0 <= cost <= MAX_COST, used
+    at = datetime(2024, 1, 1, tzinfo=UTC)
+    rec = UsageRecord(
+        at, "r", "a", "k", "m", "c", "openai", "chat",
+        used.prompt_tokens, used.completion_tokens, cost, 200, 1, "",
+    )  # fmt: skip
+    journal_line(rec)
+    assert all(-(2**63) <= v < 2**63 for v in usage_row(rec) if isinstance(v, int)), rec
 
 
 def raw_stream(events: tuple[tuple[str | None, Any], ...]) -> bytes:
@@ -189,6 +259,8 @@ def read_stream(s: Stream, events: tuple[tuple[str | None, Any], ...]) -> None:
         same.finish()
     except GatewayError as err:
         same.error(err)
+    for complete in (True, False):  # what it bills, whole or cut short
+        settle(stream_used(same, chat_job(), complete))
     if s.protocol == "responses":
         return
     chunks: list[ChatChunk] = []
@@ -209,6 +281,7 @@ def read_stream(s: Stream, events: tuple[tuple[str | None, Any], ...]) -> None:
             stream.finish()
         except GatewayError as err:
             stream.error(err)
+        settle(stream_used(stream, chat_job(), failure is None))
 
 
 class _Replay:
@@ -262,10 +335,15 @@ def test_the_fixtures_are_read_as_they_are() -> None:
         read_stream(s, s.events)
 
 
+def test_the_costliest_request_fits_the_stores() -> None:
+    """The bound ``settle`` checks against is itself within 64 bits, with room for sums."""
+    assert 0 < MAX_COST < 2**60
+
+
 @pytest.mark.parametrize("r", REPLIES, ids=[r.id for r in REPLIES])
 def test_reply_every_field_of_every_type(r: Reply) -> None:
     for path in list(paths(r.body)):
-        for value in ODD_VALUES:
+        for value in (*ODD_VALUES, *HUGE_VALUES):
             try:
                 read_reply(r, replaced(r.body, path, value))
             except GatewayError:

@@ -1,12 +1,16 @@
 """The store away: a gateway started without it is alive but not ready, answers 503 in each
 protocol's shape (and its admin API 503 in JSON, within seconds), and serves once the store
 answers; a gateway that loses its store serves from its cache for ``limits.store_grace``
-seconds, then answers 503 until the store is back. Redis, started and stopped by the test."""
+seconds, then answers 503 until the store is back; a store that hangs (stopped, its
+connections open) gets the same, and once it resumes every request is billed exactly once.
+Redis, started, stopped and frozen by the test."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -14,9 +18,10 @@ import aiohttp
 import pytest
 
 from bench.fake_upstream import FakeUpstream
+from gateway.admin import STORE_TIMEOUT
 from gateway.config import parse_settings
 from gateway.store import cache
-from tests.plugins.processes import OwnRedis
+from tests.plugins.processes import OwnRedis, assert_billed_once, balance, opened, settled
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, make_config, serve_app
 
 pytestmark = pytest.mark.skipif(
@@ -111,3 +116,70 @@ async def test_a_lost_store_is_served_around_for_the_grace_then_503_until_it_is_
         if redis.proc is not None:
             redis.proc.kill()
             redis.proc.wait()
+
+
+async def test_a_hung_store_is_503_at_the_admin_api_and_served_around_then_billed_exactly(
+    fake: FakeUpstream, tmp_path: Path
+) -> None:
+    """A store that stops answering without closing its connections (SIGSTOP: a frozen
+    host, a network partition): the admin API answers 503 in JSON within its store timeout,
+    /readyz 503, model requests are served from the cache; once it resumes (SIGCONT), the
+    balance drops by exactly the sum of the usage records, every reply recorded once."""
+    redis = OwnRedis(tmp_path / "redis")
+    await redis.start()
+    assert redis.proc is not None
+    pid = redis.proc.pid
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    completed: list[str] = []
+    try:
+        async with opened(redis.url) as store:
+            settings = parse_settings(make_config(fake.url, redis.url))
+            async with serve_app(settings) as gw, aiohttp.ClientSession() as s:
+
+                async def chat() -> None:
+                    async with s.post(gw.v1 + "/chat/completions", json=CHAT, headers=HEADERS) as r:
+                        assert r.status == 200, await r.text()
+                        await r.read()
+                        completed.append(r.headers["x-request-id"])
+
+                before = await balance(store)
+                await chat()
+                await settled(store, set(completed))
+
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    # a read, and a change that moves no money (it may apply once it resumes)
+                    for method, path, body in [
+                        ("GET", "/admin/accounts", None),
+                        ("GET", "/admin/keys", None),
+                        ("POST", "/admin/groups", {"name": "made-while-hung"}),
+                    ]:
+                        started = time.monotonic()
+                        async with s.request(method, gw.url + path, json=body, headers=admin) as r:
+                            took = time.monotonic() - started
+                            assert r.status == 503, (path, await r.text())
+                            assert r.headers["content-type"] == "application/json"
+                            assert (await r.json())["error"]["code"] == "store_unavailable"
+                        assert took < STORE_TIMEOUT + 0.75, (path, took)
+                    async with s.get(gw.url + "/readyz") as r:
+                        assert r.status == 503
+                    for _ in range(5):  # from the cache, within the grace
+                        await chat()
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+
+                await settled(store, set(completed))
+                deadline = time.monotonic() + 30
+                while True:
+                    async with s.get(gw.url + "/readyz") as r:
+                        if r.status == 200:
+                            break
+                    assert time.monotonic() < deadline, "never ready again"
+                    await asyncio.sleep(0.1)
+            records = await settled(store, set(completed))
+            assert_billed_once(records, completed, before - await balance(store))
+            assert len(records) == len(completed) == 6
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        redis.proc.kill()
+        redis.proc.wait()

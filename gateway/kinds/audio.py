@@ -13,7 +13,8 @@ says so, else as soon as the count passes it). Every other field (``response_for
 An upload can be sent once: another channel is tried only when the first could not be
 reached before any of it went out. Billed by what the upstream reports: tokens
 (``usage.input_tokens``/``output_tokens``), or seconds of audio (``usage.seconds``, or a
-``verbose_json`` reply's ``duration``) at the ``audio_second`` price; plain-text formats report
+``verbose_json`` reply's ``duration``) at the ``audio_second`` price, each bounded as
+``billing`` bounds them (an implausible count bills nothing); plain-text formats report
 neither, and cost the ``request`` price alone.
 """
 
@@ -27,7 +28,7 @@ from typing import IO
 import orjson
 
 from gateway.asgi import BodyRead, ClientGone
-from gateway.billing import Metered, billable_tokens
+from gateway.billing import Metered, billable_seconds, billable_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
 from gateway.kinds.base import Incoming, Reply
@@ -125,7 +126,7 @@ def transcription_used(reply: object) -> Metered:
         if usage.get("type") == "duration" or "seconds" in usage:
             seconds = usage.get("seconds")
             if isinstance(seconds, int | float) and not isinstance(seconds, bool):
-                return Metered(audio_seconds=max(0.0, float(seconds)))
+                return Metered(audio_seconds=billable_seconds(seconds))
         if "input_tokens" in usage or "output_tokens" in usage:
             return Metered(
                 prompt_tokens=billable_tokens(usage.get("input_tokens")),
@@ -133,7 +134,7 @@ def transcription_used(reply: object) -> Metered:
             )
     duration = reply.get("duration")
     if isinstance(duration, int | float) and not isinstance(duration, bool):
-        return Metered(audio_seconds=max(0.0, float(duration)))
+        return Metered(audio_seconds=billable_seconds(duration))
     return Metered()
 
 

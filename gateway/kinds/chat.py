@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.asgi import parse_json, read_body
-from gateway.billing import Metered, billable_tokens, usage_tokens
+from gateway.billing import MAX_TOKENS, Metered, billable_tokens, usage_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
@@ -106,10 +106,11 @@ def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
     least what passed (the upstream's count so far may be a first, partial one)."""
     usage = stream.usage
     used = chat_used(usage)
-    if not usage or "prompt_tokens" not in usage:  # a count, even an odd one, is the upstream's
+    # a count, even an odd one, is the upstream's; a usage that is no object counts nothing
+    if not isinstance(usage, dict) or "prompt_tokens" not in usage:
         used.prompt_tokens = job.prompt_estimate()
     if not complete:
-        used.completion_tokens = max(used.completion_tokens, stream.generated)
+        used.completion_tokens = max(used.completion_tokens, min(stream.generated, MAX_TOKENS))
     return used
 
 

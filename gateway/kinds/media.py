@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.asgi import parse_json, read_body
-from gateway.billing import Metered, billable_tokens
+from gateway.billing import MAX_IMAGES, MAX_SPEECH_CHARS, Metered, billable_tokens
 from gateway.config import Channel
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
@@ -129,7 +129,7 @@ def images_used(reply: dict[str, JSON], asked: Metered) -> Metered:
             completion_tokens=billable_tokens(usage.get("output_tokens")),
         )
     data = reply.get("data")
-    return Metered(images=len(data) if isinstance(data, list) else 0)
+    return Metered(images=min(len(data), MAX_IMAGES) if isinstance(data, list) else 0)
 
 
 def _relevance(result: dict[str, JSON]) -> float:
@@ -163,7 +163,7 @@ def speech_asks(payload: dict[str, JSON]) -> Metered:
     for key in ("response_format", "instructions"):
         REQUEST.opt_text(payload.get(key), key)
     REQUEST.opt_bool(payload.get("stream"), "stream")
-    return Metered(speech_chars=len(text))
+    return Metered(speech_chars=min(len(text), MAX_SPEECH_CHARS))
 
 
 def nothing_asked(payload: dict[str, JSON]) -> Metered:

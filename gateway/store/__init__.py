@@ -41,6 +41,10 @@ class CursorError(StoreError):
     """A usage cursor this store did not make."""
 
 
+class StoreClosedError(StoreError, RuntimeError):
+    """The store is not open: it never answered yet, or it was closed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Account:
     id: str

@@ -118,12 +118,20 @@ class CatalogueRecords:
 
     @classmethod
     def decode(cls, fields: Iterable[tuple[str, bytes | str]]) -> CatalogueRecords:
-        """From (``kind:name``, JSON) pairs; pairs of other kinds are ignored."""
+        """From (``kind:name``, JSON) pairs; pairs of other kinds are ignored, and so is a
+        record that is not a JSON object named by a string (logged once)."""
         out = cls()
         for key, raw in fields:
             kind, _, name = key.partition(":")
             if kind in out.entries and name:
-                out.entries[kind][name] = orjson.loads(raw)
+                try:
+                    rec = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    rec = None
+                if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+                    warn_once(kind, f"stored {kind} {name!r}: not a record")
+                    continue
+                out.entries[kind][name] = rec
         return out
 
     def of(self, kind: str) -> list[dict[str, Any]]:
@@ -205,9 +213,25 @@ class View:
         return next((m for m in self.models if m.name == name), None)
 
 
+# the bad records this process has logged: every reload (and admin read) meets them again
+_WARNED: set[tuple[str, str]] = set()
+WARNED_MAX = 1000
+
+
+def warn_once(kind: str, error: str) -> None:
+    """Log a stored record left out, once per process for each record and error."""
+    if (kind, error) in _WARNED:
+        return
+    if len(_WARNED) >= WARNED_MAX:
+        _WARNED.clear()
+    _WARNED.add((kind, error))
+    log.warning("catalogue.bad_record kind=%s error=%s", kind, error)
+
+
 def view(records: CatalogueRecords, settings: Settings) -> View:
-    """What the records mean to a process with this configuration (pure). A record that no
-    longer parses (written by another version, or naming what is gone) is left out, logged."""
+    """What the records mean to a process with this configuration. A record that no longer
+    parses (written by another version, or an older one's price past today's bound, or naming
+    what is gone) is left out, logged once (``warn_once``): the rest is served."""
     own_groups = set(settings.groups)
     own_models = {m.name: m for m in settings.models}
     own_channels = {c.name: c for c in settings.channels}
@@ -229,7 +253,7 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
         try:
             models.append(parse_model(body_of(rec), f"stored model {rec['name']!r}"))
         except ConfigError as exc:
-            log.warning("catalogue.bad_record kind=model error=%s", exc)
+            warn_once(MODEL, str(exc))
             continue
         if rec.get("origin") == FILE:
             file_entries.add((MODEL, rec["name"]))
@@ -243,7 +267,7 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
             where = f"stored channel {rec['name']!r}"
             channels.append(parse_channel(body_of(rec), where, group_set, model_set))
         except ConfigError as exc:
-            log.warning("catalogue.bad_record kind=channel error=%s", exc)
+            warn_once(CHANNEL, str(exc))
             continue
         if rec.get("origin") == FILE:
             file_entries.add((CHANNEL, rec["name"]))

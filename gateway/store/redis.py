@@ -47,6 +47,7 @@ from gateway.store import (
     KeyRecord,
     MissingError,
     Position,
+    StoreClosedError,
     UsagePage,
     UsageQuery,
     UsageRecord,
@@ -290,7 +291,7 @@ class RedisStore:
     @property
     def client(self) -> aioredis.Redis:
         if self._client is None:
-            raise RuntimeError("RedisStore is not open")
+            raise StoreClosedError("RedisStore is not open")
         return self._client
 
     async def open(self) -> None:

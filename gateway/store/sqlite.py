@@ -36,6 +36,7 @@ from gateway.store import (
     DailyUsage,
     KeyRecord,
     MissingError,
+    StoreClosedError,
     UsagePage,
     UsageQuery,
     UsageRecord,
@@ -299,7 +300,7 @@ class SQLiteStore:
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._executor is None or self._conn is None:
-            raise RuntimeError("SQLiteStore is not open")
+            raise StoreClosedError("SQLiteStore is not open")
         conn = self._conn
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, conn)
 
