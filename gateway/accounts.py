@@ -245,6 +245,17 @@ async def list_accounts(store: Store) -> list[Account]:
 async def topup(store: Store, account_id: str, amount: object) -> Account:
     """Add ``amount`` (negative: a correction) to the balance, atomically in the store."""
     micro = to_micro(amount, "amount")
+    account = await store.get_account(account_id)
+    if account is None:
+        raise NotFoundError(f"account {account_id!r} not found")
+    # a balance stays within MAX_AMOUNT either way, so that repeated top-ups never leave a
+    # signed 64-bit integer (SQLite would turn it into an inexact REAL, Redis refuse it); two
+    # top-ups racing past this check still end far inside 2**63 micro-units
+    if abs(account.balance + micro) > MAX_AMOUNT * MICRO:
+        raise InvalidRequestError(
+            f"amount: the balance would be {format_money(account.balance + micro)}; "
+            f"a balance is at most {MAX_AMOUNT} in size"
+        )
     try:
         return await store.topup(account_id, micro)
     except MissingError:

@@ -328,6 +328,25 @@ async def test_topup_arithmetic_is_exact(admin: Admin, store: Store) -> None:
     assert negative.json()["balance"] == 0.25
 
 
+async def test_top_ups_never_take_a_balance_past_its_bound(admin: Admin, store: Store) -> None:
+    """Each top-up is bounded, and so is the balance they add up to: before the bound, ten
+    of the largest top-ups left a signed 64-bit integer (SQLite kept an inexact REAL, Redis
+    refused the script with a 5xx)."""
+    await admin("POST", "/admin/accounts", {"id": "alice", "balance": 10**12 - 1})
+    reply = await admin("POST", "/admin/accounts/alice/topup", {"amount": 2})
+    assert_error(reply, 400, "invalid_request_error")
+    assert "amount" in reply.json()["error"]["message"]
+    acct = await store.get_account("alice")
+    assert acct is not None and acct.balance == (10**12 - 1) * 1_000_000  # unchanged
+    assert (await admin("POST", "/admin/accounts/alice/topup", {"amount": 1})).status == 200
+    low = await admin("POST", "/admin/accounts/alice/topup", {"amount": -(10**12)})
+    assert low.json()["balance"] == 0
+    deep = await admin("POST", "/admin/accounts/alice/topup", {"amount": -(10**12)})
+    assert deep.status == 200 and deep.json()["balance"] == -(10**12)  # a correction, bounded
+    past = await admin("POST", "/admin/accounts/alice/topup", {"amount": -1})
+    assert_error(past, 400, "invalid_request_error")
+
+
 @pytest.mark.parametrize("raw", [b"{}", b'{"amount": "5"}', b'{"amount": null}', b"nope"])
 async def test_bad_topup_is_400(admin: Admin, raw: bytes) -> None:
     await admin("POST", "/admin/accounts", {"id": "alice", "balance": 1})
