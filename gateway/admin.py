@@ -35,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from gateway import accounts, catalogue, console, usage_query
-from gateway.asgi import BODY_MIN_RATE, REQUEST_ID, too_slow
+from gateway.asgi import REQUEST_ID
 from gateway.config import Settings
 from gateway.errors import (
     AuthenticationError,
@@ -43,10 +43,10 @@ from gateway.errors import (
     InternalError,
     InvalidRequestError,
     NotFoundError,
-    PayloadTooLargeError,
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
+from gateway.small_body import read_small_body
 from gateway.store import Store, StoreError
 from gateway.types import JSON
 from gateway.upstream import Upstream
@@ -153,7 +153,9 @@ def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
             if not signed_in:
                 return error_response(AuthenticationError("missing or invalid admin token"))
         try:
-            request.state.body = await _read(request, state.settings.server.body_timeout_seconds)
+            request.state.body = await read_small_body(
+                request, MAX_BODY, state.settings.server.body_timeout_seconds
+            )
             async with asyncio.timeout(timeout):
                 return await handler(request, state)
         except ClientDisconnect:
@@ -177,30 +179,6 @@ def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
             return error_response(InternalError("internal error"))
 
     return endpoint
-
-
-async def _read(request: Request, timeout: float) -> bytes:
-    """The request's body, at most ``MAX_BODY`` bytes (413 past it, before reading more than
-    that), within ``timeout`` seconds plus one for every ``BODY_MIN_RATE`` bytes it sent, as
-    the client paths' bodies (408 past it; 0: no limit)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    started = asyncio.get_running_loop().time()
-    try:
-        async with asyncio.timeout_at(started + timeout if timeout > 0 else None) as deadline:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > MAX_BODY:
-                    raise PayloadTooLargeError(f"request body: at most {MAX_BODY} bytes")
-                chunks.append(chunk)
-                if timeout > 0:
-                    deadline.reschedule(started + timeout + size / BODY_MIN_RATE)
-    except TimeoutError:
-        raise too_slow() from None
-    return b"".join(chunks)
 
 
 async def _body(request: Request) -> dict[str, JSON]:

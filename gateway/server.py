@@ -154,9 +154,9 @@ def _granian(host: str, port: int, workers: int, header_timeout: float) -> None:
     from granian.http import HTTP1Settings  # type: ignore[import-not-found,unused-ignore]
 
     # granian's own header timeout (30 s by default; it closes without an answer)
-    http1: dict[str, object] = {}
+    http1 = None
     if header_timeout > 0:
-        http1["http1_settings"] = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
+        http1 = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
 
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
@@ -168,5 +168,5 @@ def _granian(host: str, port: int, workers: int, header_timeout: float) -> None:
         factory=True,
         backlog=BACKLOG,
         backpressure=GRANIAN_MAX_CONCURRENT,
-        **http1,
+        http1_settings=http1,
     ).serve()

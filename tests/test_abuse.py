@@ -15,6 +15,7 @@ import re
 import resource
 import signal
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,37 @@ async def test_a_slow_admin_body_gets_408_not_a_store_outage(
     assert headers["connection"] == "close"
     assert took < 1.0 + 1.5  # the body timeout and a margin for a loaded machine
     assert not [r for r in caplog.records if "store_unavailable" in r.getMessage()]
+
+
+async def test_a_slow_sign_in_body_gets_408(quick: ServedGateway) -> None:
+    """The console's sign-in needs no key, so its body is bounded in time as the others."""
+    reader, writer = await connect(quick.url)
+    lines = ["POST /console/session HTTP/1.1", "host: test", "content-type: application/json"]
+    lines += ["content-length: 100"]
+    started = time.monotonic()
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"token": "sk-')  # no more
+    status, headers, raw = await response(reader)
+    took = time.monotonic() - started
+    writer.close()
+    assert status == 408, raw
+    assert orjson.loads(raw)["error"]["code"] == "request_timeout"
+    assert headers["connection"] == "close"
+    assert took < 1.0 + 1.5  # the body timeout and a margin for a loaded machine
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+async def test_sign_in_bodies_are_bounded(gateway: ServedGateway, declared: bool) -> None:
+    huge = b'{"token": "' + b"a" * 100_000 + b'"}'
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield huge
+
+    data: Any = huge if declared else chunks()
+    headers = {"content-type": "application/json"}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(gateway.url + "/console/session", data=data, headers=headers) as r:
+            assert r.status == 413
+            assert (await r.json())["error"]["type"] == "console_error"
 
 
 async def test_admin_bodies_are_bounded(gateway: ServedGateway) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
@@ -40,6 +40,7 @@ from gateway.accounts import daily_json, key_json, usage_json, usage_limit
 from gateway.auth import check_key, key_hash
 from gateway.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
 from gateway.errors import AuthenticationError, GatewayError
+from gateway.small_body import read_small_body
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
 from gateway.types import JSON
@@ -75,6 +76,7 @@ USAGE_DAYS = 30
 USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for up to 1000
 STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
 DEFAULT_PORTS = {"http": 80, "https": 443}
+SIGN_IN_MAX_BODY = 8 * 1024  # bytes of a sign-in body: a token and little else
 
 
 def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -176,15 +178,25 @@ async def sign_in(request: Request) -> Response:
         return _error(
             415, "sign-in takes a JSON body (content-type: application/json)", "media_type"
         )
+    state = request.app.state.gateway
     try:
-        body = orjson.loads(await request.body())
+        raw = await read_small_body(
+            request, SIGN_IN_MAX_BODY, state.settings.server.body_timeout_seconds
+        )
+    except GatewayError as err:  # too large (413) or too slow (408): not read to its end
+        resp = _error(err.status, err.message, err.code or err.type)
+        resp.headers["connection"] = "close"
+        return resp
+    except ClientDisconnect:
+        return Response(status_code=499)  # gone while its body was read: no one to answer
+    try:
+        body = orjson.loads(raw)
         token = body["token"] if isinstance(body, dict) else None
     except (orjson.JSONDecodeError, KeyError):
         token = None
     if not isinstance(token, str) or not token.strip():
         return _error(400, "token: give the admin token or an sk- key", "invalid_request")
     token = token.strip()
-    state = request.app.state.gateway
     admin_token: str = state.settings.admin_token
     signer = signer_of(request)
     if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
