@@ -13,8 +13,10 @@ its own deadline (``asgi.BodyDeadlines``).
 How: hypercorn's ``TCPServer`` runs one idle task per connection, sleeping the keep-alive
 between requests and stopped while one is served. The mend tracks which of the two waits a
 connection is in (``Updated`` events from the protocol: idle or busy), restarts the idle task
-with the header deadline when a request's first bytes arrive on an idle connection, and has
-the idle task use that deadline then. A hypercorn without those parts is left alone, and says
+with the header deadline when a request's first bytes arrive on an idle connection without
+its whole headers (checked after hypercorn handled them: whole headers began a request, and a
+restart per request cost about 100k instructions), and has the idle task use that deadline
+then. A hypercorn without those parts is left alone, and says
 so in the log once. uvicorn and granian are not mended (README: Operations).
 """
 
@@ -89,12 +91,21 @@ def time_headers(seconds: float) -> bool:
         handle = protocol.handle
 
         async def handling(event: Any) -> None:
-            # a request's first bytes on an idle HTTP/1 connection: its headers' time begins
-            # (an idle HTTP/2 connection gets frames that begin no request: pings, settings)
-            if self._gw_wait == IDLE and type(event) is raw_data and _http1(self):
+            idle = self._gw_wait == IDLE
+            await handle(event)
+            # a request's first bytes on an idle HTTP/1 connection that did not complete its
+            # headers: their time begins (an idle HTTP/2 connection gets frames that begin no
+            # request: pings, settings). Headers whole in the read that brought them, the
+            # usual case, began a request (BUSY) and cost no restart of the idle task.
+            if (
+                idle
+                and self._gw_wait == IDLE
+                and type(event) is raw_data
+                and _http1(self)
+                and _buffered(self)
+            ):
                 self._gw_wait = HEADERS
                 await self.idle_task.restart(self._task_group, self._idle_timeout)
-            await handle(event)
 
         protocol.handle = handling
         await read_data(self)
