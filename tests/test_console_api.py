@@ -6,10 +6,12 @@ served with a strict Content-Security-Policy. (The page itself: tests/test_conso
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 
+from gateway.store import UsageRecord
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -195,32 +197,37 @@ async def test_a_group_and_channel_made_at_run_time_reach_the_square_and_the_met
     assert [m["name"] for m in square["models"]] == ["chat-small"]
 
 
+def free_record(n: int, account: str, key_id: str, model: str, start: datetime) -> UsageRecord:
+    """A settled chat record that cost nothing, ``n`` milliseconds after ``start``: bulk
+    usage for the listing's filters and pages."""
+    return UsageRecord(
+        time=start + timedelta(milliseconds=n),
+        request_id=f"bulk-{key_id}-{model}-{n}",
+        account=account,
+        key_id=key_id,
+        model=model,
+        channel="oa",
+        protocol="openai",
+        endpoint="chat",
+        prompt_tokens=1,
+        completion_tokens=1,
+        cost=0,
+        status=200,
+        latency_ms=5,
+        ip_range="203.0.113.0/24",
+    )
+
+
 async def test_a_key_on_a_busy_account_sees_its_own_records_a_page_at_a_time(
     gateway: ServedGateway,
 ) -> None:
     """The key's view reads through the store's key filter: 1,200 newer records of another
     key on the same account do not hide this key's, and its pages follow ``next_cursor``."""
-    from datetime import UTC, datetime, timedelta
 
-    from gateway.store import UsageRecord
+    start = datetime.now(UTC) - timedelta(hours=1)
 
     def record(n: int, key_id: str) -> UsageRecord:
-        return UsageRecord(
-            time=datetime.now(UTC) - timedelta(hours=1) + timedelta(milliseconds=n),
-            request_id=f"busy-{key_id}-{n}",
-            account="alice",
-            key_id=key_id,
-            model="chat-small",
-            channel="oa",
-            protocol="openai",
-            endpoint="chat",
-            prompt_tokens=1,
-            completion_tokens=1,
-            cost=0,
-            status=200,
-            latency_ms=5,
-            ip_range="203.0.113.0/24",
-        )
+        return free_record(n, "alice", key_id, "chat-small", start)
 
     async with aiohttp.ClientSession() as s:
         body = {"account": "alice", "group": "default", "name": "quiet"}
@@ -241,7 +248,7 @@ async def test_a_key_on_a_busy_account_sees_its_own_records_a_page_at_a_time(
             if page["next_cursor"] is None:
                 break
             cursor = page["next_cursor"]
-        assert seen == [f"busy-{made['id']}-{n}" for n in (4, 3, 2, 1, 0)]
+        assert seen == [f"bulk-{made['id']}-chat-small-{n}" for n in (4, 3, 2, 1, 0)]
         # the key's own records only, whatever the parameters say
         async with s.get(gateway.url + "/console/usage?key=k-alice&account=bob") as r:
             assert len((await r.json())["records"]) == 5

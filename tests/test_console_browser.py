@@ -26,6 +26,7 @@ import pytest
 
 from gateway.store import MICRO, UsageRecord
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
+from tests.test_console_api import free_record
 
 CHROMIUM = (
     os.environ.get("GATEWAY_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -94,22 +95,7 @@ async def admin_get(gateway: ServedGateway, path: str) -> list[dict[str, Any]]:
 
 
 def usage(n: int, key_id: str, model: str, start: datetime) -> UsageRecord:
-    return UsageRecord(
-        time=start + timedelta(milliseconds=n),
-        request_id=f"bulk-{model}-{n}",
-        account="carol",
-        key_id=key_id,
-        model=model,
-        channel="oa",
-        protocol="openai",
-        endpoint="chat",
-        prompt_tokens=1,
-        completion_tokens=1,
-        cost=0,
-        status=200,
-        latency_ms=5,
-        ip_range="203.0.113.0/24",
-    )
+    return free_record(n, "carol", key_id, model, start)
 
 
 async def sign_in(page: Any, url: str, token: str) -> None:
