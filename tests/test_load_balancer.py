@@ -232,10 +232,10 @@ async def admin_change_seen(made_on: Gateway, others: list[Gateway], account: st
         async with s.post(
             made_on.url + "/admin/accounts", json={"id": account, "balance": 1}, headers=admin
         ) as r:
-            assert r.status == 201, await r.text()
+            assert r.status == 201, (await r.text(), made_on.log.read_text()[-2000:])
         new = {"account": account, "group": "default"}
         async with s.post(made_on.url + "/admin/keys", json=new, headers=admin) as r:
-            assert r.status == 201, await r.text()
+            assert r.status == 201, (await r.text(), made_on.log.read_text()[-2000:])
             key = (await r.json())["key"]
         made = time.monotonic()
 

@@ -102,6 +102,10 @@ USAGE_SCAN_CONCURRENCY = 16  # accounts read at once by a listing of every accou
 # a Redis that is away fails a call within these (seconds) rather than hanging it
 CONNECT_TIMEOUT = 2.0
 COMMAND_TIMEOUT = 10.0
+# RESP2, said outright: redis-py 8 speaks RESP3 by default, and with it (and its maintenance
+# notifications, on by default) its pool hands out a connection the server closed without
+# checking it, so the first call after a Redis restart failed (an admin 503)
+PROTOCOL = 2
 UPDATE_RETRIES = 50
 
 # -- scripts ---------------------------------------------------------------------------------
@@ -305,6 +309,7 @@ class RedisStore:
                 decode_responses=False,
                 socket_connect_timeout=CONNECT_TIMEOUT,
                 socket_timeout=COMMAND_TIMEOUT,
+                protocol=PROTOCOL,
             )
             # the cluster client has every command the store uses (not MULTI, not scripts
             # inside pipelines: see the module's notes), so it stands in for a Redis
@@ -315,6 +320,7 @@ class RedisStore:
                 decode_responses=False,
                 socket_connect_timeout=CONNECT_TIMEOUT,
                 socket_timeout=COMMAND_TIMEOUT,
+                protocol=PROTOCOL,
             )
         self._settle = client.register_script(SETTLE_LUA)
         self._share_cooling = client.register_script(SHARE_COOLING_LUA)
