@@ -8,8 +8,9 @@ that it goes back as that block), a ``message`` with one ``output_text`` part, t
 by a ``reasoning`` item with no summary whose ``encrypted_content`` is that signature (it goes
 back to that call, see ``request``). A reply cut by the token limit is ``status: incomplete``
 with ``incomplete_details.reason: max_output_tokens``, one stopped by a content filter
-(Gemini SAFETY and the like, Anthropic's refusal) with ``content_filter``. Ids derive from the
-request id; nothing is stored (``store: false``).
+(Gemini SAFETY and the like, Anthropic's refusal) with ``content_filter``; its last item, the
+one the cut fell in, is ``incomplete`` too when it is a message or a call (as OpenAI marks
+it). Ids derive from the request id; nothing is stored (``store: false``).
 """
 
 from __future__ import annotations
@@ -149,9 +150,12 @@ def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
     content = message.get("content")
     if isinstance(content, list):  # parts: their text
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if content:
-        output.append(message_item(ctx, content, "completed"))
+    finish = choice.get("finish_reason")
+    cut = bool(finish) and finish in INCOMPLETE
     calls: list[ToolCall] = message.get("tool_calls") or []
+    if content:
+        status = "incomplete" if cut and not calls else "completed"
+        output.append(message_item(ctx, content, status))
     for n, call in enumerate(calls):
         function = call.get("function") or {}
         signed = call.get("thought_signature")
@@ -164,8 +168,8 @@ def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
                 call.get("id") or f"call_{rid}_{n}",
                 function.get("name") or "",
                 function.get("arguments") or "",
-                "completed",
+                "incomplete" if cut and n == len(calls) - 1 else "completed",
             )
         )
     usage = encode_usage(resp.get("usage"))
-    return envelope(ctx, "completed", output, usage, choice.get("finish_reason"))
+    return envelope(ctx, "completed", output, usage, finish)

@@ -6,7 +6,8 @@ announced (``response.output_item.added``), filled (``response.reasoning_summary
 ``response.function_call_arguments.delta``) and closed (the matching ``.done`` events and
 ``response.output_item.done``) before the next is announced, as OpenAI streams them; the
 stream ends with ``response.completed`` (``response.incomplete`` when the token limit or a
-content filter cut it) carrying every item and the usage, or ``response.failed`` for an error
+content filter cut it, and the last item, the one the cut fell in, ``incomplete`` when it is
+a message or a call) carrying every item and the usage, or ``response.failed`` for an error
 after it started (with the items so far and the usage billed so far). A reasoning item gets a
 summary part only once there is summary text (a signature alone has none). Every event has a
 ``sequence_number`` counting from 0, and an SSE ``event:`` line naming it.
@@ -28,6 +29,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import CHARS_PER_TOKEN, Ctx, count
 from gateway.protocols.responses.reply import (
+    INCOMPLETE,
     REDACTED,
     encode_usage,
     envelope,
@@ -64,7 +66,7 @@ class ResponsesStreamEncoder:
     content_type = EVENT_STREAM
 
     __slots__ = ("_ctx", "_seq", "_started", "_items", "_open", "_calls", "_live", "_waiting",
-                 "_finish", "_usage")  # fmt: skip
+                 "_finish", "_usage", "_cut")  # fmt: skip
 
     def __init__(self, ctx: Ctx) -> None:
         self._ctx = ctx
@@ -77,6 +79,7 @@ class ResponsesStreamEncoder:
         self._waiting: list[_Item] = []  # calls started while the live one was unfinished
         self._finish: str | None = None
         self._usage: Usage | None = None
+        self._cut = False  # closing the items at the end of a reply the limit or a filter cut
 
     def _event(self, kind: str, body: dict[str, JSON]) -> bytes:
         body = {"type": kind, "sequence_number": self._seq, **body}
@@ -250,6 +253,9 @@ class ResponsesStreamEncoder:
         text = "".join(item.text)
         where = self._where(item)
         out = b""
+        # the item a cut fell in: the last one, with nothing left to announce after it
+        last = item.index == len(self._items) - 1 and not self._waiting
+        status = "incomplete" if self._cut and last else "completed"
         if item.kind == "reasoning":
             item.done = reasoning_item(item.id, text, item.signature)
             if text:
@@ -258,15 +264,13 @@ class ResponsesStreamEncoder:
                 out += self._event("response.reasoning_summary_text.done", {**where, "text": text})
                 out += self._event("response.reasoning_summary_part.done", {**where, "part": part})
         elif item.kind == "message":
-            item.done = {**message_item(self._ctx, text, "completed"), "id": item.id}
+            item.done = {**message_item(self._ctx, text, status), "id": item.id}
             where["content_index"] = 0
             done = {**where, "text": text, "logprobs": []}
             out += self._event("response.output_text.done", done)
             out += self._event("response.content_part.done", {**where, "part": output_text(text)})
         else:
-            shown = function_item(
-                self._ctx, item.number, item.call_id, item.name, text, "completed"
-            )
+            shown = function_item(self._ctx, item.number, item.call_id, item.name, text, status)
             item.done = {**shown, "id": item.id}
             done = {**where, "name": shown["name"], "arguments": text}
             out += self._event("response.function_call_arguments.done", done)
@@ -276,6 +280,7 @@ class ResponsesStreamEncoder:
     # -- the end ---------------------------------------------------------------------------
 
     def finish(self, usage: Usage | None) -> bytes:
+        self._cut = self._finish in INCOMPLETE
         out = [self._start(), self._close_all()]
         output = [item.done for item in self._items]
         final = envelope(
