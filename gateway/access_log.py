@@ -2,6 +2,9 @@
 key id, model, channel, protocol, endpoint, status, latency, tokens and cost, and the client's
 /24 (or /48); never a prompt, a reply, a key or a full address.
 
+In text, the model (the client's own name for it) is written as a JSON string when it holds
+a space or anything unprintable, so that no name can split a line or forge one.
+
 The hot path pays one ``orjson.dumps`` (or one f-string) appended to one buffer (a list of
 small bytes objects cost more, in allocations, than the encoding); the lines go out in one
 ``write()`` to standard error about five times a second and when the process stops, not
@@ -54,7 +57,7 @@ class AccessLog:
         else:
             line = (
                 f"{rec.time.isoformat()} {rec.request_id} {rec.status} {rec.protocol} "
-                f"{rec.endpoint} model={rec.model} channel={rec.channel or '-'} "
+                f"{rec.endpoint} model={_token(rec.model)} channel={rec.channel or '-'} "
                 f"key={rec.key_id} {rec.latency_ms}ms in={rec.prompt_tokens} "
                 f"out={rec.completion_tokens} cost={rec.cost / MICRO:g}\n"
             ).encode()
@@ -77,3 +80,10 @@ class AccessLog:
                 self.flush()
         finally:
             self.flush()
+
+
+def _token(text: str) -> str:
+    """``text`` as it is when it is one printable word, else quoted and escaped (JSON)."""
+    if text.isprintable() and " " not in text:
+        return text
+    return orjson.dumps(text).decode()

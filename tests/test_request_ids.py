@@ -126,6 +126,21 @@ async def test_text_lines_when_asked(
         gw.state.relay.access.flush()
     (line,) = [x for x in capfd.readouterr().err.splitlines() if " texty/" in x]
     assert " 200 openai chat model=chat-small channel=oa key=k-alice " in line
+    # a model name is the client's: one that would split the line, or its fields, is quoted
+    async with serve_app(parse_settings(cfg)) as gw, aiohttp.ClientSession() as s:
+        for n, model in enumerate(["evil\n2026-01-01 forged 200", "two words", "tab\there"]):
+            mine = {**ALICE, "x-request-id": f"odd-{n}"}
+            status, _, _ = await post(
+                s, gw.v1 + "/chat/completions", {**CHAT, "model": model}, mine
+            )
+            assert status == 404
+        assert gw.state.relay.access is not None
+        gw.state.relay.access.flush()
+    lines = capfd.readouterr().err.splitlines()
+    assert not [x for x in lines if "forged" in x and " odd-0/" not in x], lines
+    for n, quoted in enumerate(['"evil\\n2026-01-01 forged 200"', '"two words"', '"tab\\there"']):
+        (line,) = [x for x in lines if f" odd-{n}/" in x]
+        assert f" 404 openai chat model={quoted} channel=- " in line, line
     cfg = make_config(fake.url, store_url, logging={"access": False})
     async with serve_app(parse_settings(cfg)) as gw:
         assert gw.state.relay.access is None
