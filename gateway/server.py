@@ -55,7 +55,7 @@ def serve(
             limit = settings.server.max_connections or default_connection_limit()
             _uvicorn(host, port, workers, settings, limit)
         elif server == "granian":
-            _granian(host, port, workers, settings.server.header_timeout_seconds)
+            _granian(settings, host, port, workers)
         else:
             _hypercorn(settings, host, port, workers)
 
@@ -148,15 +148,19 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     )
 
 
-def _granian(host: str, port: int, workers: int, header_timeout: float) -> None:
+def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     from granian import Granian  # type: ignore[import-not-found,unused-ignore]
     from granian.constants import Interfaces  # type: ignore[import-not-found,unused-ignore]
     from granian.http import HTTP1Settings  # type: ignore[import-not-found,unused-ignore]
 
     # granian's own header timeout (30 s by default; it closes without an answer)
+    header_timeout = settings.server.header_timeout_seconds
     http1 = None
     if header_timeout > 0:
         http1 = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
+    # on SIGTERM a worker finishes its requests for at most this long, then is killed
+    # (granian's default: waited for without end; it takes whole seconds, at least 1)
+    grace = max(1, math.ceil(settings.server.graceful_seconds))
 
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
@@ -169,4 +173,5 @@ def _granian(host: str, port: int, workers: int, header_timeout: float) -> None:
         backlog=BACKLOG,
         backpressure=GRANIAN_MAX_CONCURRENT,
         http1_settings=http1,
+        workers_kill_timeout=grace,
     ).serve()

@@ -1,5 +1,6 @@
-"""What a server does to its process (it tunes its garbage collector), to its replies and to
-idle connections (``server.keep_alive_seconds``)."""
+"""What a server does to its process (it tunes its garbage collector), to its replies, to
+idle connections (``server.keep_alive_seconds``) and to streams in flight on SIGTERM
+(``server.graceful_seconds``)."""
 
 from __future__ import annotations
 
@@ -195,6 +196,53 @@ async def test_sigterm_lets_every_workers_streams_finish(
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
         assert len(seen) == 8 and all(b"data: [DONE]" in x for x in seen)
         assert await gw.exit_code() == 0
+    finally:
+        if gw.proc is not None and gw.proc.poll() is None:
+            gw.proc.kill()
+
+
+@pytest.mark.parametrize("server", [
+    pytest.param(name, marks=pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"{name} is not installed"))
+    for name in ("hypercorn", "uvicorn", "granian")
+])  # fmt: skip
+async def test_on_sigterm_streams_get_the_grace_then_are_cut(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
+    """With ``graceful_seconds: 1``, SIGTERM lets a stream that ends within it finish, and
+    cuts one that would run 30 s more, long before it would have ended; the server exits."""
+    config = write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db")
+    config.write_text(config.read_text() + "server: {graceful_seconds: 1}\n")
+    gw = Gateway(config, free_port(), tmp_path / "gw.log", server=server)
+    await gw.start()
+    headers = {"authorization": f"Bearer {KEYS['alice']}"}
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def stream(chunks: int, pause_ms: int, started: asyncio.Event) -> bytes:
+                text = f"[[fake chunks={chunks} delay_ms={pause_ms}]] " + "a " * chunks
+                body = {"model": "chat-small", "stream": True,
+                        "messages": [{"role": "user", "content": text}]}  # fmt: skip
+                async with s.post(gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
+                    assert r.status == 200
+                    got = await r.content.readline()
+                    started.set()
+                    try:
+                        return got + await r.read()
+                    except aiohttp.ClientPayloadError:  # cut: what arrived is what counts
+                        return got
+
+            events = [asyncio.Event(), asyncio.Event()]
+            short = asyncio.create_task(stream(4, 100, events[0]))
+            long = asyncio.create_task(stream(60, 500, events[1]))
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 30)
+            gw.kill(signal.SIGTERM)
+            termed = time.monotonic()
+            finished, cut = await asyncio.wait_for(asyncio.gather(short, long), 60)
+            assert time.monotonic() - termed < 20, "the grace was not applied"
+        assert b"data: [DONE]" in finished
+        assert b"data: [DONE]" not in cut
+        await asyncio.wait_for(gw.exit_code(), 30)
     finally:
         if gw.proc is not None and gw.proc.poll() is None:
             gw.proc.kill()

@@ -95,9 +95,10 @@ class Gateway:
         log: Path,
         workers: int = 1,
         env: dict[str, str] | None = None,
+        server: str = "hypercorn",
     ) -> None:
         self.config, self.port, self.log = config, port, log
-        self.workers, self.env = workers, env or {}
+        self.workers, self.env, self.server = workers, env or {}, server
         self.proc: subprocess.Popen[bytes] | None = None
         self.preexec: Callable[[], None] | None = None  # run in the child before it starts
 
@@ -109,7 +110,8 @@ class Gateway:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
                 [GATEWAY, "serve", "--config", str(self.config)]
-                + ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
+                + ["--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+                + ["--server", self.server],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
