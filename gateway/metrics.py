@@ -116,6 +116,31 @@ FAILED_WIDTH = len(DURATION_BUCKETS) + 2
 
 Labels = tuple[str, str, str, str | None, int]  # model, protocol, endpoint, channel, status
 
+# the histogram families made from the rows, in the exposition's order: name, help, the label
+# after ``GENAI`` (None: none), bounds, the parts of a row added in (each its buckets' index
+# and that label's value, an int for ``error_type``: the status if at least that, else empty),
+# and whether the failed attempts (``Metrics.failed``) are added in too
+Family = tuple[str, str, str | None, tuple[float, ...], tuple[tuple[int, str | int], ...], bool]
+HISTOGRAMS: tuple[Family, ...] = (
+    ("gen_ai_server_request_duration_seconds",
+     "Seconds from a request's arrival to its last byte.",
+     "error_type", DURATION_BUCKETS, ((DURATION, 400),), False),
+    ("gen_ai_server_time_to_first_token_seconds",
+     "Seconds from a request's arrival to the first output its client is sent (a reply "
+     "that is not a stream: with all of it).",
+     "stream", FIRST_TOKEN_BUCKETS, ((STREAM_FIRST, "true"), (REPLY_FIRST, "false")), False),
+    # the attempt that answered (a 5xx: it broke off), then every attempt that failed
+    ("gen_ai_client_operation_duration_seconds",
+     "Seconds of each upstream attempt, sent to answered in full or failed.",
+     "error_type", DURATION_BUCKETS, ((UPSTREAM, 500),), True),
+    ("gen_ai_client_operation_time_to_first_chunk_seconds",
+     "Seconds from a streamed upstream attempt's start to the upstream's first chunk.",
+     None, DURATION_BUCKETS, ((UPSTREAM_FIRST, ""),), False),
+    ("gen_ai_client_token_usage",
+     "Tokens billed per request, by type (input, output).",
+     "gen_ai_token_type", TOKEN_BUCKETS, ((TOKENS_IN, "input"), (TOKENS_OUT, "output")), False),
+)  # fmt: skip
+
 
 class Metrics:
     """This process's counters; ``observe()`` is the hot path's only call: one dict lookup
@@ -327,67 +352,31 @@ class Exposition(Collector):
             cost.add_metric([model], micro / MICRO)
         yield cost
 
-        def genai(key: tuple[Any, ...], *more: str) -> tuple[str, ...]:
-            model, _, endpoint, channel, _ = key
-            return (endpoint, providers.get(channel, ""), model, channel, *more)
-
-        def error_type(status: int, least: int = 400) -> str:
-            return str(status) if status >= least else ""
-
-        series: dict[tuple[str, ...], list[Any]] = {}
-        for key, row in rows.items():
-            _add(series, genai(key, error_type(key[4])), row, DURATION, DURATION_SUM)
-        yield _histogram(
-            "gen_ai_server_request_duration_seconds",
-            "Seconds from a request's arrival to its last byte.",
-            [*GENAI, "error_type"], DURATION_BUCKETS, series,
-        )  # fmt: skip
-
-        series = {}
-        for key, row in rows.items():
-            _add(series, genai(key, "true"), row, STREAM_FIRST, STREAM_FIRST_SUM)
-            _add(series, genai(key, "false"), row, REPLY_FIRST, REPLY_FIRST_SUM)
-        yield _histogram(
-            "gen_ai_server_time_to_first_token_seconds",
-            "Seconds from a request's arrival to the first output its client is sent (a reply "
-            "that is not a stream: with all of it).",
-            [*GENAI, "stream"], FIRST_TOKEN_BUCKETS, series,
-        )  # fmt: skip
-
-        series = {}
-        for key, row in rows.items():  # the attempt that answered; a 5xx: it broke off
-            _add(series, genai(key, error_type(key[4], 500)), row, UPSTREAM, UPSTREAM_SUM)
-        for (model, endpoint, channel, status), row in _summed(
-            snaps, "failed", FAILED_WIDTH, 4
-        ).items():
-            labels = (endpoint, providers.get(channel, ""), model, channel, str(status))
-            _add(series, labels, row, 0, FAILED_WIDTH - 1)
-        yield _histogram(
-            "gen_ai_client_operation_duration_seconds",
-            "Seconds of each upstream attempt, sent to answered in full or failed.",
-            [*GENAI, "error_type"], DURATION_BUCKETS, series,
-        )  # fmt: skip
-
-        series = {}
-        for key, row in rows.items():
-            _add(series, genai(key), row, UPSTREAM_FIRST, UPSTREAM_FIRST_SUM)
-        yield _histogram(
-            "gen_ai_client_operation_time_to_first_chunk_seconds",
-            "Seconds from a streamed upstream attempt's start to the upstream's first chunk.",
-            GENAI, DURATION_BUCKETS, series,
-        )  # fmt: skip
-
-        series = {}
-        for key, row in rows.items():
-            _add(series, genai(key, "input"), row, TOKENS_IN, TOKENS_IN_SUM)
-            _add(series, genai(key, "output"), row, TOKENS_OUT, TOKENS_OUT_SUM)
-        yield _histogram(
-            "gen_ai_client_token_usage",
-            "Tokens billed per request, by type (input, output).",
-            [*GENAI, "gen_ai_token_type"], TOKEN_BUCKETS, series,
-        )  # fmt: skip
-
+        yield from self._histograms(snaps, rows, providers)
         yield from self._gauges(snaps)
+
+    @staticmethod
+    def _histograms(
+        snaps: list[dict[str, Any]],
+        rows: dict[tuple[Any, ...], list[Any]],
+        providers: dict[str, str],
+    ) -> Iterator[Metric]:
+        """``HISTOGRAMS``, each from the rows' parts it names, by the GenAI labels."""
+        for name, text, label, bounds, parts, with_failed in HISTOGRAMS:
+            series: dict[tuple[str, ...], list[Any]] = {}
+            for (model, _, endpoint, channel, status), row in rows.items():
+                head = (endpoint, providers.get(channel, ""), model, channel)
+                for at, value in parts:
+                    if isinstance(value, int):  # error_type: the status, if at least that
+                        value = str(status) if status >= value else ""
+                    _add(series, (*head, value) if label else head, row, at, _after(at, bounds)[0])
+            if with_failed:  # every failed attempt, by its status
+                for (model, endpoint, channel, status), row in _summed(
+                    snaps, "failed", FAILED_WIDTH, 4
+                ).items():
+                    head = (endpoint, providers.get(channel, ""), model, channel)
+                    _add(series, (*head, str(status)), row, 0, FAILED_WIDTH - 1)
+            yield _histogram(name, text, [*GENAI, label] if label else GENAI, bounds, series)
 
     @staticmethod
     def _gauges(snaps: list[dict[str, Any]]) -> Iterator[Metric]:
