@@ -126,33 +126,14 @@ async def test_without_a_key_the_body_is_not_waited_for(gateway: ServedGateway) 
     writer.close()
 
 
-async def test_a_slow_admin_body_gets_408_not_a_store_outage(
-    quick: ServedGateway, caplog: pytest.LogCaptureFixture
+async def assert_stalled_body_gets_408(
+    gw: ServedGateway, path: str, key: str | None, start: bytes
 ) -> None:
-    """As the client paths' bodies: the body timeout (1 s here), not the store's (2 s)."""
-    reader, writer = await connect(quick.url)
-    lines = ["POST /admin/accounts HTTP/1.1", "host: test", "content-type: application/json"]
-    lines += [f"authorization: Bearer {ADMIN_TOKEN}", "content-length: 100"]
+    """A POST to ``path`` that announces a body of 100 bytes and sends only ``start`` of it
+    gets a 408 that closes the connection, within the body timeout (1 s in ``quick``)."""
+    reader, writer = await connect(gw.url)
     started = time.monotonic()
-    with caplog.at_level("WARNING", logger="gateway.admin"):
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"id": "slo')  # no more
-        status, headers, raw = await response(reader)
-    took = time.monotonic() - started
-    writer.close()
-    assert status == 408, raw
-    assert orjson.loads(raw)["error"]["code"] == "request_timeout"
-    assert headers["connection"] == "close"
-    assert took < 1.0 + 1.5  # the body timeout and a margin for a loaded machine
-    assert not [r for r in caplog.records if "store_unavailable" in r.getMessage()]
-
-
-async def test_a_slow_sign_in_body_gets_408(quick: ServedGateway) -> None:
-    """The console's sign-in needs no key, so its body is bounded in time as the others."""
-    reader, writer = await connect(quick.url)
-    lines = ["POST /console/session HTTP/1.1", "host: test", "content-type: application/json"]
-    lines += ["content-length: 100"]
-    started = time.monotonic()
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + b'{"token": "sk-')  # no more
+    writer.write(head(100, key=key, path=path) + start)  # no more
     status, headers, raw = await response(reader)
     took = time.monotonic() - started
     writer.close()
@@ -160,6 +141,20 @@ async def test_a_slow_sign_in_body_gets_408(quick: ServedGateway) -> None:
     assert orjson.loads(raw)["error"]["code"] == "request_timeout"
     assert headers["connection"] == "close"
     assert took < 1.0 + 1.5  # the body timeout and a margin for a loaded machine
+
+
+async def test_a_slow_admin_body_gets_408_not_a_store_outage(
+    quick: ServedGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the client paths' bodies: the body timeout (1 s here), not the store's (2 s)."""
+    with caplog.at_level("WARNING", logger="gateway.admin"):
+        await assert_stalled_body_gets_408(quick, "/admin/accounts", ADMIN_TOKEN, b'{"id": "slo')
+    assert not [r for r in caplog.records if "store_unavailable" in r.getMessage()]
+
+
+async def test_a_slow_sign_in_body_gets_408(quick: ServedGateway) -> None:
+    """The console's sign-in needs no key, so its body is bounded in time as the others."""
+    await assert_stalled_body_gets_408(quick, "/console/session", None, b'{"token": "sk-')
 
 
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
