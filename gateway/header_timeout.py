@@ -23,14 +23,11 @@ so in the log once. uvicorn and granian are not mended (README: Operations).
 from __future__ import annotations
 
 import asyncio
-import logging
-import sys
-from collections.abc import Callable, Coroutine
 from typing import Any
 
 import h11
 
-log = logging.getLogger("gateway.server")
+from gateway.hypercorn_mend import tcp_server_parts
 
 _TIMED = "_gateway_header_timeout"
 _BODY = (
@@ -61,30 +58,15 @@ def time_headers(seconds: float) -> bool:
     """Give the headers of every request this process's hypercorn reads ``seconds`` to
     arrive (0: no limit); True when it can."""
     HEADER_TIMEOUT.seconds = seconds
-    module = sys.modules.get("hypercorn.asyncio.tcp_server")
-    server_class = getattr(module, "TCPServer", None)
-    if server_class is None:
-        return False
-    if getattr(server_class, _TIMED, False):
-        return True
-    read_data: Callable[[Any], Coroutine[Any, Any, None]] | None = getattr(
-        server_class, "_read_data", None
+    parts = tcp_server_parts(
+        _TIMED,
+        ["_read_data", "protocol_send", "_idle_timeout", "_initiate_server_close"],
+        "server.headers_not_timed reason=hypercorn_changed",
+        events=["RawData", "Updated"],
     )
-    protocol_send: Callable[[Any, Any], Coroutine[Any, Any, None]] | None = getattr(
-        server_class, "protocol_send", None
-    )
-    events = sys.modules.get("hypercorn.events")
-    raw_data, updated = getattr(events, "RawData", None), getattr(events, "Updated", None)
-    if (
-        read_data is None
-        or protocol_send is None
-        or raw_data is None
-        or updated is None
-        or not hasattr(server_class, "_idle_timeout")
-        or not hasattr(server_class, "_initiate_server_close")
-    ):
-        log.warning("server.headers_not_timed reason=hypercorn_changed")
-        return False
+    if isinstance(parts, bool):
+        return parts
+    server_class, read_data, protocol_send, _, _, raw_data, updated = parts
 
     async def _read_data(self: Any) -> None:
         protocol = self.protocol

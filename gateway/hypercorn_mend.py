@@ -18,6 +18,10 @@ hypercorn has no limit on connections: enough idle or half-open ones (20,000 see
 file descriptor, and then the probes and every client fail. ``limit_connections`` counts the
 connections of ``TCPServer.run``; past the cap a new one gets a short 503 in the OpenAI error
 shape with ``Retry-After`` and ``Connection: close`` before anything is read, and is closed.
+
+Every mend of ``TCPServer`` (``header_timeout``'s too) finds what it wraps with
+``tcp_server_parts``, which also tells it when it is in place already, and when hypercorn has
+changed: the mend is then left out, with one log line.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Sequence
 from typing import Any
 from wsgiref.handlers import format_date_time
 
@@ -68,19 +72,36 @@ class ConnectionCap:
 CONNECTIONS = ConnectionCap()
 
 
-def limit_connections(limit: int) -> bool:
-    """Cap the connections this process's hypercorn holds at ``limit``; True when it can."""
-    CONNECTIONS.limit = limit
+def tcp_server_parts(
+    marker: str, names: Sequence[str], warning: str, events: Sequence[str] = ()
+) -> list[Any] | bool:
+    """hypercorn's ``TCPServer``, then its attributes ``names``, then the classes ``events`` of
+    ``hypercorn.events``: what a mend wraps and uses. Or else whether the mend is in place:
+    True when ``marker`` is set on ``TCPServer`` already; False when this process has not
+    loaded hypercorn, or when one of those parts is missing (a changed hypercorn: the mend is
+    left out, and ``warning`` logged)."""
     module = sys.modules.get("hypercorn.asyncio.tcp_server")
     server_class = getattr(module, "TCPServer", None)
     if server_class is None:
         return False
-    if getattr(server_class, _CAPPED, False):
+    if getattr(server_class, marker, False):
         return True
-    run: Callable[[Any], Coroutine[Any, Any, None]] | None = getattr(server_class, "run", None)
-    if run is None:
-        log.warning("server.connections_not_capped reason=no_run")
+    event_module = sys.modules.get("hypercorn.events")
+    parts = [getattr(server_class, name, None) for name in names]
+    parts += [getattr(event_module, name, None) for name in events]
+    if any(part is None for part in parts):
+        log.warning(warning)
         return False
+    return [server_class, *parts]
+
+
+def limit_connections(limit: int) -> bool:
+    """Cap the connections this process's hypercorn holds at ``limit``; True when it can."""
+    CONNECTIONS.limit = limit
+    parts = tcp_server_parts(_CAPPED, ["run"], "server.connections_not_capped reason=no_run")
+    if isinstance(parts, bool):
+        return parts
+    server_class, run = parts
 
     async def capped_run(self: Any) -> None:
         cap = CONNECTIONS
@@ -157,18 +178,12 @@ def mend_hypercorn() -> bool:
     """Mend hypercorn's TCPServer if this process has loaded it, and give its h11 the cheaper
     check of response headers (``h11_headers``); True when the TCPServer is mended."""
     speed_up()
-    module = sys.modules.get("hypercorn.asyncio.tcp_server")
-    server_class = getattr(module, "TCPServer", None)
-    if server_class is None:
-        return False
-    if getattr(server_class, _MENDED, False):
-        return True
-    read_data: Callable[[Any], Coroutine[Any, Any, None]] | None = getattr(
-        server_class, "_read_data", None
+    parts = tcp_server_parts(
+        _MENDED, ["_read_data"], "server.hypercorn_not_mended reason=no_read_loop"
     )
-    if read_data is None:
-        log.warning("server.hypercorn_not_mended reason=no_read_loop")
-        return False
+    if isinstance(parts, bool):
+        return parts
+    server_class, read_data = parts
 
     async def _read_data(self: Any) -> None:
         await read_data(self)
