@@ -44,9 +44,12 @@ class AnthropicStreamDecoder:
     """One per stream. Text, tool use (``input_json_delta`` -> argument deltas), thinking,
     signatures and redacted thinking become deltas as they arrive; usage (input from
     ``message_start``, output from ``message_delta``) becomes one final chunk with
-    ``choices: []`` at ``message_stop``."""
+    ``choices: []`` at ``message_stop``. A tool use that streamed no input (a tool without
+    parameters) gets ``{}`` as its arguments when its block stops, as OpenAI streams such a
+    call and as the whole reply gives it (its ``input``): ``""`` is no JSON to a client."""
 
-    __slots__ = ("_id", "_created", "_model", "_tools", "_next_tool", "_usage", "_done")
+    __slots__ = ("_id", "_created", "_model", "_tools", "_next_tool", "_argued", "_usage",
+                 "_done")  # fmt: skip
 
     def __init__(self, ctx: Ctx) -> None:
         self._id = f"chatcmpl-{ctx.request_id}"
@@ -54,6 +57,7 @@ class AnthropicStreamDecoder:
         self._model = ctx.model
         self._tools: dict[int, int] = {}  # Anthropic block index -> tool call index
         self._next_tool = 0
+        self._argued: set[int] = set()  # tool calls that have had arguments
         self._usage: dict[str, JSON] = {}
         self._done = False
 
@@ -77,7 +81,9 @@ class AnthropicStreamDecoder:
             return self._delta(payload)
         if kind == "content_block_start":
             return self._block_start(payload)
-        if kind in ("content_block_stop", "ping"):
+        if kind == "content_block_stop":
+            return self._block_stop(payload)
+        if kind == "ping":
             return []
         if kind == "message_start":
             message = payload.get("message")
@@ -137,6 +143,16 @@ class AnthropicStreamDecoder:
             return [self._chunk({"redacted_reasoning": [data]})] if data else []
         return []
 
+    def _block_stop(self, payload: dict[str, JSON]) -> list[ChatChunk]:
+        tool = self._tools.get(count(payload.get("index")))
+        if tool is None or tool in self._argued:
+            return []
+        self._argued.add(tool)
+        return [self._arguments(tool, "{}")]
+
+    def _arguments(self, tool: int, part: str) -> ChatChunk:
+        return self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})
+
     def _delta(self, payload: dict[str, JSON]) -> list[ChatChunk]:
         delta = payload.get("delta")
         if not isinstance(delta, dict):
@@ -152,7 +168,8 @@ class AnthropicStreamDecoder:
             tool = self._tools.get(count(payload.get("index")))
             if tool is None:
                 raise UpstreamError("upstream sent tool input outside a tool_use block")
-            return [self._chunk({"tool_calls": [{"index": tool, "function": {"arguments": part}}]})]
+            self._argued.add(tool)
+            return [self._arguments(tool, part)]
         if dtype == "thinking_delta":
             thinking = REPLY.opt_text(delta.get("thinking"), "delta", "thinking")
             return [self._chunk({"reasoning_content": thinking})] if thinking else []
