@@ -1,0 +1,146 @@
+"""The SQLite store's schema (``store/sqlite.py``): its tables and indexes, and how a file made
+by an earlier version is brought up to date when it is opened (indexes replaced, columns added,
+daily totals summed from the records once).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS accounts (
+    id      TEXT PRIMARY KEY,
+    balance INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS keys (
+    id         TEXT PRIMARY KEY,
+    key_hash   TEXT NOT NULL UNIQUE,
+    account    TEXT NOT NULL,
+    grp        TEXT NOT NULL,
+    name       TEXT NOT NULL DEFAULT '',
+    status     TEXT NOT NULL DEFAULT 'enabled',
+    expires_at INTEGER,
+    created_at INTEGER,
+    hint       TEXT NOT NULL DEFAULT '',
+    quota      INTEGER,
+    models     TEXT,
+    allowed_ips TEXT,
+    spent      INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS keys_account ON keys (account);
+CREATE TABLE IF NOT EXISTS usage (
+    seq               INTEGER PRIMARY KEY AUTOINCREMENT,
+    time              INTEGER NOT NULL,
+    request_id        TEXT NOT NULL,
+    account           TEXT NOT NULL,
+    key_id            TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    channel           TEXT,
+    protocol          TEXT NOT NULL,
+    endpoint          TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost              INTEGER NOT NULL,
+    status            INTEGER NOT NULL,
+    latency_ms        INTEGER NOT NULL,
+    ip_range          TEXT NOT NULL
+);
+-- usage indexes ascend: each new row lands at their right edge, where SQLite splits a full
+-- page cheaply and leaves it full, and the newest-first listings read them backwards. A file
+-- of an earlier version has descending ones, which took new rows at their left edge, where a
+-- split leaves two half-full pages: they are replaced once
+DROP INDEX IF EXISTS usage_account_time;
+DROP INDEX IF EXISTS usage_time;
+CREATE INDEX IF NOT EXISTS usage_by_account ON usage (account, time, seq);
+CREATE INDEX IF NOT EXISTS usage_by_time ON usage (time, seq);
+-- a key's records, newest first: the usage listing's key filter, a key holder's own view
+CREATE INDEX IF NOT EXISTS usage_by_key ON usage (key_id, time, seq);
+-- settlement looks a batch's request ids up here: a record is stored once
+CREATE INDEX IF NOT EXISTS usage_by_request ON usage (request_id);
+-- the daily totals (store.DailyUsage), kept by settle in the transaction that adds records
+CREATE TABLE IF NOT EXISTS usage_daily (
+    day               TEXT NOT NULL,
+    account           TEXT NOT NULL,
+    key_id            TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    requests          INTEGER NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost              INTEGER NOT NULL,
+    PRIMARY KEY (day, account, key_id, model)
+);
+CREATE TABLE IF NOT EXISTS catalogue (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    payload    TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS holds (
+    instance TEXT NOT NULL,
+    account  TEXT NOT NULL,
+    amount   INTEGER NOT NULL,
+    expires  INTEGER NOT NULL,
+    PRIMARY KEY (instance, account)
+);
+CREATE TABLE IF NOT EXISTS cooling (
+    channel TEXT PRIMARY KEY,
+    until   INTEGER NOT NULL
+);
+-- console sessions ended by sign-out, kept until they would have ended anyway
+CREATE TABLE IF NOT EXISTS revoked_sessions (
+    nonce   TEXT PRIMARY KEY,
+    expires INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta (id, version) VALUES (1, 0);
+-- the catalogue, one row per entry (store/catalogue.py): the one-row ``catalogue`` table above
+-- is what earlier versions wrote, no longer read
+CREATE TABLE IF NOT EXISTS catalogue_entries (
+    kind    TEXT NOT NULL,
+    name    TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+"""
+
+# columns added to ``keys`` after its first release: a file made before gets them at open
+ADDED_KEY_COLUMNS = {
+    "quota": "INTEGER",
+    "models": "TEXT",
+    "allowed_ips": "TEXT",
+    "spent": "INTEGER NOT NULL DEFAULT 0",
+}
+
+BACKFILL_DAILY = """
+INSERT INTO usage_daily
+SELECT strftime('%Y-%m-%d', time / 1000000, 'unixepoch'), account, key_id, model, COUNT(*),
+       SUM(prompt_tokens), SUM(completion_tokens), SUM(cost)
+FROM usage GROUP BY 1, 2, 3, 4
+"""
+
+
+def create_schema(conn: sqlite3.Connection, *, backfill_daily: bool) -> None:
+    """Create what the file lacks, in one write transaction: tables, indexes, the columns added
+    to ``keys`` since its first release and, when ``backfill_daily`` (the file had no daily
+    totals before this open), the daily totals of the records it holds."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        _add_missing_columns(conn)
+        if backfill_daily:  # a file from before the daily totals: sum its records once
+            conn.execute(BACKFILL_DAILY)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
+    for name, decl in ADDED_KEY_COLUMNS.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE keys ADD COLUMN {name} {decl}")
