@@ -2,10 +2,11 @@
 Redis Cluster (``redis+cluster://host:port,host:port,...``: the nodes to start from; a
 password as ``redis+cluster://:password@host:port,...``).
 
-Every key name the gateway uses is a constant below. Keys that one Lua script touches together
-share a hash tag, so the layout works on a Redis Cluster too: an account's balance and its usage
-live in slot ``{acct:<id>}``, and all key records in slot ``{keys}`` (a few thousand small
-records that change rarely; the hot path reads them from the cache, never from here).
+Every key name the gateway uses is a constant below (the Lua scripts are in
+``redis_scripts.py``). Keys that one Lua script touches together share a hash tag, so the layout
+works on a Redis Cluster too: an account's balance and its usage live in slot ``{acct:<id>}``,
+and all key records in slot ``{keys}`` (a few thousand small records that change rarely; the hot
+path reads them from the cache, never from here).
 
 - A debit and its usage record are one atomic script per record. The record is added to the
   account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
@@ -36,7 +37,6 @@ from urllib.parse import unquote
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.commands.core import AsyncScript
 
 from gateway.store import (
     MICRO,
@@ -63,6 +63,7 @@ from gateway.store.records import (
     seed_keys,
     to_micros,
 )
+from gateway.store.redis_scripts import Scripts
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -74,6 +75,7 @@ CLUSTER_CONCURRENCY = 16  # scripts in flight at once on a cluster (its client's
 VERSION_KEY = "gw:version"  # string counter, INCR'd on every change but debits
 CHANGES_CHANNEL = "gw:changes"  # pub/sub: the new version after each change
 CATALOGUE_KEY = "gw:catalogue"  # hash: kind:name -> entry JSON, and "version" (edit counter)
+CATALOGUE_VERSION_FIELD = b"version"
 ACCOUNTS_KEY = "gw:accounts"  # set of account ids
 BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
 USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
@@ -107,106 +109,6 @@ COMMAND_TIMEOUT = 10.0
 # checking it, so the first call after a Redis restart failed (an admin 503)
 PROTOCOL = 2
 UPDATE_RETRIES = 50
-
-# -- scripts ---------------------------------------------------------------------------------
-# KEYS: balance, usage, spent, day   ARGV: cost, time µs, record JSON, keep, key id,
-#   the day's field prefix (key id TAB model TAB), prompt tokens, completion tokens
-SETTLE_LUA = """
-if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[3]) == 0 then return 0 end
-local keep = tonumber(ARGV[4])
-local n = redis.call('ZCARD', KEYS[2])
-if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
-if tonumber(ARGV[1]) ~= 0 then redis.call('HINCRBY', KEYS[3], ARGV[5], ARGV[1]) end
-local f = ARGV[6]
-redis.call('HINCRBY', KEYS[4], f .. 'r', 1)
-redis.call('HINCRBY', KEYS[4], f .. 'p', ARGV[7])
-redis.call('HINCRBY', KEYS[4], f .. 'c', ARGV[8])
-redis.call('HINCRBY', KEYS[4], f .. '$', ARGV[1])
-return 1
-"""
-
-# KEYS: an instance's holds   ARGV: ttl ms, then account, amount pairs
-PUBLISH_HOLDS_LUA = """
-redis.call('DEL', KEYS[1])
-if #ARGV > 1 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-  redis.call('PEXPIRE', KEYS[1], ARGV[1])
-end
-return 1
-"""
-
-# KEYS: cooling   ARGV: now ms, then channel, until ms pairs  -> [channel, until, ...] not over
-SHARE_COOLING_LUA = """
-local now = tonumber(ARGV[1])
-for i = 2, #ARGV, 2 do
-  local was = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
-  if tonumber(ARGV[i + 1]) > was then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-end
-local all = redis.call('HGETALL', KEYS[1])
-local out = {}
-for i = 1, #all, 2 do
-  if tonumber(all[i + 1]) <= now then redis.call('HDEL', KEYS[1], all[i])
-  else out[#out + 1] = all[i]; out[#out + 1] = all[i + 1] end
-end
-return out
-"""
-
-# KEYS: revoked sessions   ARGV: now, nonce, expires (unix seconds)
-REVOKE_SESSION_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local was = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]) or '0')
-if tonumber(ARGV[3]) > was then redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2]) end
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-if last[2] then redis.call('EXPIREAT', KEYS[1], last[2]) end
-return 1
-"""
-
-# KEYS: balance   ARGV: amount   -> new balance, or nil when the account does not exist
-TOPUP_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-return redis.call('INCRBY', KEYS[1], ARGV[1])
-"""
-
-# KEYS: records, by_hash   ARGV: id, key_hash, record JSON   -> 0 created, 1 id taken, 2 secret
-CREATE_KEY_LUA = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 1 end
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
-return 0
-"""
-
-# KEYS: records   ARGV: id, expected JSON, new JSON   -> 1 written, 0 changed meanwhile
-UPDATE_KEY_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-return 1
-"""
-
-# KEYS: records, by_hash   ARGV: id   -> 1 deleted, 0 absent
-DELETE_KEY_LUA = """
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-local h = cjson.decode(v)['key_hash']
-redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('HGET', KEYS[2], h) == ARGV[1] then redis.call('HDEL', KEYS[2], h) end
-return 1
-"""
-
-
-# KEYS: catalogue   ARGV: expected version, number of puts, then field, JSON pairs, then fields
-# to delete   -> 1 applied, 0 another edit came first (nothing written)
-EDIT_CATALOGUE_LUA = """
-local v = redis.call('HGET', KEYS[1], 'version') or '0'
-if v ~= ARGV[1] then return 0 end
-local last = 2 + 2 * tonumber(ARGV[2])
-for i = 3, last, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
-for i = last + 1, #ARGV do redis.call('HDEL', KEYS[1], ARGV[i]) end
-redis.call('HINCRBY', KEYS[1], 'version', 1)
-return 1
-"""
-CATALOGUE_VERSION_FIELD = b"version"
 
 
 def balance_key(account: str) -> str:
@@ -277,15 +179,7 @@ class _Scan:
 class RedisStore:
     """The ``Store`` over Redis (see the module docstring)."""
 
-    _settle: AsyncScript
-    _share_cooling: AsyncScript
-    _publish_holds: AsyncScript
-    _topup: AsyncScript
-    _create_key: AsyncScript
-    _update_key: AsyncScript
-    _delete_key: AsyncScript
-    _edit_catalogue: AsyncScript
-    _revoke_session: AsyncScript
+    _scripts: Scripts
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -322,15 +216,7 @@ class RedisStore:
                 socket_timeout=COMMAND_TIMEOUT,
                 protocol=PROTOCOL,
             )
-        self._settle = client.register_script(SETTLE_LUA)
-        self._share_cooling = client.register_script(SHARE_COOLING_LUA)
-        self._publish_holds = client.register_script(PUBLISH_HOLDS_LUA)
-        self._topup = client.register_script(TOPUP_LUA)
-        self._create_key = client.register_script(CREATE_KEY_LUA)
-        self._update_key = client.register_script(UPDATE_KEY_LUA)
-        self._delete_key = client.register_script(DELETE_KEY_LUA)
-        self._edit_catalogue = client.register_script(EDIT_CATALOGUE_LUA)
-        self._revoke_session = client.register_script(REVOKE_SESSION_LUA)
+        self._scripts = Scripts.register(client)
         try:
             await client.ping()
         except BaseException:
@@ -360,7 +246,7 @@ class RedisStore:
                 results = await pipe.execute()
             changed = any(bool(r) for r in results[:-1])
         for rec in seed_keys(settings, datetime.now(UTC)):
-            created = await self._create_key(
+            created = await self._scripts.create_key(
                 keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY],
                 args=[rec.id, rec.key_hash, encode_key(rec)],
             )
@@ -409,7 +295,7 @@ class RedisStore:
         return {_text(nonce): int(until) for nonce, until in raw}
 
     async def revoke_session(self, nonce: str, expires: int, now: int) -> None:
-        await self._revoke_session(keys=[REVOKED_KEY], args=[now, nonce, expires])
+        await self._scripts.revoke_session(keys=[REVOKED_KEY], args=[now, nonce, expires])
         await self._changed()
 
     # -- accounts ---------------------------------------------------------------------------
@@ -426,7 +312,7 @@ class RedisStore:
         return None if raw is None else Account(account_id, int(raw))
 
     async def topup(self, account_id: str, amount: int) -> Account:
-        new = await self._topup(keys=[balance_key(account_id)], args=[amount])
+        new = await self._scripts.topup(keys=[balance_key(account_id)], args=[amount])
         if new is None:
             raise MissingError(f"no account {account_id!r}")
         await self._changed()
@@ -439,7 +325,7 @@ class RedisStore:
             rec = replace(rec, created_at=datetime.now(UTC))
         if not await self.client.exists(balance_key(rec.account)):
             raise MissingError(f"no account {rec.account!r}")
-        result = await self._create_key(
+        result = await self._scripts.create_key(
             keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[rec.id, rec.key_hash, encode_key(rec)]
         )
         if int(result) != 0:
@@ -464,7 +350,7 @@ class RedisStore:
             if raw is None:
                 raise MissingError(f"no key {key_id!r}")
             new = apply_key_changes(decode_key(raw), changes)
-            written = await self._update_key(
+            written = await self._scripts.update_key(
                 keys=[KEY_RECORDS_KEY], args=[key_id, raw, encode_key(new)]
             )
             if int(written) == 1:
@@ -473,7 +359,9 @@ class RedisStore:
         raise ConflictError(f"key {key_id!r} kept changing; update not applied")
 
     async def delete_key(self, key_id: str) -> bool:
-        deleted = await self._delete_key(keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[key_id])
+        deleted = await self._scripts.delete_key(
+            keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[key_id]
+        )
         if int(deleted) == 0:
             return False
         await self._changed()
@@ -489,14 +377,14 @@ class RedisStore:
             calls = [_settle_call(r) for r in records]
             for i in range(0, len(calls), CLUSTER_CONCURRENCY):
                 part = calls[i : i + CLUSTER_CONCURRENCY]
-                await asyncio.gather(*(self._settle(keys=k, args=a) for k, a in part))
+                await asyncio.gather(*(self._scripts.settle(keys=k, args=a) for k, a in part))
             return
         async with self.client.pipeline(transaction=False) as pipe:
             # the index first: no record is ever stored under an account it does not list
             pipe.sadd(USAGE_ACCOUNTS_KEY, *sorted({r.account for r in records}))
             for rec in records:
                 keys, args = _settle_call(rec)
-                await self._settle(keys=keys, args=args, client=pipe)
+                await self._scripts.settle(keys=keys, args=args, client=pipe)
             await pipe.execute()
 
     async def usage_daily(
@@ -545,7 +433,7 @@ class RedisStore:
         args: list[str | int] = [ttl_ms]
         for account, amount in holds.items():
             args += [account, amount]
-        await self._publish_holds(keys=[HOLDS_KEY.format(instance=instance)], args=args)
+        await self._scripts.publish_holds(keys=[HOLDS_KEY.format(instance=instance)], args=args)
         client = self.client
         await client.sadd(INSTANCES_KEY, instance)
         others = sorted(
@@ -573,7 +461,7 @@ class RedisStore:
         args: list[str | int] = [now]
         for channel, until in cooling.items():
             args += [channel, until]
-        raw = await self._share_cooling(keys=[COOLING_KEY], args=args)
+        raw = await self._scripts.share_cooling(keys=[COOLING_KEY], args=args)
         return {_text(raw[i]): int(raw[i + 1]) for i in range(0, len(raw), 2)}
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:
@@ -689,7 +577,7 @@ class RedisStore:
             for name, payload in put:
                 args += [name, payload]
             args += delete
-            if int(await self._edit_catalogue(keys=[CATALOGUE_KEY], args=args)) == 1:
+            if int(await self._scripts.edit_catalogue(keys=[CATALOGUE_KEY], args=args)) == 1:
                 return True
         raise ConflictError("the catalogue kept changing; edit not applied")
 
