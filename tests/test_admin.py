@@ -21,6 +21,7 @@ from gateway.config import Settings, parse_settings
 from gateway.store import MICRO, Store, UsageRecord, hash_key
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
+from tests.plugins.records import usage_record as make_record
 
 TOKEN = "admin-secret-token"
 UPSTREAM_KEY = "upstream-credential-never-shown"
@@ -159,21 +160,15 @@ def assert_error(reply: Reply, status: int, type_: str) -> dict[str, Any]:
 
 
 def usage_record(n: int, account: str, *, cost: int = 0, minutes: int = 0) -> UsageRecord:
-    return UsageRecord(
+    return make_record(
         time=datetime(2030, 1, 1, tzinfo=UTC) + timedelta(minutes=minutes),
         request_id=f"req-{n}",
         account=account,
         key_id="k_test",
-        model="chat-small",
-        channel="oa-1",
-        protocol="openai",
-        endpoint="chat",
         prompt_tokens=10 + n,
         completion_tokens=20 + n,
         cost=cost,
-        status=200,
         latency_ms=100 + n,
-        ip_range="203.0.113.0/24",
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.store import UsageRecord, open_store
+from tests.plugins.records import usage_record
 
 CONFIG = """\
 store: sqlite:///{db}
@@ -247,19 +248,16 @@ def settle(store_url: str, records: list[UsageRecord]) -> None:
 
 
 def record(n: int, account: str) -> UsageRecord:
-    return UsageRecord(
+    return usage_record(
         time=datetime(2030, 1, 1, tzinfo=UTC) + timedelta(minutes=n),
         request_id=f"req-{n}",
         account=account,
         key_id="k_1",
-        model="chat-small",
         channel=None if n == 2 else "oa-1",
         protocol="anthropic",
-        endpoint="chat",
         prompt_tokens=100 * n,
         completion_tokens=10 * n,
         cost=125_000 * n,
-        status=200,
         latency_ms=40 + n,
         ip_range="198.51.100.0/24",
     )

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 
 from gateway.store import UsageRecord
+from tests.plugins.records import usage_record
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -200,21 +201,14 @@ async def test_a_group_and_channel_made_at_run_time_reach_the_square_and_the_met
 def free_record(n: int, account: str, key_id: str, model: str, start: datetime) -> UsageRecord:
     """A settled chat record that cost nothing, ``n`` milliseconds after ``start``: bulk
     usage for the listing's filters and pages."""
-    return UsageRecord(
+    return usage_record(
         time=start + timedelta(milliseconds=n),
         request_id=f"bulk-{key_id}-{model}-{n}",
         account=account,
         key_id=key_id,
         model=model,
         channel="oa",
-        protocol="openai",
-        endpoint="chat",
-        prompt_tokens=1,
-        completion_tokens=1,
-        cost=0,
-        status=200,
         latency_ms=5,
-        ip_range="203.0.113.0/24",
     )
 
 

@@ -37,6 +37,7 @@ from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait
 from gateway.store.sqlite import SQLiteStore
 from gateway.store.writer import UsageWriter
+from tests.plugins.records import usage_record
 from tests.plugins.stores import ALL_BACKENDS, backend_url, sqlite_url
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
@@ -56,21 +57,15 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 def usage_rec(
     i: int, account: str = "alice", cost: int = 1_000, time: datetime | None = None
 ) -> UsageRecord:
-    return UsageRecord(
+    return usage_record(
         time=time or T0 + timedelta(milliseconds=i),
         request_id=f"req-{account}-{i}",
         account=account,
-        key_id="k-1",
-        model="chat-small",
         channel=None if i % 3 == 0 else "oa-1",
-        protocol="openai",
-        endpoint="chat",
         prompt_tokens=10 + i,
         completion_tokens=20 + i,
         cost=cost,
-        status=200,
         latency_ms=15,
-        ip_range="203.0.113.0/24",
     )
 
 

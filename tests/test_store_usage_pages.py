@@ -21,6 +21,7 @@ from gateway.store import (
 )
 from gateway.store import redis as rstore
 from gateway.store.sqlite import USAGE_COLUMNS, SQLiteStore, _usage_where
+from tests.plugins.records import usage_record
 from tests.plugins.stores import ALL_BACKENDS, backend_url
 
 T0 = datetime(2025, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
@@ -40,21 +41,16 @@ def rec(
     status: int = 200,
     time: datetime | None = None,
 ) -> UsageRecord:
-    return UsageRecord(
+    return usage_record(
         time=time or T0 + timedelta(seconds=n),
         request_id=f"req-{account}-{n:04d}",
         account=account,
         key_id=key_id,
         model=model,
-        channel="oa-1",
-        protocol="openai",
-        endpoint="chat",
         prompt_tokens=n,
         completion_tokens=n,
         cost=1,
         status=status,
-        latency_ms=10,
-        ip_range="203.0.113.0/24",
     )
 
 
