@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import sys
 
-from gateway import access_log, asgi, cli, gc_tuning, health, metrics
+from gateway import cli
+from gateway.edge import asgi
+from gateway.observe import access_log, metrics
+from gateway.policy import health
 from gateway.relay import pipeline as relay
+from gateway.server import gc_tuning
 from gateway.store import cache, writer
 
 

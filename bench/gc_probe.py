@@ -9,7 +9,7 @@ pause, and the objects the collector tracks after the cell (outside the frozen s
 A ``paced:N`` cell holds N paced streams open together (``bench.streams``), to see what a burst
 leaves behind for the cells after it.
 
-``gateway.gc_tuning`` was tuned with it; run it again when the hot path's allocations change.
+``gateway.server.gc_tuning`` was tuned with it; run it again when the hot path's allocations change.
 The probed worker is ``python -m bench.gc_probe serve --config ...``: the gateway's own CLI
 with the callbacks installed; SIGUSR1 writes the counters to ``GC_PROBE_OUT`` and resets them.
 """

@@ -26,28 +26,28 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from gateway import __version__, accept_errors
-from gateway.asgi import REQUEST_ID, send_error
+from gateway import __version__
 from gateway.config import Settings, load_settings
-from gateway.dashboard import Dashboard
+from gateway.edge.asgi import REQUEST_ID, send_error
+from gateway.edge.routes import Router, protocol_of_path
 from gateway.errors import GatewayError, UnknownURLError
-from gateway.gc_tuning import collect_periodically, tune_gc
-from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
-from gateway.metrics import OWN_PROTOCOL, Metrics, channel_states, registry_for
-from gateway.model_list import ModelLists
+from gateway.local.dashboard import Dashboard
+from gateway.local.model_list import ModelLists
+from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
+from gateway.observe.metrics import OWN_PROTOCOL, Metrics, channel_states, registry_for
+from gateway.observe.tracing import PROVIDERS
 from gateway.protocols import CLIENTS
 from gateway.relay import Relay
 from gateway.relay.call import CLIENT_GONE, Call, request_ids
-from gateway.routes import Router, protocol_of_path
-from gateway.server import configure_logging
+from gateway.server import accept_errors, configure_logging
+from gateway.server.gc_tuning import collect_periodically, tune_gc
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
-from gateway.tracing import PROVIDERS
 from gateway.types import Receive, Scope, Send
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 
 log = logging.getLogger("gateway.app")
 
@@ -98,8 +98,8 @@ def metrics_endpoint(
 def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
     """``GET /openapi.json``: the client surface to anyone, the admin API too with the admin
     token."""
-    from gateway.admin import authorized
-    from gateway.openapi import document
+    from gateway.operator.admin import authorized
+    from gateway.operator.openapi import document
 
     public = orjson.dumps(document(with_admin=False))
     whole = orjson.dumps(document(with_admin=True))
@@ -374,10 +374,10 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
             await cache.stop()
             await store.close()
 
-    from gateway.admin import admin_routes
-    from gateway.console import console_routes
-    from gateway.console import page as console_page
-    from gateway.console.session import Signer
+    from gateway.operator.admin import admin_routes
+    from gateway.operator.console import console_routes
+    from gateway.operator.console import page as console_page
+    from gateway.operator.console.session import Signer
 
     routes: list[BaseRoute] = [
         Route("/", root, methods=["GET", "HEAD"]),

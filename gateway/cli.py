@@ -28,9 +28,9 @@ from decimal import Decimal, InvalidOperation
 import orjson
 from redis.exceptions import RedisError
 
-from gateway import accounts, catalogue
 from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, ConfigError, Settings, load_settings
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.operator import accounts, catalogue
 from gateway.store import Account, KeyRecord, Store, StoreError, UsageRecord, open_store
 from gateway.store.catalogue import View, model_json
 from gateway.types import JSON
@@ -289,7 +289,7 @@ async def cmd_channels_delete(args: argparse.Namespace, settings: Settings, stor
 
 
 async def cmd_channels_test(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
-    from gateway.upstream import Upstream
+    from gateway.upstream.pool import Upstream
 
     upstream = Upstream(settings.upstream)
     await upstream.start()

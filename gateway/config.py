@@ -156,7 +156,7 @@ class ServerSettings:
     uvicorn; granian keeps its own). Long suits clients that pool connections and load
     balancers (longer than their idle timeout: no request sent on a connection being closed);
     an idle connection costs its socket and a few KiB. A connection the client closed is let
-    go at once (under hypercorn thanks to ``gateway.hypercorn_mend``)."""
+    go at once (under hypercorn thanks to ``gateway.server.hypercorn_mend``)."""
 
     keep_alive_seconds: float = 75.0
     # a request body must arrive within this many seconds, plus one for every 16 KiB it has
@@ -172,7 +172,7 @@ class ServerSettings:
     graceful_seconds: float = 30.0
     # a request's headers must arrive within this many seconds (a new connection's first from
     # its accept, a later one's from its first byte), else 408 and the connection is closed
-    # (hypercorn; ``gateway.header_timeout``). 0: no limit
+    # (hypercorn; ``gateway.server.header_timeout``). 0: no limit
     header_timeout_seconds: float = 5.0
 
 

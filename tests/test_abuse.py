@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from bench.fake_upstream import FakeUpstream
-from gateway import accept_errors
 from gateway.config import parse_settings
+from gateway.server import accept_errors
 from tests.plugins.processes import Gateway, free_port, write_config
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
 

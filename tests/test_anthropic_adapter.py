@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamTarget
-from gateway.sse import SSEEvent, SSEParser
+from gateway.protocols.sse import SSEEvent, SSEParser
 from tests.test_conversion import Case, run_stream
 
 try:  # the anthropic SDK's HTTP client package (renamed in recent releases)

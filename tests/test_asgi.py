@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from gateway.asgi import WATCH_TICK, Watchlist
+from gateway.edge.asgi import WATCH_TICK, Watchlist
 
 
 async def test_a_departing_client_cancels_the_request_task() -> None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from bench import clock_scaled
-from gateway import access_log, asgi, gc_tuning, health, metrics
+from gateway.edge import asgi
+from gateway.observe import access_log, metrics
+from gateway.policy import health
 from gateway.relay import pipeline as relay
+from gateway.server import gc_tuning
 from gateway.store import cache, writer
 
 INTERVALS = [

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from gateway.billing import MAX_TOKENS, ClientAddress, Rate, ip_range, usage_tokens
 from gateway.config import Price, parse_settings
 from gateway.errors import NotFoundError, UpstreamUnavailableError
-from gateway.routing import Catalogue, candidates
+from gateway.policy.billing import MAX_TOKENS, ClientAddress, Rate, ip_range, usage_tokens
+from gateway.policy.routing import Catalogue, candidates
 
 ALL = frozenset({"openai", "anthropic", "gemini"})
 

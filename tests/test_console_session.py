@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from gateway.config import parse_settings
-from gateway.console.session import LIFETIME
+from gateway.operator.console.session import LIFETIME
 from gateway.store import Store
 from gateway.store.cache import Cache
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
@@ -247,6 +247,6 @@ async def test_sign_in_from_another_site_is_403(
     ],
 )
 def test_same_origin(origin: str, host: str, same: bool) -> None:
-    from gateway.console import same_origin
+    from gateway.operator.console import same_origin
 
     assert same_origin(origin, host) is same

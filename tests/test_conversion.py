@@ -32,7 +32,7 @@ from gateway.protocols.base import (
     RelayStream,
     UpstreamTarget,
 )
-from gateway.sse import SSEParser
+from gateway.protocols.sse import SSEParser
 from gateway.types import Usage
 
 ROOT = Path(__file__).parent / "fixtures" / "conversion"

@@ -239,7 +239,7 @@ def test_the_dockerfile_is_multi_stage_non_root_with_a_health_check() -> None:
 
 
 def test_the_dashboard_queries_metrics_the_gateway_serves() -> None:
-    from gateway.metrics import Exposition, Metrics
+    from gateway.observe.metrics import Exposition, Metrics
 
     served = {family.name for family in Exposition(Metrics(), None).collect()}
     served |= {f"{name}_total" for name in served} | {

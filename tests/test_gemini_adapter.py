@@ -25,7 +25,7 @@ from gateway.errors import (
 )
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamTarget
 from gateway.protocols.gemini import GeminiAdapter
-from gateway.sse import SSEEvent, SSEParser
+from gateway.protocols.sse import SSEEvent, SSEParser
 
 G = GeminiAdapter()
 CTX = Ctx(request_id="req-1", model="chat-small", created=1700000000)

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.fake_upstream import FakeUpstream
-from gateway.h11_headers import (
+from gateway.server.h11_headers import (
     make_check,
     make_get_comma_header,
     make_set_comma_header,
@@ -168,7 +168,7 @@ def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) ->
     import h11._events
     import h11._headers
 
-    from gateway.h11_headers import speed_up
+    from gateway.server.h11_headers import speed_up
 
     for module in (h11._events, h11._headers):  # restored after the test
         monkeypatch.setattr(module, "normalize_and_validate", h11_check)
@@ -185,7 +185,7 @@ def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway import hypercorn_mend
+    from gateway.server import hypercorn_mend
 
     now = [1_764_100_000.2]
     monkeypatch.setattr(hypercorn_mend.time, "time", lambda: now[0])
@@ -202,7 +202,7 @@ def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) 
 def test_h11_headers_iterate_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     import h11._headers
 
-    from gateway.h11_headers import speed_up
+    from gateway.server.h11_headers import speed_up
 
     if "__iter__" in vars(h11._headers.Headers):  # given by an earlier speed_up()
         monkeypatch.delattr(h11._headers.Headers, "__iter__")

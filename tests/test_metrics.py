@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from bench.fake_upstream import FakeUpstream
 from gateway.config import parse_settings
-from gateway.metrics import DIR_ENV, Exposition, Metrics
+from gateway.observe.metrics import DIR_ENV, Exposition, Metrics
 from gateway.store import MICRO, UsageRecord
 from tests.plugins.processes import Gateway, free_port, write_config
 from tests.plugins.servers import KEYS, ServedGateway, make_config, serve_app

@@ -13,8 +13,8 @@ import urllib3
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gateway.edge.multipart import MAX_PADDING, MultipartRewriter, boundary_of
 from gateway.errors import InvalidRequestError
-from gateway.multipart import MAX_PADDING, MultipartRewriter, boundary_of
 
 B = b"XyZ-b0undary"
 AUDIO = bytes(range(256)) + b"\r\n--XyZ-b0undar\r\n--XyZ-b0undaryx\n--XyZ-b0undary\r\r\n"

@@ -1,6 +1,6 @@
-"""The OpenAPI document (``gateway/openapi.json``, served at ``/openapi.json``): the file is
-what ``gateway.openapi`` builds, every route is in it with its methods and nothing in it is
-unrouted, and the admin part is shown only with the admin token."""
+"""The OpenAPI document (``gateway/operator/openapi.json``, served at ``/openapi.json``): the
+file is what ``gateway.operator.openapi`` builds, every route is in it with its methods and
+nothing in it is unrouted, and the admin part is shown only with the admin token."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ import aiohttp
 import orjson
 from starlette.routing import Match, Mount, Route
 
-from gateway.admin import admin_routes
-from gateway.openapi import document
-from gateway.routes import ROUTES, Router
+from gateway.edge.routes import ROUTES, Router
+from gateway.operator.admin import admin_routes
+from gateway.operator.openapi import document
 from tests.plugins.servers import ADMIN_TOKEN, ServedGateway
 
-FILE = Path(__file__).resolve().parent.parent / "gateway" / "openapi.json"
+FILE = Path(__file__).resolve().parent.parent / "gateway" / "operator" / "openapi.json"
 METHODS = {"get", "post", "put", "patch", "delete"}
 
 
 def test_the_file_is_what_the_module_builds() -> None:
     assert orjson.loads(FILE.read_bytes()) == orjson.loads(orjson.dumps(document())), (
-        "run: python -m gateway.openapi > gateway/openapi.json"
+        "run: python -m gateway.operator.openapi > gateway/operator/openapi.json"
     )
 
 

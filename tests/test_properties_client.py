@@ -21,9 +21,9 @@ from gateway.errors import GatewayError, InvalidRequestError
 from gateway.kinds.chat import PASSTHROUGH, max_output
 from gateway.kinds.embeddings import EMBEDDINGS, estimate_tokens
 from gateway.kinds.media import IMAGES, RERANK, SPEECH, MediaKind
+from gateway.policy.tokens import estimate_prompt_tokens
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import Counter, RouteMatch, UpstreamTarget
-from gateway.tokens import estimate_prompt_tokens
 from tests.mutation import (
     BOUNDED,
     FIXTURES,

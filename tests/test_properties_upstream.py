@@ -26,18 +26,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.billing import MAX_COST, Metered, Rate, billable_tokens
 from gateway.config import MAX_PRICE, PRICE_FIELDS, Price
 from gateway.errors import GatewayError
 from gateway.kinds.audio import transcription_used
 from gateway.kinds.chat import PASSTHROUGH, ChatJob, chat_used, stream_used
 from gateway.kinds.embeddings import EMBEDDINGS
 from gateway.kinds.media import IMAGES, RERANK, SPEECH
+from gateway.policy.billing import MAX_COST, Metered, Rate, billable_tokens
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import ConvertedStream, Counter, Ctx, RouteMatch, UpstreamTarget
 from gateway.protocols.embeddings import EmbeddingsRequest
 from gateway.protocols.responses import ResponsesAdapter
-from gateway.sse import SSEParser, frame
+from gateway.protocols.sse import SSEParser, frame
 from gateway.store import UsageRecord
 from gateway.store.records import journal_line, usage_row
 from gateway.types import ChatChunk

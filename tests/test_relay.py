@@ -191,8 +191,8 @@ async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) 
     499, nor bill it again."""
     from datetime import UTC, datetime
 
-    from gateway.auth import key_hash
-    from gateway.billing import Metered
+    from gateway.policy.auth import key_hash
+    from gateway.policy.billing import Metered
     from gateway.relay.call import Call
 
     relay = gateway.state.relay

@@ -20,7 +20,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
 from bench.fake_upstream import FakeUpstream
-from gateway.sse import SSEParser
+from gateway.protocols.sse import SSEParser
 from tests.plugins.servers import KEYS, ServedGateway, make_config
 from tests.test_sdk_matrix import (
     BY_TYPE,

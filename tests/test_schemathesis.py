@@ -30,7 +30,7 @@ import requests
 import yaml
 from hypothesis import HealthCheck, settings
 
-from gateway.openapi import document
+from gateway.operator.openapi import document
 from tests.plugins.processes import GATEWAY, free_port
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 from tests.test_endpoints import media_config

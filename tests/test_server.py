@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WORKER = """
 import asyncio, gc
-from gateway import gc_tuning
+from gateway.server import gc_tuning
 from gateway.app import create_app
 before = gc.get_threshold()[0]
 create_app()  # as a server's worker builds it, from GATEWAY_CONFIG

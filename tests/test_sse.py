@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sse import SSEEvent, SSEParser, frame
+from gateway.protocols.sse import SSEEvent, SSEParser, frame
 
 CASES = [
     ("one data line", b'data: {"a":1}\n\n', [(None, b'{"a":1}')]),

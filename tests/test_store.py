@@ -17,9 +17,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from gateway import health as health_module
 from gateway.config import Settings, parse_settings
-from gateway.health import ChannelHealth
+from gateway.policy import health as health_module
+from gateway.policy.health import ChannelHealth
 from gateway.store import (
     MICRO,
     ConflictError,

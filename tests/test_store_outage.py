@@ -19,8 +19,8 @@ import aiohttp
 import pytest
 
 from bench.fake_upstream import FakeUpstream
-from gateway.admin import STORE_TIMEOUT
 from gateway.config import parse_settings
+from gateway.operator.admin import STORE_TIMEOUT
 from gateway.store import Account, cache
 from tests.plugins.processes import OwnRedis, assert_billed_once, balance, opened, settled
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, make_config, serve_app

@@ -21,7 +21,7 @@ HEADERS = {"Authorization": f"Bearer {KEYS['alice']}"}
 
 @pytest.fixture
 def spans(gateway: ServedGateway) -> Any:
-    from gateway.tracing import Tracing
+    from gateway.observe.tracing import Tracing
 
     exporter = otel.InMemorySpanExporter()
     gateway.state.relay.tracing = Tracing("test", exporter, batch=False)
@@ -61,7 +61,7 @@ async def test_a_failed_attempt_is_marked_and_the_next_channel_tried(
     fake: FakeUpstream, store_url: str
 ) -> None:
     from bench.fake_upstream import Reply
-    from gateway.tracing import Tracing
+    from gateway.observe.tracing import Tracing
     from tests.plugins.servers import serve_app
 
     cfg = make_config(fake.url, store_url)

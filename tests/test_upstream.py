@@ -17,7 +17,7 @@ from aioresponses import aioresponses
 from gateway.config import UpstreamSettings
 from gateway.errors import GatewayOverloadedError, UpstreamError, UpstreamTimeoutError
 from gateway.protocols.base import UpstreamCall
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 
 URL = "http://upstream.test/v1/chat/completions"
 CALL = UpstreamCall(URL, {"Authorization": "Bearer up-key"}, b'{"model":"m"}')

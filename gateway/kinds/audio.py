@@ -27,13 +27,13 @@ from typing import IO
 
 import orjson
 
-from gateway.asgi import BodyRead, ClientGone
-from gateway.billing import Metered, billable_seconds, billable_tokens
 from gateway.config import Channel
+from gateway.edge.asgi import BodyRead, ClientGone
+from gateway.edge.multipart import MultipartRewriter, boundary_of
 from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
 from gateway.kinds.base import Incoming, Reply
 from gateway.kinds.media import NO_CHANNEL, OPENAI_ONLY, RawStream
-from gateway.multipart import MultipartRewriter, boundary_of
+from gateway.policy.billing import Metered, billable_seconds, billable_tokens
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.types import Receive

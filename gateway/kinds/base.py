@@ -15,12 +15,12 @@ from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from gateway.asgi import BodyRead, Headers
-from gateway.billing import Metered
 from gateway.config import Channel, Limits
+from gateway.edge.asgi import BodyRead, Headers
+from gateway.edge.routes import RouteSpec
 from gateway.errors import GatewayError
+from gateway.policy.billing import Metered
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
-from gateway.routes import RouteSpec
 from gateway.types import Receive, Scope
 
 JSON_TYPE = b"application/json"

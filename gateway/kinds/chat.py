@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.asgi import parse_json, read_body
-from gateway.billing import MAX_TOKENS, Metered, billable_tokens, usage_tokens
 from gateway.config import Channel
+from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.policy.billing import MAX_TOKENS, Metered, billable_tokens, usage_tokens
+from gateway.policy.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from gateway.protocols import ADAPTERS, CLIENTS, Adapter, ClientSide
 from gateway.protocols.base import (
     ConvertedStream,
@@ -32,7 +33,6 @@ from gateway.protocols.base import (
     UpstreamSide,
     UpstreamTarget,
 )
-from gateway.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from gateway.types import JSON, ChatRequest, Usage
 
 CHANNEL_TYPES = frozenset(ADAPTERS)

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.asgi import parse_json, read_body
-from gateway.billing import Metered, billable_tokens
 from gateway.config import Channel
+from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
 from gateway.kinds.chat import upstream_json
+from gateway.policy.billing import Metered, billable_tokens
+from gateway.policy.tokens import CHARS_PER_TOKEN
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest
 from gateway.protocols.gemini.embeddings import GEMINI_EMBEDDINGS
 from gateway.protocols.openai.embeddings import OPENAI_EMBEDDINGS
-from gateway.tokens import CHARS_PER_TOKEN
 from gateway.types import JSON
 
 EMBEDDINGS: dict[str, EmbeddingsAdapter] = {

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.asgi import parse_json, read_body
-from gateway.billing import MAX_IMAGES, MAX_SPEECH_CHARS, Metered, billable_tokens
 from gateway.config import Channel
+from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
 from gateway.kinds.chat import upstream_json
+from gateway.policy.billing import MAX_IMAGES, MAX_SPEECH_CHARS, Metered, billable_tokens
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.fields import REQUEST

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 from gateway.errors import GatewayError
-from gateway.sse import SSEEvent, SSEParser
+from gateway.protocols.sse import SSEEvent, SSEParser
 from gateway.types import JSON, ChatChunk, ChatRequest, ChatResponse, ChunkChoice, Usage
 
 
@@ -239,7 +239,7 @@ class Passthrough(Protocol):
     ) -> RelayStream: ...
 
 
-CHARS_PER_TOKEN = 4  # the local estimate's rule (gateway.tokens), for text that passed
+CHARS_PER_TOKEN = 4  # the local estimate's rule (gateway.policy.tokens), for text that passed
 
 
 def delta_chars(choices: list[ChunkChoice]) -> int:

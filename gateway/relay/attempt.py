@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamTimeoutError
-from gateway.health import ChannelHealth
 from gateway.kinds.base import Exchange, Reply
+from gateway.policy.health import ChannelHealth
 from gateway.protocols.base import RelayStream
 from gateway.relay.stream import Quiet
-from gateway.upstream import Upstream, UpstreamResponse
+from gateway.upstream.pool import Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.relay")
 

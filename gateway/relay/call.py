@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gateway.access_log import AccessLog
-from gateway.billing import Metered, Rate
-from gateway.metrics import Metrics
+from gateway.observe.access_log import AccessLog
+from gateway.observe.metrics import Metrics
+from gateway.policy.billing import Metered, Rate
 from gateway.store import KeyRecord, UsageRecord
 from gateway.store.writer import UsageWriter
 

@@ -24,8 +24,8 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.access_log import AccessLog
-from gateway.asgi import (
+from gateway.config import Channel, ConfigError, Model, Settings
+from gateway.edge.asgi import (
     BodyDeadlines,
     ClientGone,
     Watchlist,
@@ -34,9 +34,7 @@ from gateway.asgi import (
     send_error,
     too_slow,
 )
-from gateway.auth import address_allowed, check_key, extract_key, key_hash
-from gateway.billing import ClientAddress, Metered, Rate
-from gateway.config import Channel, ConfigError, Model, Settings
+from gateway.edge.routes import RouteSpec
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
@@ -46,24 +44,26 @@ from gateway.errors import (
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
-from gateway.health import ChannelHealth
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind
-from gateway.metrics import Metrics
+from gateway.observe.access_log import AccessLog
+from gateway.observe.metrics import Metrics
+from gateway.observe.tracing import Tracing
+from gateway.policy.auth import address_allowed, check_key, extract_key, key_hash
+from gateway.policy.billing import ClientAddress, Metered, Rate
+from gateway.policy.health import ChannelHealth
+from gateway.policy.routing import Catalogue, candidates
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, attempt
 from gateway.relay.call import CLIENT_GONE, Call, request_ids
 from gateway.relay.stream import KeepAlive, Quiet, pump
-from gateway.routes import RouteSpec
-from gateway.routing import Catalogue, candidates
 from gateway.store import MICRO, KeyRecord
 from gateway.store.cache import Cache
 from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.writer import UsageWriter
-from gateway.tracing import Tracing
 from gateway.types import Receive, Scope, Send
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 
 STORE_RETRY_AFTER = 2.0  # seconds a client is told to wait while the store is away
 log = logging.getLogger("gateway.relay")

@@ -24,7 +24,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
-from gateway.upstream import UpstreamResponse
+from gateway.upstream.pool import UpstreamResponse
 
 # a reverse proxy in front (nginx) must not buffer a stream
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]

@@ -19,7 +19,7 @@ from gateway.protocols.base import (
     UpstreamCall,
     UpstreamTarget,
 )
-from gateway.sse import SSEEvent, frame
+from gateway.protocols.sse import SSEEvent, frame
 from gateway.types import JSON, Usage
 
 # the JSON around a delta's text: {"type":"content_block_delta","index":0,"delta":{"type":

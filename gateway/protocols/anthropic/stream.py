@@ -21,7 +21,7 @@ from gateway.protocols.anthropic.reply import (
 )
 from gateway.protocols.base import Ctx, count
 from gateway.protocols.fields import REPLY
-from gateway.sse import SSEEvent, frame
+from gateway.protocols.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
 EVENT_STREAM = "text/event-stream"

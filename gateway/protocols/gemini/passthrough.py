@@ -20,7 +20,7 @@ from gateway.protocols.gemini.dialect import standard_base64
 from gateway.protocols.gemini.reply import decode_usage, error_body
 from gateway.protocols.gemini.request import upstream_headers, upstream_url
 from gateway.protocols.gemini.stream import Framing, load_event
-from gateway.sse import SSEEvent
+from gateway.protocols.sse import SSEEvent
 from gateway.types import JSON, Usage
 
 

@@ -23,7 +23,7 @@ from gateway.protocols.gemini.reply import (
     error_from_payload,
     finish_of,
 )
-from gateway.sse import SSEEvent, frame
+from gateway.protocols.sse import SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
 ARRAY_SEPARATOR = b",\r\n"

@@ -13,7 +13,7 @@ from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai.reply import error_body, stream_error
 from gateway.protocols.openai.request import headers, with_usage
 from gateway.protocols.openai.stream import EVENT_STREAM, load_chunk
-from gateway.sse import DONE, SSEEvent, SSEParser, frame, parse_event
+from gateway.protocols.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, Usage
 
 DONE_TAIL = 256  # bytes at a stream's end where its [DONE] is looked for (trailing comments)

@@ -10,7 +10,7 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx
 from gateway.protocols.fields import REPLY
 from gateway.protocols.openai.reply import check_message, check_usage, error_body, stream_error
-from gateway.sse import DONE, SSEEvent, frame
+from gateway.protocols.sse import DONE, SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Usage
 
 EVENT_STREAM = "text/event-stream"

@@ -20,7 +20,7 @@ from gateway.protocols.base import Ctx, EventPassthrough, RouteMatch, UpstreamCa
 from gateway.protocols.openai.request import headers
 from gateway.protocols.responses.reply import decode_usage
 from gateway.protocols.responses.stream import EVENT_STREAM
-from gateway.sse import SSEEvent, frame
+from gateway.protocols.sse import SSEEvent, frame
 from gateway.types import JSON, Usage
 
 LIFECYCLE = frozenset(

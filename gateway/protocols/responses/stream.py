@@ -39,7 +39,7 @@ from gateway.protocols.responses.reply import (
     output_text,
     reasoning_item,
 )
-from gateway.sse import frame
+from gateway.protocols.sse import frame
 from gateway.types import JSON, ChatChunk, Delta, ToolCall, Usage
 
 EVENT_STREAM = "text/event-stream"

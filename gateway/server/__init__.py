@@ -18,14 +18,14 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from gateway.config import Settings
-from gateway.header_timeout import time_headers
-from gateway.hypercorn_mend import (
+from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
+from gateway.server.header_timeout import time_headers
+from gateway.server.hypercorn_mend import (
     ServerConfig,
     default_connection_limit,
     limit_connections,
     mend_hypercorn,
 )
-from gateway.metrics import DIR_ENV as METRICS_DIR_ENV
 
 if TYPE_CHECKING:
     from gateway.app import GatewayApp
@@ -44,7 +44,7 @@ def serve(
     settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
-    snapshots for the run (``gateway.metrics``), removed when the server stops."""
+    snapshots for the run (``gateway.observe.metrics``), removed when the server stops."""
     configure_logging(settings)
     os.environ["GATEWAY_CONFIG"] = settings.path
     with contextlib.ExitStack() as run:
@@ -89,7 +89,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     from hypercorn.asyncio import serve as hypercorn_serve
 
     from gateway.app import create_app
-    from gateway.gc_tuning import tune_gc
+    from gateway.server.gc_tuning import tune_gc
 
     mend_hypercorn()
     limit_connections(settings.server.max_connections or default_connection_limit())

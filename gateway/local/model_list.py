@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from gateway.asgi import request_headers, send_error, send_json
 from gateway.config import Model
+from gateway.edge.asgi import request_headers, send_error, send_json
+from gateway.edge.routes import RouteSpec
 from gateway.errors import GatewayError, NotFoundError
 from gateway.protocols import CLIENTS
-from gateway.routes import RouteSpec
 from gateway.types import JSON, Receive, Scope, Send
 
 if TYPE_CHECKING:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
 from gateway.config import (
     CHANNEL_FIELDS,
     MODEL_FIELDS,
@@ -32,6 +31,7 @@ from gateway.config import (
     parse_model,
 )
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
+from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import UpstreamTarget
 from gateway.store import Store
@@ -53,7 +53,7 @@ from gateway.store.catalogue import (
     view,
 )
 from gateway.types import JSON, ChatRequest
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 
 CHANNEL_TEST_TIMEOUT = 30.0  # seconds a channel test waits for the upstream's whole reply
 TEST_PROMPT = "ping"

@@ -16,9 +16,9 @@ import random
 from collections.abc import Mapping
 from typing import Protocol
 
-from gateway.billing import Rate
 from gateway.config import Channel, Model
 from gateway.errors import NotFoundError, UpstreamUnavailableError
+from gateway.policy.billing import Rate
 
 
 class CatalogueSource(Protocol):

@@ -20,10 +20,10 @@ from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
-from gateway.asgi import REQUEST_ID, request_headers, send_error, send_json
+from gateway.edge.asgi import REQUEST_ID, request_headers, send_error, send_json
+from gateway.edge.routes import RouteSpec
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamUnavailableError
 from gateway.protocols import CLIENTS
-from gateway.routes import RouteSpec
 from gateway.store import MICRO, DailyUsage, KeyRecord, Store
 from gateway.types import JSON, Receive, Scope, Send
 

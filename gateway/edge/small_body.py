@@ -13,7 +13,7 @@ import asyncio
 
 from starlette.requests import Request
 
-from gateway.asgi import BODY_MIN_RATE, too_slow
+from gateway.edge.asgi import BODY_MIN_RATE, too_slow
 from gateway.errors import PayloadTooLargeError
 
 

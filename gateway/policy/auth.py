@@ -20,7 +20,7 @@ from gateway.store import KeyRecord
 def extract_key(
     found: dict[bytes, bytes], query_string: bytes = b"", allow_query: bool = False
 ) -> str | None:
-    """The secret from the request's headers (``gateway.asgi.request_headers``) or query."""
+    """The secret from the request's headers (``gateway.edge.asgi.request_headers``) or query."""
     auth = found.get(b"authorization")
     if auth is not None:
         scheme, _, token = auth.partition(b" ")

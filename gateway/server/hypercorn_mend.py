@@ -35,8 +35,8 @@ from wsgiref.handlers import format_date_time
 
 from hypercorn.config import Config
 
-from gateway.h11_headers import speed_up
 from gateway.relay.call import new_request_id
+from gateway.server.h11_headers import speed_up
 
 log = logging.getLogger("gateway.server")
 _MENDED = "_gateway_mended_idle_close"

@@ -27,7 +27,7 @@ from typing import Any
 
 import h11
 
-from gateway.hypercorn_mend import tcp_server_parts
+from gateway.server.hypercorn_mend import tcp_server_parts
 
 _TIMED = "_gateway_header_timeout"
 _BODY = (

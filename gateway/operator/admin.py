@@ -34,9 +34,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import accounts, catalogue, console, usage_query
-from gateway.asgi import REQUEST_ID
 from gateway.config import Settings
+from gateway.edge.asgi import REQUEST_ID
+from gateway.edge.small_body import read_small_body
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
@@ -46,10 +46,10 @@ from gateway.errors import (
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
-from gateway.small_body import read_small_body
+from gateway.operator import accounts, catalogue, console, usage_query
 from gateway.store import Store, StoreError
 from gateway.types import JSON
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 
 log = logging.getLogger("gateway.admin")
 

@@ -3,10 +3,10 @@ the admin API, the probes and ``/metrics``.
 
 ``GET /openapi.json`` serves the client part to anyone, and the admin part too to a request
 with the admin token. The document is built here from the route table (so a route cannot be
-missing from it) and kept in the repository as ``gateway/openapi.json``
-(``python -m gateway.openapi > gateway/openapi.json``); tests check the file against this
-module and every route against the document. Request bodies list the fields the contract
-names and allow more (clients send more); errors are each path's protocol shape.
+missing from it) and kept in the repository as ``gateway/operator/openapi.json``
+(``python -m gateway.operator.openapi > gateway/operator/openapi.json``); tests check the file
+against this module and every route against the document. Request bodies list the fields the
+contract names and allow more (clients send more); errors are each path's protocol shape.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
-from gateway.routes import ROUTES, RouteSpec
+from gateway.edge.routes import ROUTES, RouteSpec
 
 JSONObject = dict[str, Any]
 
@@ -225,7 +225,7 @@ KEY_FIELDS: JSONObject = {
 }
 
 
-# GET /admin/usage's parameters (gateway/usage_query.py): each a string, as written here
+# GET /admin/usage's parameters (gateway/operator/usage_query.py): each a string, as written here
 USAGE_PARAMS: dict[str, str] = {
     "account": "an account id",
     "key": "a key id",

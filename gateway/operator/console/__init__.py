@@ -35,12 +35,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from gateway import usage_query
-from gateway.accounts import daily_json, key_json, usage_json, usage_limit
-from gateway.auth import check_key, key_hash
-from gateway.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.edge.small_body import read_small_body
 from gateway.errors import AuthenticationError, GatewayError
-from gateway.small_body import read_small_body
+from gateway.operator import usage_query
+from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
+from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
 from gateway.types import JSON

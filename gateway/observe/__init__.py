@@ -1,0 +1,1 @@
+"""Observation: metrics, the access log, tracing. Metadata only, never a body."""

@@ -1,0 +1,1 @@
+"""The upstream side: the aiohttp pool, the one place aiohttp errors become gateway errors."""
