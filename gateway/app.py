@@ -29,21 +29,30 @@ from starlette.routing import BaseRoute, Mount, Route
 from gateway import __version__
 from gateway.config import Settings, load_settings
 from gateway.edge.asgi import REQUEST_ID, send_error
+from gateway.edge.request_ids import request_ids
 from gateway.edge.routes import Router, protocol_of_path
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.local.dashboard import Dashboard
 from gateway.local.model_list import ModelLists
+from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.observe.metrics import OWN_PROTOCOL, Metrics, channel_states, registry_for
+from gateway.observe.observers import Observers
 from gateway.observe.tracing import PROVIDERS
+from gateway.operator.console.session import Signer
+from gateway.policy.gate import Gate
+from gateway.policy.health import ChannelHealth
+from gateway.policy.routing import LiveCatalogue
 from gateway.protocols import CLIENTS
 from gateway.relay import Relay
-from gateway.relay.call import CLIENT_GONE, Call, request_ids
-from gateway.server import accept_errors, configure_logging
+from gateway.relay.attempt import Attempts
+from gateway.relay.call import CLIENT_GONE, Call
+from gateway.server import accept_errors
 from gateway.server.gc_tuning import collect_periodically, tune_gc
 from gateway.store import Store, open_store
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
+from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
@@ -53,15 +62,19 @@ log = logging.getLogger("gateway.app")
 
 
 @dataclass(slots=True)
-class GatewayState:
-    """What one process holds; ``request.app.state.gateway`` in handlers."""
+class Services:
+    """What the process builds once, in ``create_app()``, and hands out: each handler gets
+    the parts it uses (``request.app.state.gateway`` for the admin API and the console)."""
 
     settings: Settings
     store: Store
     cache: Cache
     writer: UsageWriter
     upstream: Upstream
-    relay: Relay
+    catalogue: LiveCatalogue  # the catalogue requests are served on, swapped whole
+    gate: Gate  # authenticates client requests; ``ready`` once the store answered
+    health: ChannelHealth  # this instance's view of each channel, shared through the store
+    observers: Observers  # metrics, access log, tracing
 
 
 READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
@@ -119,9 +132,9 @@ async def healthz(request: Request) -> Response:
 async def readyz(request: Request) -> Response:
     """Readiness: 200 only while the store answers, so a load balancer drains an instance
     that lost it."""
-    state: GatewayState = request.app.state.gateway
+    state: Services = request.app.state.gateway
     store = state.store
-    if not state.relay.ready:
+    if not state.gate.ready:
         return JSONResponse({"status": "starting", "store": "not answering"}, status_code=503)
     try:
         await asyncio.wait_for(store.version(), READY_TIMEOUT)
@@ -177,15 +190,17 @@ class GatewayApp:
     x-request-id, its access-log line and its count in the metrics here (the relay's own do
     in the relay)."""
 
-    __slots__ = ("inner", "state", "router", "relay", "handlers")
+    __slots__ = ("inner", "state", "router", "relay", "handlers", "address", "observers")
 
-    def __init__(self, inner: Starlette, relay: Relay, store: Store) -> None:
+    def __init__(self, inner: Starlette, relay: Relay, services: Services) -> None:
         self.inner = inner
         self.state = inner.state
         self.router = Router()
         self.relay = relay
-        lists = ModelLists(relay)
-        dashboard = Dashboard(relay, store)
+        self.address = services.gate.address
+        self.observers = services.observers
+        lists = ModelLists(services.gate, services.catalogue)
+        dashboard = Dashboard(services.gate, services.store, services.cache)
         # the kinds answered here, not relayed; every other kind goes to the relay
         self.handlers: dict[str, ModelLists | Dashboard] = {
             "models": lists,
@@ -234,7 +249,6 @@ class GatewayApp:
     ) -> None:
         """A request served outside the relay: ``serve(send)`` with x-request-id added to its
         response, then its count in the metrics and its access-log line."""
-        relay = self.relay
         forwarded = None
         given = None
         for name, value in scope["headers"]:
@@ -247,7 +261,7 @@ class GatewayApp:
             request_ids(given),
             protocol,
             endpoint,
-            relay.address.range_of(scope.get("client"), forwarded),
+            self.address.range_of(scope.get("client"), forwarded),
         )
         scope[REQUEST_ID] = call.request_id
         header = (b"x-request-id", call.reply_id.encode())
@@ -274,111 +288,99 @@ class GatewayApp:
             raise
         finally:
             call.status = status
-            call.served_elsewhere(relay.observed, relay.access)
+            call.served_elsewhere(self.observers.observed, self.observers.access)
 
 
 def create_app(settings: Settings | None = None) -> GatewayApp:
-    """The app. With no settings, as a server's worker process builds it from
-    ``GATEWAY_CONFIG``, the worker's logging is set up as the config says and its garbage
-    collector is tuned (``gc_tuning``)."""
+    """The composition root: every service built once, each handler given what it uses.
+    With no settings, as a server's worker process builds it from ``GATEWAY_CONFIG``, the
+    worker's logging is set up as the config says and its garbage collector is tuned
+    (``gc_tuning``)."""
     if settings is None:
         settings = load_settings()
         configure_logging(settings)  # a worker process: the server's set-up was in its parent
         built = create_app(settings)
         tune_gc()
         return built
+    services = build_services(settings)
+    attempts = Attempts(
+        services.upstream,
+        services.health,
+        settings.upstream.first_byte_timeout,
+        services.observers,
+    )
+    relay = Relay(
+        settings,
+        services.catalogue,
+        services.gate,
+        services.cache,
+        services.writer,
+        attempts,
+        services.observers,
+    )
+    app = Starlette(routes=own_routes(services), lifespan=Lifespan(services))
+    app.state.gateway = services
+    app.state.console = Signer(settings.admin_token)
+    return GatewayApp(app, relay, services)
+
+
+def build_services(settings: Settings) -> Services:
     store = open_store(settings.store)
     cache = Cache(store)
-    writer = UsageWriter(store, cache, journal=Journal(settings.journal, settings.store))
-    upstream = Upstream(settings.upstream)
-    relay = Relay(settings, cache, writer, upstream)
-    state = GatewayState(settings, store, cache, writer, upstream, relay)
-    metrics = relay.metrics
+    observers = Observers.configured(settings)
+    catalogue = LiveCatalogue(settings)
+    services = Services(
+        settings,
+        store,
+        cache,
+        UsageWriter(store, cache, journal=Journal(settings.journal, settings.store)),
+        Upstream(settings.upstream),
+        catalogue,
+        Gate(settings, cache),
+        ChannelHealth(settings.upstream.cooldown_seconds),
+        observers,
+    )
+
+    def use_catalogue(records: CatalogueRecords) -> None:
+        """Serve the catalogue these records make (the file's entries over the store's)."""
+        served = catalogue.use(view(records, settings))
+        observers.metrics.known = frozenset(served.models)  # metrics label these by name
+
+    cache.on_catalogue(use_catalogue)
+    _observe_state(services)
+    return services
+
+
+def _observe_state(services: Services) -> None:
+    """What the metrics read of the process at each scrape: the writer's backlog, the
+    channels' states, their providers."""
+    metrics, writer = services.observers.metrics, services.writer
+    live, health = services.catalogue, services.health
     metrics.gauges = lambda: {
         "usage_writer_backlog": writer.pending,
         "usage_parked_records": writer.parked,
     }
 
     def channels_now() -> tuple[dict[str, str], dict[str, int]]:
-        every = relay.catalogue.every_channel  # the live catalogue's, disabled ones too
+        every = live.current.every_channel  # the live catalogue's, disabled ones too
         disabled = [c.name for c in every if c.status != "enabled"]
-        states = channel_states([c.name for c in every], relay.health.cooling, disabled)
-        return states, relay.health.failures_total
+        states = channel_states([c.name for c in every], health.cooling, disabled)
+        return states, health.failures_total
 
     metrics.channels = channels_now
     metrics.providers = lambda: {
-        c.name: PROVIDERS.get(c.type, c.type) for c in relay.catalogue.every_channel
+        c.name: PROVIDERS.get(c.type, c.type) for c in live.current.every_channel
     }
 
-    scheme = settings.store.split("://", 1)[0]
-    tasks: list[asyncio.Task[None]] = []
 
-    async def connect() -> None:
-        """Open the store, save the file's catalogue, fill the key cache (raises)."""
-        await store.open()
-        await store.seed(settings)
-        await cache.start()
-
-    def serve() -> None:
-        relay.ready = True
-        tasks.append(asyncio.create_task(relay.health.share_forever(store), name="gw.health"))
-        log.info("gateway.started store=%s", scheme)
-
-    async def connect_later() -> None:
-        """Until the store answers: retry, then serve."""
-        delay = STORE_RETRY_FIRST
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                await connect()
-            except Exception as exc:
-                raise_if_cancelled()
-                log.warning("gateway.store_unavailable error=%s", type(exc).__name__)
-                delay = min(delay * 2, STORE_RETRY_MAX)
-            else:
-                serve()
-                return
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        stop_collecting = collect_periodically(asyncio.get_running_loop())
-        accept_errors.install(asyncio.get_running_loop())
-        try:
-            await writer.start()  # the journal: what it holds is settled once the store answers
-            await upstream.start()
-            if relay.access is not None:
-                tasks.append(asyncio.create_task(relay.access.run(), name="gw.access_log"))
-            snapshots = os.environ.get(METRICS_DIR_ENV)
-            if snapshots:  # one of several workers: the scrape adds every worker's counters
-                tasks.append(asyncio.create_task(metrics.write_snapshots(snapshots)))
-            try:
-                await connect()
-            except Exception as exc:
-                log.error(
-                    "gateway.store_unavailable store=%s error=%s: not ready, retrying",
-                    scheme,
-                    type(exc).__name__,
-                )
-                tasks.append(asyncio.create_task(connect_later(), name="gw.connect"))
-            else:
-                serve()
-            yield
-        finally:
-            stop_collecting()
-            for task in tasks:
-                await cancel_and_wait(task)
-            await upstream.stop()
-            await writer.stop()
-            if relay.tracing is not None:
-                relay.tracing.shutdown()  # the spans still batched go out
-            await cache.stop()
-            await store.close()
-
+def own_routes(services: Services) -> list[BaseRoute]:
+    """The gateway's own paths (probes, OpenAPI, metrics, admin, console), served by
+    Starlette; the client surface never reaches them."""
     from gateway.operator.admin import admin_routes
     from gateway.operator.console import console_routes
     from gateway.operator.console import page as console_page
-    from gateway.operator.console.session import Signer
 
+    settings = services.settings
     routes: list[BaseRoute] = [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
@@ -386,12 +388,92 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
         Route("/openapi.json", openapi_endpoint(settings), methods=["GET"]),
     ]
     if settings.metrics.enabled:
+        metrics = services.observers.metrics
         routes.append(Route("/metrics", metrics_endpoint(settings, metrics), methods=["GET"]))
     routes.append(Mount("/admin", routes=admin_routes()))
     routes.append(Route("/console", console_page, methods=["GET"]))
     routes.append(Mount("/console", routes=console_routes()))
     routes.append(Route("/{path:path}", endpoint=NotFoundApp()))
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.gateway = state
-    app.state.console = Signer(settings.admin_token)
-    return GatewayApp(app, relay, store)
+    return routes
+
+
+class Lifespan:
+    """Opens what the process holds and closes it in reverse: the writer (its journal is
+    settled once the store answers), the upstream pool, the observers' tasks, then the store
+    (retried until it answers: the gateway serves 503 until then)."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.scheme = services.settings.store.split("://", 1)[0]
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def __call__(self, app: Starlette) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.running()
+
+    async def connect(self) -> None:
+        """Open the store, save the file's catalogue, fill the key cache (raises)."""
+        s = self.services
+        await s.store.open()
+        await s.store.seed(s.settings)
+        await s.cache.start()
+
+    def serve(self) -> None:
+        s = self.services
+        s.gate.ready = True
+        self.tasks.append(asyncio.create_task(s.health.share_forever(s.store), name="gw.health"))
+        log.info("gateway.started store=%s", self.scheme)
+
+    async def connect_later(self) -> None:
+        """Until the store answers: retry, then serve."""
+        delay = STORE_RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.connect()
+            except Exception as exc:
+                raise_if_cancelled()
+                log.warning("gateway.store_unavailable error=%s", type(exc).__name__)
+                delay = min(delay * 2, STORE_RETRY_MAX)
+            else:
+                self.serve()
+                return
+
+    def start_observers(self) -> None:
+        observers, tasks = self.services.observers, self.tasks
+        if observers.access is not None:
+            tasks.append(asyncio.create_task(observers.access.run(), name="gw.access_log"))
+        snapshots = os.environ.get(METRICS_DIR_ENV)
+        if snapshots:  # one of several workers: the scrape adds every worker's counters
+            tasks.append(asyncio.create_task(observers.metrics.write_snapshots(snapshots)))
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        s = self.services
+        stop_collecting = collect_periodically(asyncio.get_running_loop())
+        accept_errors.install(asyncio.get_running_loop())
+        try:
+            await s.writer.start()
+            await s.upstream.start()
+            self.start_observers()
+            try:
+                await self.connect()
+            except Exception as exc:
+                log.error(
+                    "gateway.store_unavailable store=%s error=%s: not ready, retrying",
+                    self.scheme,
+                    type(exc).__name__,
+                )
+                self.tasks.append(asyncio.create_task(self.connect_later(), name="gw.connect"))
+            else:
+                self.serve()
+            yield
+        finally:
+            stop_collecting()
+            for task in self.tasks:
+                await cancel_and_wait(task)
+            await s.upstream.stop()
+            await s.writer.stop()
+            if s.observers.tracing is not None:
+                s.observers.tracing.shutdown()  # the spans still batched go out
+            await s.cache.stop()
+            await s.store.close()

@@ -244,7 +244,7 @@ async def test_a_bug_is_a_500_logged_with_its_traceback(
     with caplog.at_level("WARNING", logger="gateway.admin"):
         err = assert_error(await admin("GET", "/admin/accounts"), 500, "api_error")
     assert err["code"] == "internal_error"
-    [record] = [r for r in caplog.records if r.name == "gateway.operator.admin"]
+    [record] = [r for r in caplog.records if r.name == "gateway.admin"]
     assert record.getMessage().startswith("admin.unexpected")
     assert record.exc_info is not None and record.exc_info[0] is KeyError
 

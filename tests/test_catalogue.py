@@ -285,12 +285,12 @@ async def test_a_request_in_flight_keeps_its_catalogue(
     admin = AdminClient(http, gateway.url)
     assert (await admin("POST", "/admin/models", MODEL))[0] == 201
     assert (await admin("POST", "/admin/channels", channel(fake.url)))[0] == 201
-    held = gateway.state.relay.catalogue
+    held = gateway.state.catalogue.current
     (ch,) = held.channels("default", "m-api")
     assert (await admin("DELETE", "/admin/channels/c-api"))[0] == 200
-    assert gateway.state.relay.catalogue is not held
+    assert gateway.state.catalogue.current is not held
     assert held.channels("default", "m-api") == (ch,)
-    assert gateway.state.relay.catalogue.channels("default", "m-api") == ()
+    assert gateway.state.catalogue.current.channels("default", "m-api") == ()
 
 
 # ---- channel test --------------------------------------------------------------------------

@@ -154,7 +154,7 @@ async def test_admin_daily_usage(gateway: ServedGateway) -> None:
 async def test_channels_show_their_health_now(gateway: ServedGateway) -> None:
     import time
 
-    gateway.state.relay.health.cooling["an"] = time.monotonic() + 30
+    gateway.state.health.cooling["an"] = time.monotonic() + 30
     async with aiohttp.ClientSession() as s:
         async with s.get(gateway.url + "/admin/channels", headers=ADMIN) as r:
             channels = {c["name"]: c for c in (await r.json())["data"]}

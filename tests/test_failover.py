@@ -156,9 +156,9 @@ async def test_a_channel_one_instance_cooled_is_skipped_by_another(
         for _ in range(3):
             assert await ask(first, False) == "served by the good one"
         assert bad.hits["notjson"] == 3
-        assert "bad" in first.state.relay.health.cooling
+        assert "bad" in first.state.health.cooling
         deadline = asyncio.get_running_loop().time() + 10
-        while "bad" not in second.state.relay.health.cooling:  # shared twice a second
+        while "bad" not in second.state.health.cooling:  # shared twice a second
             assert asyncio.get_running_loop().time() < deadline, "the cooldown never arrived"
             await asyncio.sleep(0.05)
         for _ in range(3):

@@ -161,7 +161,7 @@ async def test_refused_requests_and_unknown_paths_are_counted_and_logged(
     # the refused requests are GenAI requests that failed; the others are not timed as such
     assert total(found, "gen_ai_server_request_duration_seconds_count", error_type="401") == 2
     assert total(found, "gen_ai_server_request_duration_seconds_count") == 2
-    access = gateway.state.relay.access
+    access = gateway.state.observers.access
     assert access is not None
     access.flush()
     err = capfd.readouterr().err
@@ -192,7 +192,7 @@ async def test_a_failed_attempt_is_timed_and_counted(gateway: ServedGateway) -> 
 
 
 async def test_a_cooling_channel_shows_its_state(gateway: ServedGateway) -> None:
-    gateway.state.relay.health.cooling["an"] = time.monotonic() + 60
+    gateway.state.health.cooling["an"] = time.monotonic() + 60
     found = samples(await scrape(gateway.url))
     assert found[("gateway_channel_state", (("channel", "an"), ("state", "cooling")))] == 1
     assert found[("gateway_channel_state", (("channel", "an"), ("state", "healthy")))] == 0

@@ -195,17 +195,17 @@ async def test_a_record_handed_to_the_writer_is_not_changed_afterwards(gateway) 
     from gateway.policy.billing import Metered
     from gateway.relay.call import Call
 
-    relay = gateway.state.relay
-    rate = relay.rates["chat-small"]
+    services = gateway.state
+    rate = services.catalogue.current.rates["chat-small"]
     ids = ("req-recorded", "req-recorded")
     call = Call.arriving(datetime.now(UTC), ids, "openai", "chat", "127.0.0.0/24")
     call.model, call.channel = "chat-small", "oa"
-    call.key = relay.cache.key(key_hash(KEYS["alice"]))
+    call.key = services.cache.key(key_hash(KEYS["alice"]))
     call.bill(Metered(prompt_tokens=10, completion_tokens=5), rate)
-    call.record(relay.writer, relay.metrics, None)
+    call.record(services.writer, services.observers.metrics, None)
     call.set_status(499)
     call.bill(Metered(prompt_tokens=1_000, completion_tokens=1_000), rate)
-    call.record(relay.writer, relay.metrics, None)
+    call.record(services.writer, services.observers.metrics, None)
 
     rec = await last_record(gateway)
     assert (rec.request_id, rec.status, rec.prompt_tokens, rec.completion_tokens) == (

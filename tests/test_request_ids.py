@@ -88,7 +88,7 @@ async def test_one_json_line_per_request(
             s, gateway.v1 + "/chat/completions", CHAT, {**ALICE, "x-request-id": "logged-1"}
         )
         assert status == 200
-    access = gateway.state.relay.access
+    access = gateway.state.observers.access
     assert access is not None
     access.flush()
     err = capfd.readouterr().err
@@ -122,8 +122,8 @@ async def test_text_lines_when_asked(
     async with serve_app(parse_settings(cfg)) as gw, aiohttp.ClientSession() as s:
         mine = {**ALICE, "x-request-id": "texty"}
         assert (await post(s, gw.v1 + "/chat/completions", CHAT, mine))[0] == 200
-        assert gw.state.relay.access is not None
-        gw.state.relay.access.flush()
+        assert gw.state.observers.access is not None
+        gw.state.observers.access.flush()
     (line,) = [x for x in capfd.readouterr().err.splitlines() if " texty/" in x]
     assert " 200 openai chat model=chat-small channel=oa key=k-alice " in line
     # a model name is the client's: one that would split the line, or its fields, is quoted
@@ -134,8 +134,8 @@ async def test_text_lines_when_asked(
                 s, gw.v1 + "/chat/completions", {**CHAT, "model": model}, mine
             )
             assert status == 404
-        assert gw.state.relay.access is not None
-        gw.state.relay.access.flush()
+        assert gw.state.observers.access is not None
+        gw.state.observers.access.flush()
     lines = capfd.readouterr().err.splitlines()
     assert not [x for x in lines if "forged" in x and " odd-0/" not in x], lines
     for n, quoted in enumerate(['"evil\\n2026-01-01 forged 200"', '"two words"', '"tab\\there"']):
@@ -143,7 +143,7 @@ async def test_text_lines_when_asked(
         assert f" 404 openai chat model={quoted} channel=- " in line, line
     cfg = make_config(fake.url, store_url, logging={"access": False})
     async with serve_app(parse_settings(cfg)) as gw:
-        assert gw.state.relay.access is None
+        assert gw.state.observers.access is None
 
 
 async def test_log_lines_a_request_causes_carry_its_id(

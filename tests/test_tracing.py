@@ -24,7 +24,7 @@ def spans(gateway: ServedGateway) -> Any:
     from gateway.observe.tracing import Tracing
 
     exporter = otel.InMemorySpanExporter()
-    gateway.state.relay.tracing = Tracing("test", exporter, batch=False)
+    gateway.state.observers.tracing = Tracing("test", exporter, batch=False)
     return exporter
 
 
@@ -69,7 +69,7 @@ async def test_a_failed_attempt_is_marked_and_the_next_channel_tried(
     cfg["channels"].append(backup)
     async with serve_app(parse_settings(cfg)) as gw, aiohttp.ClientSession() as s:
         exporter = otel.InMemorySpanExporter()
-        gw.state.relay.tracing = Tracing("test", exporter, batch=False)
+        gw.state.observers.tracing = Tracing("test", exporter, batch=False)
         fake.queue(Reply(status=500))
         body = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
         async with s.post(gw.v1 + "/chat/completions", json=body, headers=HEADERS) as r:

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, date, datetime, timedelta
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl
 
 from gateway.edge.asgi import REQUEST_ID, request_headers, send_error, send_json
 from gateway.edge.routes import RouteSpec
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamUnavailableError
+from gateway.policy.gate import Gate
 from gateway.protocols import CLIENTS
 from gateway.store import MICRO, DailyUsage, KeyRecord, Store
+from gateway.store.cache import Cache
 from gateway.types import JSON, Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from gateway.relay.pipeline import Relay
 
 log = logging.getLogger("gateway.dashboard")
 MAX_DAYS = 400  # the longest usage range one request may ask for
@@ -41,18 +39,19 @@ def _units(micro: int) -> float:
 class Dashboard:
     """The handler of the ``billing_subscription`` and ``billing_usage`` routes."""
 
-    __slots__ = ("relay", "store")
+    __slots__ = ("gate", "store", "cache")
 
-    def __init__(self, relay: Relay, store: Store) -> None:
-        self.relay = relay
+    def __init__(self, gate: Gate, store: Store, cache: Cache) -> None:
+        self.gate = gate
         self.store = store
+        self.cache = cache
 
     async def handle(
         self, spec: RouteSpec, path_model: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
         try:
             now = datetime.now(UTC)
-            key = self.relay.authenticate(spec, scope, request_headers(scope), now)
+            key = self.gate.authenticate(spec, scope, request_headers(scope), now)
             if spec.kind == "billing_subscription":
                 body = await self.subscription(key, now)
             else:
@@ -80,7 +79,7 @@ class Dashboard:
         return rows
 
     async def subscription(self, key: KeyRecord, now: datetime) -> JSON:
-        cache = self.relay.cache
+        cache = self.cache
         left = cache.balance(key.account) or 0
         if key.quota is not None:
             left = min(left, cache.quota_left(key))

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from gateway.config import Model
 from gateway.edge.asgi import request_headers, send_error, send_json
 from gateway.edge.routes import RouteSpec
 from gateway.errors import GatewayError, NotFoundError
+from gateway.policy.gate import Gate
+from gateway.policy.routing import LiveCatalogue
 from gateway.protocols import CLIENTS
 from gateway.types import JSON, Receive, Scope, Send
-
-if TYPE_CHECKING:
-    from gateway.relay.pipeline import Relay
 
 CREATED = 1700000000  # catalogue models have no creation time; a fixed one keeps lists stable
 CREATED_RFC3339 = "2023-11-14T22:13:20Z"
@@ -72,18 +70,19 @@ def gemini_list(models: Sequence[Model]) -> JSON:
 class ModelLists:
     """The handler of the ``models`` and ``model`` routes."""
 
-    __slots__ = ("relay",)
+    __slots__ = ("gate", "catalogue")
 
-    def __init__(self, relay: Relay) -> None:
-        self.relay = relay
+    def __init__(self, gate: Gate, catalogue: LiveCatalogue) -> None:
+        self.gate = gate
+        self.catalogue = catalogue
 
     async def handle(
         self, spec: RouteSpec, path_model: str | None, scope: Scope, receive: Receive, send: Send
     ) -> None:
         try:
             headers = request_headers(scope)
-            key = self.relay.authenticate(spec, scope, headers, datetime.now(UTC))
-            models = self.relay.catalogue.group_models(key.group)
+            key = self.gate.authenticate(spec, scope, headers, datetime.now(UTC))
+            models = self.catalogue.current.group_models(key.group)
             if key.models is not None:
                 models = tuple(m for m in models if m.name in key.models)
             shape = spec.protocol

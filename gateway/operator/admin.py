@@ -336,8 +336,8 @@ async def list_channels(request: Request, state: AdminState) -> Response:
     """The channels, each with its ``health`` on this instance now: ``cooling`` (left out
     of routing after failures, until ``cooling_until``, seconds from now) or ``healthy``."""
     v = await catalogue.load(state.store, state.settings)
-    relay = getattr(state, "relay", None)
-    cooling: dict[str, float] = relay.health.cooling if relay is not None else {}
+    health = getattr(state, "health", None)  # an instance's: none in a bare admin API
+    cooling: dict[str, float] = health.cooling if health is not None else {}
     now = time.monotonic()
     out = []
     for c in v.channels:

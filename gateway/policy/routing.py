@@ -32,6 +32,22 @@ class CatalogueSource(Protocol):
     def channels(self) -> tuple[Channel, ...]: ...
 
 
+class LiveCatalogue:
+    """The one reference to the catalogue the hot path reads: the file's until the store
+    answers, then the store's, replaced whole when the store's version changes (the cache
+    calls the app, which calls ``use``). A request reads ``current`` once, so it finishes
+    on the catalogue it started with."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, settings: CatalogueSource) -> None:
+        self.current = Catalogue(settings)
+
+    def use(self, source: CatalogueSource) -> Catalogue:
+        self.current = Catalogue(source)
+        return self.current
+
+
 class Catalogue:
     """Groups, models and enabled channels, indexed for the hot path."""
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from gateway.config import Channel
 from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.kinds.base import Exchange, Reply
+from gateway.observe.observers import Observers
 from gateway.policy.health import ChannelHealth
 from gateway.protocols.base import RelayStream
-from gateway.relay.stream import Quiet
+from gateway.relay.request import RelayRequest
 from gateway.upstream.pool import Upstream, UpstreamResponse
 
 log = logging.getLogger("gateway.relay")
@@ -89,40 +91,82 @@ async def first_output(
             return out, False, None
 
 
-async def attempt(
-    upstream: Upstream,
-    exchange: Exchange,
-    channel: Channel,
-    health: ChannelHealth,
-    quiet: Quiet | None,
-    stream: bool,
-    first_byte_timeout: float | None,
-    rid: str,
-) -> Answer:
-    """Send the exchange's call and read until there is something for the client: the whole
-    reply, or a stream's first output. Raises the gateway error of a failure before then.
+class Attempts:
+    """Runs one upstream attempt of a request (``run``), with the channel's health, the
+    first-byte timeout, and the attempt's trace span and failure metric."""
 
-    A stream whose upstream answered but stays quiet for the keep-alive interval (``quiet``,
-    woken by the keep-alive timer) is taken as it is, with nothing to send yet: its client
-    then gets keep-alives instead of a load balancer cutting it, and no other channel is
-    tried. Only a ``first_byte_timeout`` (the channel's own, else ``first_byte_timeout``)
-    costs a timer of its own."""
-    if channel.timeouts.first_byte is not None:
-        first_byte_timeout = channel.timeouts.first_byte
-    try:
-        if first_byte_timeout is None:
-            answer = await _answer(upstream, exchange, channel, health, quiet, stream, rid)
-        else:
-            async with asyncio.timeout(first_byte_timeout):
-                answer = await _answer(upstream, exchange, channel, health, quiet, stream, rid)
-    except TimeoutError:
-        failure = UpstreamTimeoutError(
-            f"the upstream sent nothing within {first_byte_timeout:g} s", retryable=True
+    __slots__ = ("upstream", "health", "first_byte_timeout", "observers")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        health: ChannelHealth,
+        first_byte_timeout: float | None,
+        observers: Observers,
+    ) -> None:
+        self.upstream = upstream
+        self.health = health
+        self.first_byte_timeout = first_byte_timeout
+        self.observers = observers
+
+    async def run(self, req: RelayRequest, exchange: Exchange, channel: Channel) -> Answer:
+        """Send the exchange's call and read until there is something for the client: the
+        whole reply, or a stream's first output. Raises the gateway error of a failure before
+        then (counted in the metrics as a failed attempt, and in the trace)."""
+        call = req.call
+        tracing = self.observers.tracing
+        span = (
+            None
+            if tracing is None
+            else tracing.attempt(call.span, channel, channel.upstream_model(call.model))
         )
-        health.failed(channel.name, failure, rid)
-        raise failure from None
-    health.succeeded(channel.name)
-    return answer
+        began = time.perf_counter()
+        try:
+            answer = await self._timed(req, exchange, channel)
+        except GatewayError as err:
+            if span is not None:
+                tracing.failed(span, type(err).__name__)  # type: ignore[union-attr]
+            observed = self.observers.observed
+            if observed is not None:
+                seconds = time.perf_counter() - began
+                observed.attempt_failed(
+                    call.model, call.endpoint, channel.name, err.status, seconds
+                )
+            raise
+        finally:
+            if span is not None:
+                span.end()
+        call.upstream_started = began
+        if answer.first:  # a stream's first output: the upstream's first chunk came
+            call.upstream_first = time.perf_counter() - began
+        return answer
+
+    async def _timed(self, req: RelayRequest, exchange: Exchange, channel: Channel) -> Answer:
+        """The attempt under its first-byte timeout.
+
+        A stream whose upstream answered but stays quiet for the keep-alive interval
+        (``req.quiet``, woken by the keep-alive timer) is taken as it is, with nothing to send
+        yet: its client then gets keep-alives instead of a load balancer cutting it, and no
+        other channel is tried. Only a ``first_byte_timeout`` (the channel's own, else the
+        gateway's) costs a timer of its own."""
+        timeout = self.first_byte_timeout
+        if channel.timeouts.first_byte is not None:
+            timeout = channel.timeouts.first_byte
+        health, rid = self.health, req.request_id
+        try:
+            if timeout is None:
+                answer = await _answer(self.upstream, exchange, channel, health, req)
+            else:
+                async with asyncio.timeout(timeout):
+                    answer = await _answer(self.upstream, exchange, channel, health, req)
+        except TimeoutError:
+            failure = UpstreamTimeoutError(
+                f"the upstream sent nothing within {timeout:g} s", retryable=True
+            )
+            health.failed(channel.name, failure, rid)
+            raise failure from None
+        health.succeeded(channel.name)
+        return answer
 
 
 async def _answer(
@@ -130,14 +174,13 @@ async def _answer(
     exchange: Exchange,
     target: Channel,
     health: ChannelHealth,
-    quiet: Quiet | None,
-    stream: bool,
-    rid: str,
+    req: RelayRequest,
 ) -> Answer:
+    rid, quiet = req.request_id, req.quiet
     resp = await open_attempt(upstream, exchange, target, health, rid)
     channel = target.name
     try:
-        if not stream:
+        if not req.stream:
             return Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
         relay_stream = exchange.stream(resp.headers)
         if quiet is None:

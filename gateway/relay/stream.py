@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
@@ -130,23 +130,30 @@ async def _send_last(send: Send, quiet: Quiet | None, body: bytes) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class Opened(Protocol):
+    """An attempt that answered with a stream (``relay.attempt.Answer``)."""
+
+    resp: UpstreamResponse
+    stream: RelayStream | None
+    first: bytes  # the stream's first output for the client, read already
+    ended: bool  # the stream ended with it
+    failure: GatewayError | None  # the error it ended with, in ``first``
+
+
 async def pump(
-    resp: UpstreamResponse,
-    stream: RelayStream,
-    first: bytes,
-    ended: bool,
-    failure: GatewayError | None,
+    opened: Opened,
     send: Send,
     settle: Callable[[int], Awaitable[None] | None],
     quiet: Quiet | None = None,
     request_id: bytes = b"",
 ) -> GatewayError | None:
-    """Relay the upstream's stream to the client through ``stream``, whose ``first`` output
-    (and whether the stream ``ended`` with it, and with which ``failure``) was read already;
-    ``settle(status)`` is called once, and what it returns awaited, before the last bytes
-    are sent. Returns the error that ended the stream early (already sent to the client in
-    its protocol's form), or None. ``quiet``: the stream's entry in the keep-alive timer,
-    if it has one; ``request_id`` goes out as ``x-request-id``."""
+    """Relay the upstream's stream to the client through ``opened.stream``, whose first
+    output was read already; ``settle(status)`` is called once, and what it returns awaited,
+    before the last bytes are sent. Returns the error that ended the stream early (already
+    sent to the client in its protocol's form), or None. ``quiet``: the stream's entry in the
+    keep-alive timer, if it has one; ``request_id`` goes out as ``x-request-id``."""
+    resp, stream, failure, ended = opened.resp, opened.stream, opened.failure, opened.ended
+    assert stream is not None
     await send(
         {
             "type": "http.response.start",
@@ -158,7 +165,7 @@ async def pump(
             ],
         }
     )
-    out = first  # converted, not yet sent: the last read's goes out with the end
+    out = opened.first  # converted, not yet sent: the last read's goes out with the end
     try:
         if failure is not None:
             raise failure

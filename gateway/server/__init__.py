@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import importlib
 import math
 import os
 import signal
 import tempfile
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import cast
 
-from gateway.config import Settings
+from gateway.config import Settings, load_settings
+from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.server.header_timeout import time_headers
 from gateway.server.hypercorn_mend import (
@@ -26,9 +28,7 @@ from gateway.server.hypercorn_mend import (
     limit_connections,
     mend_hypercorn,
 )
-
-if TYPE_CHECKING:
-    from gateway.app import GatewayApp
+from gateway.types import ASGIApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
 BACKLOG = 2048
@@ -36,7 +36,6 @@ BACKLOG = 2048
 # 2,049th concurrent stream away; a gateway holds thousands of long streams per worker
 GRANIAN_MAX_CONCURRENT = 65536
 APP_FACTORY = "gateway.app:create_app"
-LOG_FORMAT = "%(asctime)s %(levelname)s %(process)d %(message)s"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
 
 
@@ -60,16 +59,6 @@ def serve(
             _hypercorn(settings, host, port, workers)
 
 
-def configure_logging(settings: Settings) -> None:
-    """The log's level and line format, as ``logging:`` says: in the server's process, and
-    again in each worker process (``create_app()``), which starts with logging unset (a
-    spawned process inherits none of it). A process whose logging is set up already keeps
-    its handlers (``basicConfig`` adds none then); its level is set all the same."""
-    level = settings.logging.level.upper()
-    logging.basicConfig(level=level, format=LOG_FORMAT)
-    logging.getLogger().setLevel(level)
-
-
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     cfg = ServerConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
@@ -88,13 +77,12 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
         return
     from hypercorn.asyncio import serve as hypercorn_serve
 
-    from gateway.app import create_app
     from gateway.server.gc_tuning import tune_gc
 
     mend_hypercorn()
     limit_connections(settings.server.max_connections or default_connection_limit())
     time_headers(settings.server.header_timeout_seconds)
-    app = create_app(settings)
+    app = app_factory()(settings)
     tune_gc()  # as every other server's worker does in create_app()
 
     async def main() -> None:
@@ -108,7 +96,14 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     asyncio.run(main())
 
 
-def hypercorn_worker_app() -> GatewayApp:
+def app_factory() -> Callable[..., ASGIApp]:
+    """``create_app`` found by its path, as every server finds it in a worker: the server
+    layer knows the app only as an ASGI callable."""
+    module, _, name = APP_FACTORY.partition(":")
+    return cast(Callable[..., ASGIApp], getattr(importlib.import_module(module), name))
+
+
+def hypercorn_worker_app() -> ASGIApp:
     """The app of one of several hypercorn workers, each its own process (``mend_hypercorn``
     must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it.
 
@@ -116,14 +111,12 @@ def hypercorn_worker_app() -> GatewayApp:
     SIGTERM, then hypercorn's graceful shutdown, ``graceful_seconds``), and hypercorn's parent
     sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
     streams finish was killed there, streams, access-log lines and all."""
-    from gateway.app import create_app
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     mend_hypercorn()
-    app = create_app()
-    limit = app.state.gateway.settings.server.max_connections
-    limit_connections(limit or default_connection_limit())
-    time_headers(app.state.gateway.settings.server.header_timeout_seconds)
+    app = app_factory()()
+    server = load_settings().server
+    limit_connections(server.max_connections or default_connection_limit())
+    time_headers(server.header_timeout_seconds)
     return app
 
 

@@ -35,7 +35,7 @@ from wsgiref.handlers import format_date_time
 
 from hypercorn.config import Config
 
-from gateway.relay.call import new_request_id
+from gateway.edge.request_ids import new_request_id
 from gateway.server.h11_headers import speed_up
 
 log = logging.getLogger("gateway.server")

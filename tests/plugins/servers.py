@@ -19,7 +19,7 @@ import pytest
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from gateway.app import GatewayApp, GatewayState, create_app
+from gateway.app import GatewayApp, Services, create_app
 from gateway.config import Settings, parse_settings
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class ServedGateway:
     settings: Settings
 
     @property
-    def state(self) -> GatewayState:
+    def state(self) -> Services:
         return self.app.state.gateway  # type: ignore[no-any-return]
 
     @property

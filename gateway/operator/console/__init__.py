@@ -314,11 +314,11 @@ async def square(request: Request) -> Response:
         return found
     _, key = found
     state = request.app.state.gateway
-    groups = list(state.relay.catalogue.groups)  # the live catalogue: run-time groups too
+    groups = list(state.catalogue.current.groups)  # the live catalogue: run-time groups too
     group = key.group if key is not None else request.query_params.get("group") or groups[0]
     if group not in groups:
         return _error(404, f"no group {group!r}", "not_found")
-    models = state.relay.catalogue.group_models(group)
+    models = state.catalogue.current.group_models(group)
     if key is not None and key.models is not None:
         models = tuple(m for m in models if m.name in key.models)
     entries: list[JSON] = []
