@@ -49,7 +49,8 @@ from gateway.relay.attempt import Attempts
 from gateway.relay.call import CLIENT_GONE, Call
 from gateway.server import accept_errors
 from gateway.server.gc_tuning import collect_periodically, tune_gc
-from gateway.store import Store, open_store
+from gateway.store import Store
+from gateway.store.backends import open_store
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.catalogue import CatalogueRecords, view

@@ -31,7 +31,8 @@ from redis.exceptions import RedisError
 from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, ConfigError, Settings, load_settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.operator import accounts, catalogue
-from gateway.store import Account, KeyRecord, Store, StoreError, UsageRecord, open_store
+from gateway.store import Account, KeyRecord, Store, StoreError, UsageRecord
+from gateway.store.backends import open_store
 from gateway.store.catalogue import View, model_json
 from gateway.types import JSON
 

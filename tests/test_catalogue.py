@@ -11,8 +11,9 @@ import orjson
 import pytest
 
 from gateway.config import parse_settings
-from gateway.store import Store, open_store
+from gateway.store import Store
 from gateway.store import catalogue as store_catalogue
+from gateway.store.backends import open_store
 from gateway.store.catalogue import CHANNEL, CatalogueEdit, CatalogueRecords
 from gateway.store.catalogue import MODEL as MODEL_KIND
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app

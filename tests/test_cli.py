@@ -16,7 +16,8 @@ import orjson
 import pytest
 
 from gateway.cli import main
-from gateway.store import UsageRecord, open_store
+from gateway.store import UsageRecord
+from gateway.store.backends import open_store
 from tests.plugins.records import usage_record
 
 CONFIG = """\

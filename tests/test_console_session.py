@@ -125,7 +125,7 @@ def any_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 async def test_revoked_sessions_in_the_store_expire_by_themselves(any_store_url: str) -> None:
-    from gateway.store import open_store
+    from gateway.store.backends import open_store
 
     store: Store = open_store(any_store_url)
     await store.open()

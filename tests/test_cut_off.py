@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 
 from bench.fake_upstream import FakeUpstream
-from gateway.store import UsageRecord, open_store
+from gateway.store import UsageRecord
+from gateway.store.backends import open_store
 from tests.plugins.servers import KEYS, ServedGateway
 from tests.test_sdk_matrix import TARGETS, Target
 

@@ -264,16 +264,3 @@ class Store(Protocol):
         (channel -> until, in milliseconds since the epoch; a later time wins) and return
         every cooldown not over at ``now``, forgetting those that are."""
         ...
-
-
-def open_store(url: str) -> Store:
-    """The backend for a store URL (not yet opened)."""
-    if url.startswith("sqlite:///"):
-        from gateway.store.sqlite import SQLiteStore
-
-        return SQLiteStore(url)
-    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
-        from gateway.store.redis import RedisStore
-
-        return RedisStore(url)
-    raise ValueError(f"unsupported store URL: {url}")

@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from gateway.store import Store, UsageRecord, open_store
+from gateway.store import Store, UsageRecord
+from gateway.store.backends import open_store
 from tests.plugins.servers import KEYS, make_config
 
 KEY = KEYS["alice"]

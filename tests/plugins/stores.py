@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.store import Store, open_store
+from gateway.store import Store
+from gateway.store.backends import open_store
 
 REDIS_ENV = "GATEWAY_TEST_REDIS"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
