@@ -6,9 +6,8 @@ import asyncio
 import gc
 import weakref
 
-import pytest
-
 from gateway.edge.asgi import WATCH_TICK, Watchlist
+from gateway.edge.interrupt import CLIENT_GONE, Interrupt
 
 
 async def test_a_departing_client_cancels_the_request_task() -> None:
@@ -18,21 +17,22 @@ async def test_a_departing_client_cancels_the_request_task() -> None:
         await gone.wait()
         return {"type": "http.disconnect"}
 
-    async def request() -> None:
-        watch = Watchlist().watch(receive, 0.0)
+    async def request() -> str:
+        interrupt = Interrupt(asyncio.current_task())
+        watch = Watchlist().watch(receive, 0.0, interrupt)
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
-            assert watch.client_gone()
-            raise
+            assert interrupt.absorb(CLIENT_GONE)
+            return "stopped: client gone"
         finally:
             watch.stop()
+        return "slept"
 
     task = asyncio.create_task(request())
     await asyncio.sleep(0)
     gone.set()
-    with pytest.raises(asyncio.CancelledError):
-        await asyncio.wait_for(task, 2)
+    assert await asyncio.wait_for(task, 2) == "stopped: client gone"
 
 
 async def test_a_stopped_watcher_is_freed_without_a_garbage_collection() -> None:
@@ -46,7 +46,7 @@ async def test_a_stopped_watcher_is_freed_without_a_garbage_collection() -> None
 
     gc.disable()
     try:
-        watch = Watchlist().watch(receive, 0.0)
+        watch = Watchlist().watch(receive, 0.0, Interrupt(asyncio.current_task()))
         watcher = weakref.ref(watch._watcher)  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the watcher now waits in receive()
         watch.stop()
@@ -68,8 +68,9 @@ async def test_a_watch_starts_after_its_delay_and_a_stopped_one_never_does() -> 
         return {"type": "http.disconnect"}
 
     watchlist = Watchlist()
-    late = watchlist.watch(receive, 0.2)
-    early = watchlist.watch(receive, 0.2)
+    interrupt = Interrupt(asyncio.current_task())
+    late = watchlist.watch(receive, 0.2, interrupt)
+    early = watchlist.watch(receive, 0.2, interrupt)
     early.stop()  # a request that ended before its delay
     await asyncio.sleep(0.1)
     assert calls == [] and late._watcher is None
@@ -90,7 +91,8 @@ async def test_watches_of_two_delays_start_each_after_its_own() -> None:
 
     watchlist = Watchlist()
     t0 = asyncio.get_running_loop().time()
-    watches = [watchlist.watch(receive, 0.3), watchlist.watch(receive, 0.1)]
+    interrupt = Interrupt(asyncio.current_task())
+    watches = [watchlist.watch(receive, 0.3, interrupt), watchlist.watch(receive, 0.1, interrupt)]
     await asyncio.sleep(0.3 + 2 * WATCH_TICK)
     assert len(started) == 2
     assert 0.1 <= started[0] - t0 < 0.3 <= started[1] - t0

@@ -10,10 +10,10 @@ import asyncio
 import heapq
 import time
 from collections import deque
-from typing import Any
 
 import orjson
 
+from gateway.edge.interrupt import BODY_LATE, CLIENT_GONE, Interrupt
 from gateway.errors import (
     GatewayError,
     InvalidRequestError,
@@ -73,8 +73,9 @@ def forwarded_headers(headers: Headers) -> dict[str, str]:
 async def read_body(
     receive: Receive, limit: int, declared: bytes | None, reading: BodyRead | None = None
 ) -> bytes:
-    """The whole request body; 413 past ``limit`` (checked against Content-Length first);
-    408 when ``reading`` (``BodyDeadlines.begin``) ran out of time."""
+    """The whole request body; 413 past ``limit`` (checked against Content-Length first).
+    ``reading`` (``BodyDeadlines.begin``) is told of what arrived; when it runs out of time it
+    interrupts the request (``BODY_LATE``: 408)."""
     if declared is not None:
         try:
             if int(declared) > limit:
@@ -104,10 +105,6 @@ async def read_body(
             if not message.get("more_body", False):
                 break
             message = await receive()
-    except asyncio.CancelledError:
-        if reading is not None and reading.timed_out():
-            raise too_slow() from None
-        raise
     finally:
         if reading is not None:
             reading.finish()
@@ -121,33 +118,22 @@ def too_slow() -> RequestTimeoutError:
 class BodyRead:
     """One request's body being read, as ``BodyDeadlines`` watches it."""
 
-    __slots__ = ("task", "started", "received", "done", "_expired")
+    __slots__ = ("interrupt", "started", "received", "done")
 
-    def __init__(self, task: asyncio.Task[Any] | None, started: float) -> None:
-        self.task = task
+    def __init__(self, interrupt: Interrupt, started: float) -> None:
+        self.interrupt: Interrupt | None = interrupt
         self.started = started
         self.received = 0
         self.done = False
-        self._expired = False
 
     def finish(self) -> None:
-        """The body is read (or will never be): nothing to watch, no task to hold on to."""
+        """The body is read (or will never be): nothing to watch, nothing to interrupt."""
         self.done = True
-        self.task = None
+        self.interrupt = None
 
     def expire(self) -> None:
-        self._expired = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def timed_out(self) -> bool:
-        """After a CancelledError: True (and the cancellation absorbed) when the deadline
-        caused it."""
-        if not self._expired:
-            return False
-        if self.task is not None:
-            self.task.uncancel()
-        return True
+        if self.interrupt is not None:
+            self.interrupt.fire(BODY_LATE)
 
 
 class BodyDeadlines:
@@ -170,12 +156,12 @@ class BodyDeadlines:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seq = 0
 
-    def begin(self) -> BodyRead | None:
-        """Watch the calling task's body (None: no timeout configured)."""
+    def begin(self, interrupt: Interrupt) -> BodyRead | None:
+        """Watch a request's body, interrupting it when late (None: no timeout configured)."""
         if self.timeout <= 0:
             return None
         now = time.monotonic()
-        reading = BodyRead(asyncio.current_task(), now)
+        reading = BodyRead(interrupt, now)
         self._fresh.append((now + self.timeout, reading))
         loop = asyncio.get_running_loop()
         if self._timer is None or self._loop is not loop:
@@ -217,21 +203,20 @@ def parse_json(raw: bytes) -> JSON:
 
 
 class DisconnectWatch:
-    """Cancels the request's task when its client disconnects (ASGI 2.1 only reports that on
-    ``receive``), once started: by ``Watchlist``, after a delay, so that quick calls never
-    pay for a watching task."""
+    """Interrupts a request (``CLIENT_GONE``) when its client disconnects (ASGI 2.1 only
+    reports that on ``receive``), once started: by ``Watchlist``, after a delay, so that quick
+    calls never pay for a watching task."""
 
-    __slots__ = ("gone", "_receive", "_task", "_watcher")
+    __slots__ = ("_receive", "_interrupt", "_watcher")
 
-    def __init__(self, receive: Receive) -> None:
-        self.gone = False
+    def __init__(self, receive: Receive, interrupt: Interrupt) -> None:
         self._receive: Receive | None = receive
-        self._task = asyncio.current_task()
+        self._interrupt: Interrupt | None = interrupt
         self._watcher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """Start watching, unless stopped already."""
-        if self._task is not None and self._watcher is None:
+        if self._interrupt is not None and self._watcher is None:
             self._watcher = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -240,30 +225,20 @@ class DisconnectWatch:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                self.gone = True
-                if self._task is not None:
-                    self._task.cancel()
+                if self._interrupt is not None:
+                    self._interrupt.fire(CLIENT_GONE)
                 return
 
     def stop(self) -> None:
         """Stop watching, or never start. The references are dropped too: a cancelled watcher
         keeps its CancelledError, whose traceback holds the watcher's frame and so this
-        object; left pointing back at the task, that cycle outlives the request until a full
-        collection, and full collections of a large heap stalled the event loop."""
+        object; left pointing back at the request, that cycle outlives the request until a
+        full collection, and full collections of a large heap stalled the event loop."""
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        self._task = None
+        self._interrupt = None
         self._receive = None
-
-    def client_gone(self) -> bool:
-        """After a CancelledError: True (and the cancellation absorbed) when it came from
-        the client going away; False when it is a real cancellation to pass on."""
-        if not self.gone:
-            return False
-        if self._task is not None:
-            self._task.uncancel()
-        return True
 
 
 class Watchlist:
@@ -279,9 +254,9 @@ class Watchlist:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def watch(self, receive: Receive, delay: float) -> DisconnectWatch:
-        """A watch for the calling task, started after ``delay`` seconds (``<= 0``: at once)."""
-        watch = DisconnectWatch(receive)
+    def watch(self, receive: Receive, delay: float, interrupt: Interrupt) -> DisconnectWatch:
+        """A watch of a request, started after ``delay`` seconds (``<= 0``: at once)."""
+        watch = DisconnectWatch(receive, interrupt)
         if delay <= 0:
             watch.start()
             return watch

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import Channel
+from gateway.edge.interrupt import UPSTREAM_QUIET
 from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.kinds.base import Exchange, Reply
 from gateway.observe.observers import Observers
@@ -190,10 +191,11 @@ async def _answer(
         try:
             found = await first_output(resp, exchange, relay_stream)
         except asyncio.CancelledError:
-            if quiet.stop_waiting(True):
+            quiet.stop_waiting()
+            if req.interrupt.absorb(UPSTREAM_QUIET):
                 return Answer(resp, stream=relay_stream)  # quiet, not failed
             raise
-        quiet.stop_waiting(False)
+        quiet.stop_waiting()
         return Answer(resp, None, relay_stream, *found)
     except GatewayError as err:
         resp.close()

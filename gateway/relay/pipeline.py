@@ -33,6 +33,7 @@ from gateway.edge.asgi import (
     send_error,
     too_slow,
 )
+from gateway.edge.interrupt import BODY_LATE, CLIENT_GONE, Interrupt
 from gateway.edge.request_ids import request_ids
 from gateway.edge.routes import RouteSpec
 from gateway.errors import (
@@ -51,7 +52,8 @@ from gateway.policy.routing import LiveCatalogue, candidates
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, Attempts
-from gateway.relay.call import CLIENT_GONE, Call
+from gateway.relay.call import CLIENT_GONE as CLIENT_GONE_STATUS
+from gateway.relay.call import Call
 from gateway.relay.request import RelayRequest
 from gateway.relay.stream import KeepAlive, pump
 from gateway.store import MICRO
@@ -112,7 +114,8 @@ class Relay:
         )
         if observers.tracing is not None:
             call.span = observers.tracing.request(kind.name)
-        reading = self.bodies.begin()
+        interrupt = Interrupt(asyncio.current_task())
+        reading = self.bodies.begin(interrupt)
         read = False  # the body is read: the connection may serve another request after this
         client = CLIENTS[spec.protocol]
         try:
@@ -123,7 +126,7 @@ class Relay:
             )  # fmt: skip
             job = await kind.read(incoming)
             read = True
-            req, channels = self._admit(kind, job, call, headers, receive, send)
+            req, channels = self._admit(kind, job, call, headers, interrupt, receive, send)
             await self._attempts(req, channels)
         except GatewayError as err:
             call.set_status(err.status)
@@ -131,21 +134,26 @@ class Relay:
                 # refused before its body was read (a bad key, too large, too slow): the
                 # connection ends with the reply instead of waiting for the rest
                 await send_error(send, client, err, call.reply_id, not read)
-        except ClientGone:
-            call.set_status(CLIENT_GONE)
+        except ClientGone:  # seen on the body's receive
+            call.set_status(CLIENT_GONE_STATUS)
         except asyncio.CancelledError:
-            if reading is None or not reading.timed_out():
-                call.set_status(CLIENT_GONE)
+            # the one place a request's interrupt is read for the causes that end it
+            if interrupt.absorb(BODY_LATE):  # the upload stopped arriving, even mid-relay
+                call.set_status(408)
+                if not call.responded:
+                    await send_error(send, client, too_slow(), call.reply_id, True)
+            elif interrupt.absorb(CLIENT_GONE):
+                call.set_status(CLIENT_GONE_STATUS)
+            else:  # not ours: the server is shutting down
+                call.set_status(CLIENT_GONE_STATUS)
                 raise
-            call.set_status(408)  # an upload that stopped arriving while it streamed
-            if not call.responded:
-                await send_error(send, client, too_slow(), call.reply_id, True)
         except Exception:
             log.exception("relay.unexpected request_id=%s", call.request_id)
             call.set_status(500)
             if not call.responded:
                 await send_error(send, client, InternalError("internal error"), call.reply_id)
         finally:
+            interrupt.release()
             if reading is not None:
                 reading.finish()
             if not call.recorded:
@@ -159,6 +167,7 @@ class Relay:
         job: Any,
         call: Call,
         headers: dict[bytes, bytes],
+        interrupt: Interrupt,
         receive: Receive,
         send: Send,
     ) -> tuple[RelayRequest, list[Channel]]:
@@ -201,17 +210,16 @@ class Relay:
             tool_namespaces=route.tool_namespaces,
         )
         req = RelayRequest(
-            kind, job, model, rate, call, ctx, forwarded_headers(headers), receive, send,
-            bool(route.stream),
+            kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,
+            send, bool(route.stream),
         )  # fmt: skip
         return req, channels
 
     async def _attempts(self, req: RelayRequest, channels: list[Channel]) -> None:
         """Try the channels in order until one answers, and relay its reply."""
         call = req.call
-        watch = self.watchlist.watch(
-            req.receive, STREAM_WATCH_DELAY if req.stream else REPLY_WATCH_DELAY
-        )
+        delay = STREAM_WATCH_DELAY if req.stream else REPLY_WATCH_DELAY
+        watch = self.watchlist.watch(req.receive, delay, req.interrupt)
         try:
             last: GatewayError | None = None
             for i, channel in enumerate(channels):
@@ -224,7 +232,7 @@ class Relay:
                     await self._reply_local(exchange, req)
                     return
                 if req.stream and req.quiet is None:
-                    req.quiet = self.keepalive.open(req.send, exchange.keepalive)
+                    req.quiet = self.keepalive.open(req.send, exchange.keepalive, req.interrupt)
                 try:
                     answer = await self.attempts.run(req, exchange, channel)
                 except GatewayError as err:
@@ -242,10 +250,6 @@ class Relay:
                     answer.resp.close()
                 return
             raise last if last is not None else UpstreamUnavailableError("no channel answered")
-        except asyncio.CancelledError:
-            if not watch.client_gone():
-                raise
-            raise ClientGone() from None
         finally:
             self.keepalive.close(req.quiet)
             watch.stop()

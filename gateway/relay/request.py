@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import Model
+from gateway.edge.interrupt import Interrupt
 from gateway.kinds.base import Kind
 from gateway.policy.billing import Rate
 from gateway.protocols.base import Ctx
@@ -29,6 +30,7 @@ class RelayRequest:
     call: Call  # the usage record as it fills in
     ctx: Ctx  # what the adapters may know of the request (ids, model name, usage wanted)
     client_headers: dict[str, str]  # the client's headers an upstream gets (anthropic-beta)
+    interrupt: Interrupt  # how the request's timers stop it, and why
     receive: Receive = field(repr=False)
     send: Send = field(repr=False)
     stream: bool = False

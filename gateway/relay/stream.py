@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
@@ -33,35 +34,27 @@ STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 class Quiet:
     """One open stream as the keep-alive timer sees it."""
 
-    __slots__ = ("send", "data", "task", "last", "sending", "ping", "done", "waiting", "woken")
+    __slots__ = ("send", "data", "interrupt", "last", "sending", "ping", "done", "waiting")
 
-    def __init__(self, send: Send, data: bytes, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, send: Send, data: bytes, interrupt: Interrupt | None) -> None:
         self.send = send
         self.data = data  # the protocol's keep-alive
-        self.task = task  # the request's, woken when its first output is long in coming
+        # the request's, fired when its first output is long in coming (``UPSTREAM_QUIET``)
+        self.interrupt = interrupt
         self.last = time.monotonic()  # when the client was last sent something
         self.sending = False  # the stream's own send is under way
         self.ping: asyncio.Task[None] | None = None  # a keep-alive under way
         self.done = False  # the stream sent its last bytes: nothing more may follow
         self.waiting = False  # for the upstream's first output: no response started yet
-        self.woken = False  # the timer cancelled the wait (``stop_waiting`` absorbs it)
 
     def wait(self) -> None:
         """The first output is awaited from here on."""
         self.waiting = True
         self.last = time.monotonic()
 
-    def stop_waiting(self, cancelled: bool) -> bool:
-        """The wait ended; True when it ended because this timer woke it (the cancellation
-        is then absorbed: the stream goes on, quiet)."""
+    def stop_waiting(self) -> None:
         self.waiting = False
         self.last = time.monotonic()  # no keep-alive before the response has started
-        if cancelled and self.woken:
-            self.woken = False
-            if self.task is not None:
-                self.task.uncancel()
-            return True
-        return False
 
 
 class KeepAlive:
@@ -77,10 +70,10 @@ class KeepAlive:
         self._open: set[Quiet] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def open(self, send: Send, data: bytes) -> Quiet | None:
+    def open(self, send: Send, data: bytes, interrupt: Interrupt) -> Quiet | None:
         if not data:
             return None  # a stream without keep-alives (binary audio)
-        quiet = Quiet(send, data, asyncio.current_task())
+        quiet = Quiet(send, data, interrupt)
         self._open.add(quiet)
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
@@ -89,7 +82,7 @@ class KeepAlive:
     def close(self, quiet: Quiet | None) -> None:
         if quiet is not None:
             quiet.done = True
-            quiet.task = None
+            quiet.interrupt = None
             self._open.discard(quiet)
 
     def _tick(self) -> None:
@@ -99,9 +92,8 @@ class KeepAlive:
             if now - quiet.last < self.interval:
                 continue
             if quiet.waiting:
-                if not quiet.woken and quiet.task is not None:
-                    quiet.woken = True
-                    quiet.task.cancel()
+                if quiet.interrupt is not None:
+                    quiet.interrupt.fire(UPSTREAM_QUIET)
             elif not quiet.sending and quiet.ping is None:
                 quiet.ping = asyncio.create_task(self._ping(quiet))
         if self._open:
