@@ -57,6 +57,7 @@ from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
+from gateway.upstream import UpstreamPool
 from gateway.upstream.pool import Upstream
 
 log = logging.getLogger("gateway.app")
@@ -71,7 +72,7 @@ class Services:
     store: Store
     cache: Cache
     writer: UsageWriter
-    upstream: Upstream
+    upstream: UpstreamPool
     catalogue: LiveCatalogue  # the catalogue requests are served on, swapped whole
     gate: Gate  # authenticates client requests; ``ready`` once the store answered
     health: ChannelHealth  # this instance's view of each channel, shared through the store
@@ -292,18 +293,21 @@ class GatewayApp:
             call.served_elsewhere(self.observers.observed, self.observers.access)
 
 
-def create_app(settings: Settings | None = None) -> GatewayApp:
+def create_app(
+    settings: Settings | None = None, upstream: UpstreamPool | None = None
+) -> GatewayApp:
     """The composition root: every service built once, each handler given what it uses.
     With no settings, as a server's worker process builds it from ``GATEWAY_CONFIG``, the
     worker's logging is set up as the config says and its garbage collector is tuned
-    (``gc_tuning``)."""
+    (``gc_tuning``). ``upstream``: the pool upstream calls go through (the aiohttp pool; tests
+    hand a scripted one)."""
     if settings is None:
         settings = load_settings()
         configure_logging(settings)  # a worker process: the server's set-up was in its parent
         built = create_app(settings)
         tune_gc()
         return built
-    services = build_services(settings)
+    services = build_services(settings, upstream or Upstream(settings.upstream))
     attempts = Attempts(
         services.upstream,
         services.health,
@@ -325,7 +329,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     return GatewayApp(app, relay, services)
 
 
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
     store = open_store(settings.store)
     cache = Cache(store)
     observers = Observers.configured(settings)
@@ -335,7 +339,7 @@ def build_services(settings: Settings) -> Services:
         store,
         cache,
         UsageWriter(store, cache, journal=Journal(settings.journal, settings.store)),
-        Upstream(settings.upstream),
+        upstream,
         catalogue,
         Gate(settings, cache),
         ChannelHealth(settings.upstream.cooldown_seconds),

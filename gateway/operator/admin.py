@@ -49,7 +49,7 @@ from gateway.errors import (
 from gateway.operator import accounts, catalogue, console, usage_query
 from gateway.store import Store, StoreError
 from gateway.types import JSON
-from gateway.upstream.pool import Upstream
+from gateway.upstream import UpstreamPool
 
 log = logging.getLogger("gateway.admin")
 
@@ -92,7 +92,7 @@ class AdminState(Protocol):
     @property
     def writer(self) -> Flushable: ...
     @property
-    def upstream(self) -> Upstream: ...
+    def upstream(self) -> UpstreamPool: ...
 
 
 Handler = Callable[[Request, AdminState], Awaitable[Response]]

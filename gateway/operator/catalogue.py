@@ -53,7 +53,7 @@ from gateway.store.catalogue import (
     view,
 )
 from gateway.types import JSON, ChatRequest
-from gateway.upstream.pool import Upstream
+from gateway.upstream import UpstreamPool
 
 CHANNEL_TEST_TIMEOUT = 30.0  # seconds a channel test waits for the upstream's whole reply
 TEST_PROMPT = "ping"
@@ -323,7 +323,7 @@ def _redacted(message: str, secret: str) -> str:
 
 
 async def try_channel(
-    store: Store, settings: Settings, upstream: Upstream, name: str
+    store: Store, settings: Settings, upstream: UpstreamPool, name: str
 ) -> dict[str, JSON]:
     """One one-token chat to the channel's first chat model, through the process's upstream
     pool and the channel type's adapter: ``{ok, status, latency_ms, error?}``. Not billed and

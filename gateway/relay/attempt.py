@@ -23,7 +23,7 @@ from gateway.observe.observers import Observers
 from gateway.policy.health import ChannelHealth
 from gateway.protocols.base import RelayStream
 from gateway.relay.request import RelayRequest
-from gateway.upstream.pool import Upstream, UpstreamResponse
+from gateway.upstream import UpstreamPool, UpstreamReply
 
 log = logging.getLogger("gateway.relay")
 
@@ -32,7 +32,7 @@ log = logging.getLogger("gateway.relay")
 class Answer:
     """What an attempt that succeeded holds: a whole reply, or a stream and its first output."""
 
-    resp: UpstreamResponse
+    resp: UpstreamReply
     reply: Reply | None = None
     stream: RelayStream | None = None
     first: bytes = b""  # the stream's first output for the client
@@ -41,8 +41,8 @@ class Answer:
 
 
 async def open_attempt(
-    upstream: Upstream, exchange: Exchange, target: Channel, health: ChannelHealth, rid: str
-) -> UpstreamResponse:
+    upstream: UpstreamPool, exchange: Exchange, target: Channel, health: ChannelHealth, rid: str
+) -> UpstreamReply:
     """The upstream's response once its status is known and is a success."""
     assert exchange.call is not None
     channel = target.name
@@ -72,7 +72,7 @@ async def open_attempt(
 
 
 async def first_output(
-    resp: UpstreamResponse, exchange: Exchange, stream: RelayStream
+    resp: UpstreamReply, exchange: Exchange, stream: RelayStream
 ) -> tuple[bytes, bool, GatewayError | None]:
     """Read the upstream's stream until it gives the client something: (bytes, ended, the
     error it ended with). An error before any output raises; one that came after output in
@@ -100,7 +100,7 @@ class Attempts:
 
     def __init__(
         self,
-        upstream: Upstream,
+        upstream: UpstreamPool,
         health: ChannelHealth,
         first_byte_timeout: float | None,
         observers: Observers,
@@ -171,7 +171,7 @@ class Attempts:
 
 
 async def _answer(
-    upstream: Upstream,
+    upstream: UpstreamPool,
     exchange: Exchange,
     target: Channel,
     health: ChannelHealth,

@@ -25,7 +25,7 @@ from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
 from gateway.errors import GatewayError
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
-from gateway.upstream.pool import UpstreamResponse
+from gateway.upstream import UpstreamReply
 
 # a reverse proxy in front (nginx) must not buffer a stream
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
@@ -125,7 +125,7 @@ async def _send_last(send: Send, quiet: Quiet | None, body: bytes) -> None:
 class Opened(Protocol):
     """An attempt that answered with a stream (``relay.attempt.Answer``)."""
 
-    resp: UpstreamResponse
+    resp: UpstreamReply
     stream: RelayStream | None
     first: bytes  # the stream's first output for the client, read already
     ended: bool  # the stream ended with it

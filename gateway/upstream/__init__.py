@@ -1,1 +1,44 @@
-"""The upstream side: the aiohttp pool, the one place aiohttp errors become gateway errors."""
+"""The upstream side: what the relay needs of an upstream (``UpstreamPool``, ``UpstreamReply``)
+and the aiohttp pool that provides it (``pool``), the one place aiohttp errors become gateway
+errors. Tests hand the app a scripted pool instead (``create_app(upstream=...)``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Mapping
+from typing import Protocol
+
+from gateway.config import ChannelTimeouts
+from gateway.protocols.base import UpstreamCall
+
+
+class UpstreamReply(Protocol):
+    """An upstream's reply whose status and headers arrived; its reads raise only
+    ``GatewayError`` (a failure after the status is never retried elsewhere)."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    async def read(self) -> bytes:
+        """The whole body."""
+        ...
+
+    async def chunk(self) -> bytes:
+        """The next piece of the body as it arrived; b"" at its end."""
+        ...
+
+    def at_eof(self) -> bool: ...
+    def close(self) -> None: ...
+
+
+class UpstreamPool(Protocol):
+    """Sends upstream calls; raises only ``GatewayError``."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def request(
+        self,
+        call: UpstreamCall,
+        upload: AsyncIterable[bytes] | None = None,
+        timeouts: ChannelTimeouts | None = None,
+    ) -> UpstreamReply: ...
