@@ -7,7 +7,7 @@ CONFIG  ?= config/gateway.yaml
 # tests use a Redis database number of their own
 TEST_REDIS ?= redis://127.0.0.1:6379/13
 
-.PHONY: install run test lint typecheck bench bench-peers soak fixtures clean
+.PHONY: install run test test-fast lint typecheck bench bench-peers soak fixtures clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,12 @@ test: install
 	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)
 	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q
+
+# the inner loop: everything that runs in process (conversions, adapters, the pipeline with a
+# scripted upstream, both stores, the pure modules); no served gateway, process or browser
+test-fast: install
+	@bash tests/ensure_redis.sh $(TEST_REDIS)
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m "not served"
 
 lint: install
 	$(VENV)/bin/ruff check gateway tests bench

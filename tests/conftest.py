@@ -1,3 +1,47 @@
-"""Shared fixtures: stores (tests/plugins/stores.py) and served apps (tests/plugins/servers.py)."""
+"""Shared fixtures: stores (tests/plugins/stores.py), served apps (tests/plugins/servers.py)
+and the app in process (tests/plugins/inprocess.py).
+
+Every test that needs a served gateway, a spawned process or a browser is marked ``served``
+here, so that ``make test-fast`` (``pytest -m "not served"``) runs the rest: conversions,
+adapters, the pipeline in process, the stores, the pure modules."""
+
+from __future__ import annotations
+
+import pytest
 
 pytest_plugins = ["tests.plugins.stores", "tests.plugins.servers", "tests.plugins.inprocess"]
+
+# fixtures that serve a gateway or start a process
+SERVED_FIXTURES = frozenset({"gateway", "gateway_factory", "fake", "redis_cluster", "cluster_url"})
+# modules whose tests start processes, servers or browsers of their own
+SERVED_MODULES = frozenset(
+    {
+        "test_abuse",
+        "test_agents_sdk",
+        "test_bench_clock_scaled",
+        "test_bench_embeddings",
+        "test_bench_gc_probe",
+        "test_cluster_gateway",
+        "test_codex_cli",
+        "test_console_browser",
+        "test_deploy",
+        "test_instances",
+        "test_kill",
+        "test_load_balancer",
+        "test_privacy",
+        "test_readyz",
+        "test_schemathesis",
+        "test_server",
+        "test_store_outage",
+        "test_upload_memory",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    served = pytest.mark.served
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if item.module else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SERVED_MODULES or fixtures & SERVED_FIXTURES:
+            item.add_marker(served)

@@ -29,10 +29,10 @@ from gateway.store import (
     UsageRecord,
     hash_key,
     key_hint,
-    open_store,
 )
 from gateway.store import redis as rstore
 from gateway.store import writer as writer_module
+from gateway.store.backends import open_store
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait
 from gateway.store.sqlite import SQLiteStore
