@@ -143,8 +143,12 @@ def test_expiring_credentials_are_refreshed_off_the_event_loop() -> None:
     def fetch() -> dict[str, str]:
         calls.append(1)
         expiry = datetime.now(UTC) + timedelta(hours=len(calls) - 1)  # the first is stale
-        return {"access_key": KEY, "secret_key": SECRET, "token": f"t{len(calls)}",
-                "expiry_time": expiry.isoformat()}  # fmt: skip
+        return {
+            "access_key": KEY,
+            "secret_key": SECRET,
+            "token": f"t{len(calls)}",
+            "expiry_time": expiry.isoformat(),
+        }
 
     credentials = RefreshableCredentials.create_from_metadata(fetch(), fetch, "test")
     signer = Signer(credentials, "us-east-1")
