@@ -205,3 +205,60 @@ def test_every_case_is_complete() -> None:
         else:
             expected.add("upstream_response.json")
         assert names - {"meta.json"} == expected, path
+
+
+# no reply or stream of any shape makes a decoder fail with anything but a gateway error -----
+ODD = (None, True, -1, 2.5, "x", [], {}, [{}])
+
+
+def places(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in a JSON value where a field or an item sits."""
+    out: list[tuple[Any, ...]] = []
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, inner in items:
+            out.append((*prefix, key))
+            out.extend(places(inner, (*prefix, key)))
+    return out
+
+
+def replaced(value: Any, place: tuple[Any, ...], new: Any) -> Any:
+    copy = orjson.loads(orjson.dumps(value))
+    target = copy
+    for key in place[:-1]:
+        target = target[key]
+    target[place[-1]] = new
+    return copy
+
+
+def reply_cases() -> list[Any]:
+    return [p for p in cases() if (p.values[0] / "upstream_response.json").exists()]
+
+
+@pytest.mark.parametrize("path", reply_cases())
+def test_a_reply_of_any_shape_is_a_gateway_error_at_worst(path: Path) -> None:
+    c = Case(path)
+    payload = load(path / "upstream_response.json")
+    for place in places(payload):
+        for value in ODD:
+            odd = replaced(payload, place, value)
+            try:
+                if c.passthrough:
+                    cast(Passthrough, c.upstream).passthrough_response(odd, c.ctx)
+                else:
+                    c.client.encode_response(c.upstream.decode_response(odd), c.ctx)
+            except GatewayError as err:
+                assert err.status >= 500, (place, value, err.message)
+
+
+@pytest.mark.parametrize("path", stream_cases())
+def test_a_stream_of_any_shape_is_a_gateway_error_at_worst(path: Path) -> None:
+    """Each field of each event replaced by a value of another type: the stream ends in a
+    gateway error sent to the client, or completes (``run_stream`` lets nothing else by)."""
+    c = Case(path)
+    events = load(path / "upstream_response.events.json")
+    for place in places(events):
+        if len(place) < 3:
+            continue  # an event's name is its framing's, not JSON
+        for value in ODD:
+            run_stream(c, event_stream(replaced(events, place, value)))
