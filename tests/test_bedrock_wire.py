@@ -120,7 +120,13 @@ def test_credentials_from_the_environment_chain(
     for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.setenv(name, str(tmp_path / "absent"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    for name in ("AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_ROLE_ARN"):
+    for name in (
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
