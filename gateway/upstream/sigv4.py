@@ -109,7 +109,9 @@ class Signer:
             request.headers[name] = value
         canonical = auth.canonical_request(request)
         signature = auth.signature(auth.string_to_sign(request, canonical), request)
-        signed = auth.signed_headers(auth.headers_to_sign(request))
+        # the canonical request's last lines are the signed header names and the payload's
+        # hash (SigV4's fixed layout): read, not computed again
+        signed = canonical.rsplit("\n", 2)[1]
         added["Authorization"] = (
             f"{ALGORITHM} Credential={auth.scope(request)}, "
             f"SignedHeaders={signed}, Signature={signature}"
