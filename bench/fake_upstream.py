@@ -1,9 +1,10 @@
-"""The bundled fake upstream: OpenAI, Anthropic and Gemini wire formats on one port.
+"""The bundled fake upstream: OpenAI, Anthropic, Gemini and AWS Bedrock wire formats on one port.
 
     python -m bench.fake_upstream [--host 127.0.0.1] [--port 9001] [--require-key K]
                                   [--chunks N] [--first-ms X] [--delay-ms Y]
 
-Serves the demo channels of ``make run`` (openai at ``/v1``, anthropic and gemini at the root)
+Serves the demo channels of ``make run`` (openai at ``/v1``, anthropic, gemini and bedrock at
+the root; bedrock requests must be signed with SigV4 by ``bench.fake.aws_auth``'s test key)
 and the benchmarks' paced streams. In tests: ``async with FakeUpstream() as fake`` (see
 ``bench.fake``). Prints one line once listening; nothing per request.
 """

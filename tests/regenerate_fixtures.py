@@ -1,4 +1,6 @@
-"""Rewrite the conversion fixtures' golden files from what the gateway writes now.
+"""Rewrite the conversion fixtures' golden files from what the gateway writes now: the tree of
+tests/fixtures/conversion and that of bedrock channels' protocols, tests/fixtures/bedrock
+(whose streams also keep the usage read, ``usage.json``).
 
     python -m tests.regenerate_fixtures [--check] [PAIR_OR_CASE ...]      (make fixtures)
 
@@ -15,23 +17,41 @@ cases whose ``<pair>/<case>`` path contains one of them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-from tests.test_conversion import ROOT, case_dirs, outputs
+from tests import test_bedrock_conversion, test_conversion
 
 GOLDEN = (
     "upstream_request.json",
     "client_response.json",
     "client_response.sse",
     "client_error.json",
+    "usage.json",
 )
+TREES = (test_conversion, test_bedrock_conversion)  # tests/fixtures/conversion, .../bedrock
 
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     wanted = [a for a in argv if a != "--check"]
     changed = 0
-    for path in case_dirs():
-        rel = path.relative_to(ROOT).as_posix()
+    for tree in TREES:
+        changed += _regenerate(tree.ROOT, tree.case_dirs(), tree.outputs, wanted, check)
+    print(f"{changed} file(s) {'would change' if check else 'written'}")
+    return 1 if check and changed else 0
+
+
+def _regenerate(
+    root: Path,
+    paths: list[Path],
+    outputs: Callable[[Path], dict[str, bytes]],
+    wanted: list[str],
+    check: bool,
+) -> int:
+    changed = 0
+    for path in paths:
+        rel = path.relative_to(root).as_posix()
         if wanted and not any(w in rel for w in wanted):
             continue
         files = outputs(path)
@@ -49,8 +69,7 @@ def main(argv: list[str]) -> int:
                 print(f"{'new' if not target.exists() else 'changed'} {rel}/{name}")
                 if not check:
                     target.write_bytes(data)
-    print(f"{changed} file(s) {'would change' if check else 'written'}")
-    return 1 if check and changed else 0
+    return changed
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The bundled fake upstream: the three providers' wire formats, scripted per request."""
+"""The bundled fake upstream: the providers' wire formats (OpenAI, Anthropic, Gemini, AWS
+Bedrock), scripted per request."""
 
 from __future__ import annotations
 

@@ -149,10 +149,13 @@ def _anthropic_blocks(content: Any, count: _Counter, texts: list[str] | None) ->
             count.text(block.get("thinking"))
 
 
-def from_anthropic(payload: Any, *, counting: bool = False) -> Incoming:
+def from_anthropic(
+    payload: Any, *, counting: bool = False, model_required: bool = True
+) -> Incoming:
+    """``model_required=False``: Bedrock's invoke body, whose model is in the path."""
     if not isinstance(payload, dict):
         raise RequestShapeError("Request body must be a JSON object")
-    if not payload.get("model"):
+    if model_required and not payload.get("model"):
         raise RequestShapeError("model: Field required")
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -65,7 +65,8 @@ class Reply:
     """One scripted answer. ``status >= 400`` answers with the provider's error body."""
 
     status: int = 200
-    error_type: str | None = None  # provider's error type (Gemini: its status, e.g. UNAVAILABLE)
+    error_type: str | None = None  # provider's error type (Gemini: its status, e.g. UNAVAILABLE;
+    # Bedrock: the exception, e.g. ThrottlingException)
     error_message: str | None = None
     text: str | None = None  # None: the demo sentence (or nothing when tool calls are given)
     tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()

@@ -1,9 +1,9 @@
 """Where a request goes: its path to (provider, endpoint kind), and what each kind reads.
 
-Provider by path: ``/v1/messages*`` is Anthropic, ``/v1beta/...`` and ``/v1/models/{m}:action``
-are Gemini, every other ``/v1/...`` is OpenAI (``GET /v1/models`` is Anthropic's list when the
-request carries ``anthropic-version``). Unknown paths keep the provider of their prefix so the
-404 comes in that provider's shape.
+Provider by path: ``/model/{id}/{action}`` is Bedrock, ``/v1/messages*`` is Anthropic,
+``/v1beta/...`` and ``/v1/models/{m}:action`` are Gemini, every other ``/v1/...`` is OpenAI
+(``GET /v1/models`` is Anthropic's list when the request carries ``anthropic-version``).
+Unknown paths keep the provider of their prefix so the 404 comes in that provider's shape.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.fake import media, responses
+from bench.fake import bedrock, media, responses
 from bench.fake.incoming import Incoming, from_anthropic, from_gemini, from_openai
 
 GEMINI_ACTIONS = frozenset(
@@ -29,7 +29,7 @@ GEMINI_ACTIONS = frozenset(
     }
 )
 CHAT_KINDS = frozenset(
-    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"}
+    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"} | bedrock.KINDS
 )
 OPENAI_POSTS = {
     "/v1/chat/completions": "chat",
@@ -44,12 +44,16 @@ OPENAI_POSTS = {
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    protocol: str  # openai | anthropic | gemini
+    protocol: str  # openai | anthropic | gemini | bedrock
     kind: str | None  # None: unknown path
-    model: str | None = None  # from a Gemini path
+    model: str | None = None  # from a Gemini or Bedrock path
 
 
 def route(method: str, path: str, headers: Mapping[str, str]) -> Route:
+    if path.startswith("/model/"):
+        model, _, action = path[len("/model/") :].rpartition("/")
+        known = method == "POST" and model and action in bedrock.KINDS
+        return Route("bedrock", action if known else None, model or None)
     if method == "POST":
         kind = OPENAI_POSTS.get(path)
         if kind is not None:
@@ -85,6 +89,8 @@ def bad_json_message(protocol: str) -> str:
         return "Request body must be a JSON object"
     if protocol == "gemini":
         return "Invalid JSON payload received."
+    if protocol == "bedrock":
+        return "Malformed input request, please reformat your input and try again."
     return "We could not parse the JSON body of your request."
 
 
@@ -100,6 +106,10 @@ def incoming_for(where: Route, body: dict[str, Any]) -> Incoming | None:
         return from_anthropic(body, counting=True)
     if kind in ("generateContent", "streamGenerateContent", "countTokens"):
         return from_gemini(body)
+    if kind in ("converse", "converse-stream"):
+        return bedrock.from_converse(body)
+    if kind in ("invoke", "invoke-with-response-stream"):
+        return bedrock.from_invoke(body)
     return None
 
 

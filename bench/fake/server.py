@@ -1,4 +1,4 @@
-"""The fake upstream's HTTP side: one aiohttp app answering the three providers' paths.
+"""The fake upstream's HTTP side: one aiohttp app answering the providers' paths.
 
 Per request: find the route, check the provider's auth, read and record the body, take the
 next queued ``Reply`` (else the body's ``[[fake ...]]`` directive, else the demo reply), wait
@@ -24,7 +24,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bench.fake import anthropic, gemini, media, openai, responses
+from bench.fake import anthropic, aws_auth, bedrock, gemini, media, openai, responses
 from bench.fake.incoming import Incoming, RequestShapeError
 from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
 from bench.fake.reply import DirectiveError, Reply, find_directive
@@ -62,6 +62,8 @@ class FakeUpstream:
     the next requests; ``fake.requests`` records what arrived and ``fake.streamed`` the bytes of
     each stream written, in the order they ended (``record=False`` for long runs);
     ``fake.require_key`` may be changed at any time (None: any non-empty key);
+    ``fake.aws_credentials`` (access key -> secret; ``aws_auth.CREDENTIALS`` unless given)
+    are the keys whose SigV4 signatures the Bedrock paths accept;
     ``fake.disconnects``, ``await fake.wait_disconnect()`` and ``fake.open_streams`` observe
     clients that leave.
     """
@@ -74,8 +76,10 @@ class FakeUpstream:
         require_key: str | None = None,
         defaults: Defaults | None = None,
         record: bool = True,
+        aws_credentials: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
+        self.aws_credentials = dict(aws_credentials or aws_auth.CREDENTIALS)
         self.port = port
         self.require_key = require_key
         self.defaults = defaults or Defaults()
@@ -195,7 +199,7 @@ class FakeUpstream:
                     form,
                 )
             )
-        rejected = self._check_auth(where.protocol, request)
+        rejected = self._check_auth(where.protocol, request, raw)
         if rejected is not None:
             return rejected
         if request.method == "POST" and where.kind != "transcriptions":
@@ -249,9 +253,15 @@ class FakeUpstream:
             return queued, incoming
         return (found.reply if found is not None else Reply()), incoming
 
-    def _check_auth(self, protocol: str, request: web.Request) -> web.Response | None:
+    def _check_auth(self, protocol: str, request: web.Request, raw: bytes) -> web.Response | None:
         want = self.require_key
-        if protocol == "openai":
+        if protocol == "bedrock":
+            why = aws_auth.verify(
+                request.method, request.raw_path, request.headers, raw, self.aws_credentials
+            )
+            if why is not None:
+                return self._error("bedrock", why.status, why.error_type, why.message)
+        elif protocol == "openai":
             key = bearer(request)
             if not key:
                 return self._error("openai", 401, None, openai.MISSING_KEY, code="")
@@ -300,12 +310,17 @@ class FakeUpstream:
             payload = anthropic.error_payload(
                 status, error_type, message, f"req_{self._request_id()}"
             )
+        elif protocol == "bedrock":
+            error_type = bedrock.error_type(status, error_type)
+            payload = bedrock.error_payload(error_type, message)
+            out.update(bedrock.error_headers(error_type))
+            out["x-amzn-RequestId"] = self._request_id()
         else:
             retry = wait if status == 429 else None
             payload = gemini.error_payload(
                 status, error_type, message, reason=reason, retry_after=retry
             )
-        if status == 429 and protocol != "gemini":
+        if status == 429 and protocol not in ("gemini", "bedrock"):
             out["Retry-After"] = str(wait)
         if headers:
             out.update(headers)
@@ -332,6 +347,8 @@ class FakeUpstream:
         kind = where.kind
         headers = dict(reply.headers)
         if incoming is not None and kind in CHAT_KINDS:
+            if where.protocol == "bedrock":
+                return await self._bedrock(request, where, body, reply, incoming, headers)
             if kind == "streamGenerateContent" or (
                 kind != "generateContent" and body.get("stream")
             ):
@@ -388,7 +405,8 @@ class FakeUpstream:
     def _plan_for(
         self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
     ) -> Plan:
-        model = where.model if where.protocol == "gemini" else str(body.get("model", ""))
+        model = where.model if where.protocol in ("gemini", "bedrock") else body.get("model")
+        model = str(model or "")
         return make_plan(
             reply, incoming, self.defaults, model or "", self._request_id(), int(time.time())
         )
@@ -437,6 +455,27 @@ class FakeUpstream:
 
         content_type = gemini.SSE_TYPE if sse else gemini.JSON_TYPE
         return await self._stream(request, events, content_type, error, reply)
+
+    async def _bedrock(
+        self,
+        request: web.Request,
+        where: Route,
+        body: dict[str, Any],
+        reply: Reply,
+        incoming: Incoming,
+        headers: dict[str, str],
+    ) -> web.StreamResponse:
+        plan = self._plan_for(where, body, reply, incoming)
+        if where.kind == "converse":
+            return self._json(bedrock.converse_render(plan), headers)
+        if where.kind == "invoke":
+            return self._json(anthropic.render(plan), {**bedrock.invoke_headers(plan), **headers})
+        events = (
+            bedrock.converse_stream(plan)
+            if where.kind == "converse-stream"
+            else bedrock.invoke_stream(plan)
+        )
+        return await self._stream(request, events, bedrock.STREAM_TYPE, bedrock.stream_error, reply)
 
     async def _stream(
         self,

@@ -89,6 +89,15 @@ class StreamDecoder(Protocol):
         ...
 
 
+class EventParser(Protocol):
+    """Upstream stream bytes -> events: ``SSEParser``, or another framing read into the same
+    events (AWS event streams: ``gateway.upstream.eventstream.EventStreamParser``)."""
+
+    def feed(self, raw: bytes) -> list[SSEEvent]: ...
+
+    def close(self) -> list[SSEEvent]: ...
+
+
 class StreamEncoder(Protocol):
     """Chat-completions chunks -> the client's stream bytes. One per stream; owns its state.
 
@@ -130,7 +139,8 @@ class RelayStream(Protocol):
 
 
 class EventPassthrough:
-    """A passthrough that looks at every event: owns the SSE parser and hands each event to
+    """A passthrough that looks at every event: owns the SSE parser (or ``parser``, for another
+    framing) and hands each event to
     ``feed_event``; ``end`` is called at EOF after the last event. When an event raises, the
     events before it in the same read still go out, ahead of the error event. ``generated``
     is what a subclass counted, 0 where the upstream's usage says it."""
@@ -139,8 +149,8 @@ class EventPassthrough:
 
     __slots__ = ("_parser", "_before_error")
 
-    def __init__(self) -> None:
-        self._parser = SSEParser()
+    def __init__(self, parser: EventParser | None = None) -> None:
+        self._parser: EventParser = parser if parser is not None else SSEParser()
         self._before_error = b""
 
     def feed(self, raw: bytes) -> bytes:
@@ -283,19 +293,22 @@ def field_of(obj: object, key: str) -> object:
 
 
 class ConvertedStream:
-    """A ``RelayStream`` that converts: upstream bytes -> SSE events -> the channel protocol's
-    decoder -> chat-completions chunks -> the client protocol's encoder -> bytes. Usage is the
-    last a chunk reported. When a chunk raises, what the chunks before it in the same read
-    became still goes out, ahead of the error event."""
+    """A ``RelayStream`` that converts: upstream bytes -> SSE events (or the events of
+    ``parser``'s framing) -> the channel protocol's decoder -> chat-completions chunks -> the
+    client protocol's encoder -> bytes. Usage is the last a chunk reported. When a chunk
+    raises, what the chunks before it in the same read became still goes out, ahead of the
+    error event."""
 
     __slots__ = (
         "content_type", "usage", "_parser", "_decoder", "_encoder", "_before_error", "_chars",
     )  # fmt: skip
 
-    def __init__(self, decoder: StreamDecoder, encoder: StreamEncoder) -> None:
+    def __init__(
+        self, decoder: StreamDecoder, encoder: StreamEncoder, parser: EventParser | None = None
+    ) -> None:
         self.content_type = encoder.content_type
         self.usage: Usage | None = None
-        self._parser = SSEParser()
+        self._parser: EventParser = parser if parser is not None else SSEParser()
         self._decoder = decoder
         self._encoder = encoder
         self._before_error = b""

@@ -14,6 +14,7 @@ from gateway.protocols.anthropic.stream import EVENT_STREAM, load_event
 from gateway.protocols.base import (
     CHARS_PER_TOKEN,
     Ctx,
+    EventParser,
     EventPassthrough,
     RouteMatch,
     UpstreamCall,
@@ -55,8 +56,8 @@ class AnthropicPassthrough(EventPassthrough):
 
     __slots__ = ("content_type", "usage", "_model", "_raw_usage", "_done", "_chars")
 
-    def __init__(self, ctx: Ctx) -> None:
-        super().__init__()
+    def __init__(self, ctx: Ctx, parser: EventParser | None = None) -> None:
+        super().__init__(parser)
         self.content_type = EVENT_STREAM
         self.usage: Usage | None = None
         self._model = ctx.model
