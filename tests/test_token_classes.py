@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from gateway.config import Price
 from gateway.kinds.chat import chat_used
+from gateway.observe.metrics import Metrics
 from gateway.policy.billing import PICO_PER_MICRO, Metered, Rate, cache_prices, usage_classes
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import Ctx, Passthrough, RouteMatch, UpstreamTarget
@@ -422,3 +423,42 @@ def test_the_responses_pass_through_reads_every_class() -> None:
     stream.feed(b"event: response.completed\ndata: " + orjson.dumps(done) + b"\n\n")
     stream.finish()
     assert record_of(usage_classes(stream.usage)) == expected
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_count_each_class_as_a_token_type_and_the_exact_cost() -> None:
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.observe.metrics import registry_for
+    from tests.plugins.records import usage_record
+
+    metrics = Metrics(["chat-small"])
+    rec = usage_record(
+        prompt_tokens=2006,
+        completion_tokens=320,
+        cache_read_tokens=1536,
+        cache_write_tokens=400,
+        reasoning_tokens=256,
+        cost=5,
+        cost_pico=500_000,
+    )
+    for _ in range(2):
+        metrics.observe(rec, 0.5, None, upstream=0.4)
+    text = generate_latest(registry_for(metrics)).decode()
+    sums = {
+        (s.name, s.labels.get("gen_ai_token_type", s.labels.get("model"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in ("gen_ai_client_token_usage_sum", "gateway_cost_total")
+    }
+    assert sums == {
+        ("gen_ai_client_token_usage_sum", "input"): 2 * 2006,
+        ("gen_ai_client_token_usage_sum", "output"): 2 * 320,
+        ("gen_ai_client_token_usage_sum", "cache_read"): 2 * 1536,
+        ("gen_ai_client_token_usage_sum", "cache_write"): 2 * 400,
+        ("gen_ai_client_token_usage_sum", "reasoning"): 2 * 256,
+        ("gateway_cost_total", "chat-small"): 0.000011,  # 2 x 5.5 micro-units
+    }
