@@ -28,6 +28,7 @@ from decimal import Decimal, InvalidOperation
 import orjson
 from redis.exceptions import RedisError
 
+from gateway import config
 from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, ConfigError, Settings, load_settings
 from gateway.errors import GatewayError, InvalidRequestError
 from gateway.operator import accounts, catalogue
@@ -306,7 +307,7 @@ async def cmd_channels_test(args: argparse.Namespace, settings: Settings, store:
     return Output(result, text, 0 if result["ok"] else 1)
 
 
-PRICE_FLAGS = ("input", "output", "request", "image", "audio_second", "speech_char")
+PRICE_FLAGS = config.PRICE_FIELDS  # --input, --cache-read, ...: one flag per price
 
 
 def model_body(args: argparse.Namespace, price: dict[str, JSON] | None = None) -> dict[str, object]:

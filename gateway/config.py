@@ -21,7 +21,12 @@ import yaml
 
 CHANNEL_TYPES = ("openai", "anthropic", "gemini")
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
-PRICE_FIELDS = ("input", "output", "request", "image", "audio_second", "speech_char")
+PRICE_FIELDS = (
+    "input", "output", "cache_read", "cache_write", "request", "image", "audio_second",
+    "speech_char",
+)  # fmt: skip
+# the prices that may be left unset (None): ``billing.cache_prices`` says what stands in for them
+OPTIONAL_PRICES = frozenset({"cache_read", "cache_write"})
 # the highest price of any kind (balance units per million tokens, per call, ...): far above
 # any real one, low enough that no request's cost overflows the stores' 64-bit micro-units
 # (``billing.MAX_COST``)
@@ -40,11 +45,15 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """Balance units per million tokens (input, output), per call, per image, per second of
-    audio transcribed, per million characters spoken."""
+    """Balance units per million tokens (input, output; prompt tokens read from and written to
+    the provider's prompt cache), per call, per image, per second of audio transcribed, per
+    million characters spoken. A cache price left out is None: ``billing.cache_prices`` is the
+    one place that decides what stands in for it."""
 
     input: float = 0.0
     output: float = 0.0
+    cache_read: float | None = None
+    cache_write: float | None = None
     request: float = 0.0
     image: float = 0.0
     audio_second: float = 0.0
@@ -505,7 +514,13 @@ def parse_model(v: Any, where: str = "") -> Model:
     price_at = _at(where, "price")
     price_raw = _mapping(d.get("price") or {}, price_at)
     _no_unknown(price_raw, set(PRICE_FIELDS), price_at)
-    price = Price(**{k: _price(v, f"{price_at}.{k}") for k, v in price_raw.items()})
+    price = Price(
+        **{
+            k: _price(v, f"{price_at}.{k}")
+            for k, v in price_raw.items()
+            if v is not None or k not in OPTIONAL_PRICES  # null: left unset
+        }
+    )
     dmt_at = _at(where, "default_max_tokens")
     dmt = _int(d.get("default_max_tokens", 4096), dmt_at, minimum=1)
     if dmt > MAX_DEFAULT_TOKENS:

@@ -9,25 +9,29 @@ import pytest
 
 from gateway.config import Price, parse_settings
 from gateway.errors import NotFoundError, UpstreamUnavailableError
-from gateway.policy.billing import MAX_TOKENS, ClientAddress, Rate, ip_range, usage_tokens
+from gateway.policy.billing import MAX_TOKENS, ClientAddress, Metered, Rate, ip_range, usage_tokens
 from gateway.policy.routing import Catalogue, candidates
 
 ALL = frozenset({"openai", "anthropic", "gemini"})
 
 
 @pytest.mark.parametrize(
-    ("price", "prompt", "completion", "micro"),
+    ("price", "prompt", "completion", "charge"),
     [
-        (Price(input=1, output=2), 100, 50, 200),
-        (Price(input=0.5, output=1.5), 1, 9, 14),  # 0.5 + 13.5
-        (Price(input=0.1, output=0.2), 3, 0, 0),  # 0.3 rounds down
-        (Price(input=0.25, output=0), 2, 0, 1),  # 0.5 rounds half up
-        (Price(input=3, output=15, request=0.001), 1000, 1000, 19_000),
-        (Price(input=0.0375, output=0), 1_000_000, 0, 37_500),  # no float drift
+        (Price(input=1, output=2), 100, 50, (200, 0)),
+        (Price(input=0.5, output=1.5), 1, 9, (14, 0)),  # 0.5 + 13.5
+        (Price(input=0.1, output=0.2), 3, 0, (0, 300_000)),  # 0.3 micro-units, kept
+        (Price(input=0.25, output=0), 2, 0, (0, 500_000)),
+        (Price(input=3, output=15, request=0.001), 1000, 1000, (19_000, 0)),
+        (Price(input=0.0375, output=0), 1_000_000, 0, (37_500, 0)),  # no float drift
+        (Price(input=0.01), 1, 0, (0, 10_000)),  # never 0 for a non-zero price
+        (Price(input=1e-9), 1, 0, (0, 1)),  # below a pico-unit per token: one
     ],
 )
-def test_cost_is_integer_micro_units(price, prompt, completion, micro) -> None:
-    assert Rate.from_price(price).cost(prompt, completion) == micro
+def test_cost_is_exact_micro_and_pico_units(price, prompt, completion, charge) -> None:
+    used = Metered(prompt_tokens=prompt, completion_tokens=completion)
+    got = Rate.from_price(price).charge(used)
+    assert (got.micro, got.pico) == charge
 
 
 @pytest.mark.parametrize(

@@ -256,7 +256,7 @@ async def test_settle_debits_exactly_and_lists_usage_newest_first(store: Store) 
 
 async def test_a_batch_larger_than_one_insert_keeps_every_record_in_order(store: Store) -> None:
     await store.create_account("alice", 10 * MICRO)
-    # the SQLite store writes a batch 64 rows per statement: 64, 64 and 2 here, same times
+    # the SQLite store writes a batch 55 rows per statement: 55, 55 and 20 here, same times
     # included (listed newest first, then last settled first)
     records = [usage_rec(i // 2, cost=7) for i in range(130)]
     for i, rec in enumerate(records):

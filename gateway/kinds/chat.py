@@ -18,7 +18,7 @@ from gateway.config import Channel
 from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply
-from gateway.policy.billing import MAX_TOKENS, Metered, billable_tokens, usage_tokens
+from gateway.policy.billing import MAX_TOKENS, Metered, billable_tokens, usage_classes
 from gateway.policy.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
 from gateway.protocols import ADAPTERS, CLIENTS, Adapter, ClientSide
 from gateway.protocols.base import (
@@ -111,7 +111,7 @@ def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
         used.prompt_tokens = job.prompt_estimate()
     if not complete:
         used.completion_tokens = max(used.completion_tokens, min(stream.generated, MAX_TOKENS))
-    return used
+    return used.classified()  # an estimated prompt may be smaller than the cache's parts
 
 
 async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
@@ -148,8 +148,7 @@ def max_output(payload: JSON) -> int:
 
 
 def chat_used(usage: Usage | None) -> Metered:
-    prompt, completion = usage_tokens(usage)
-    return Metered(prompt_tokens=prompt, completion_tokens=completion)
+    return usage_classes(usage)
 
 
 def upstream_json(raw: bytes) -> JSON:

@@ -26,11 +26,14 @@ where streams run longer (a 10-minute stream would otherwise only count in ``+In
   sent to the upstream's first chunk (a stream quiet past the keep-alive interval, started
   empty, has no sample).
 - ``gen_ai_client_token_usage{...,gen_ai_token_type}`` (histogram, tokens): the tokens billed
-  per request, ``input`` and ``output``; ``_sum`` is the total (a type the upstream reported
-  none of adds no sample).
+  per request, ``input`` and ``output``, and the classes within them: ``cache_read`` and
+  ``cache_write`` (parts of ``input``), ``reasoning`` (part of ``output``), so adding up
+  ``input`` and ``output`` counts every token once; ``_sum`` is the total (a type the upstream
+  reported none of adds no sample).
 - No convention: ``gateway_requests_total{model,protocol,endpoint,channel,status}`` (every
   request the app handled, the gateway's own endpoints too, with ``protocol="gateway"``),
-  ``gateway_cost_total{model}`` (balance units), ``gateway_open_streams``,
+  ``gateway_cost_total{model}`` (balance units, exact costs' pico-units included),
+  ``gateway_open_streams``,
   ``gateway_usage_writer_backlog`` (records not yet in the store),
   ``gateway_usage_parked_records`` (records the store refused, retried alone),
   ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``) and
@@ -110,7 +113,11 @@ REPLY_FIRST_SUM, UPSTREAM = _after(REPLY_FIRST, FIRST_TOKEN_BUCKETS)
 UPSTREAM_SUM, UPSTREAM_FIRST = _after(UPSTREAM, DURATION_BUCKETS)
 UPSTREAM_FIRST_SUM, TOKENS_IN = _after(UPSTREAM_FIRST, DURATION_BUCKETS)
 TOKENS_IN_SUM, TOKENS_OUT = _after(TOKENS_IN, TOKEN_BUCKETS)
-TOKENS_OUT_SUM, ROW_WIDTH = _after(TOKENS_OUT, TOKEN_BUCKETS)
+TOKENS_OUT_SUM, TOKENS_READ = _after(TOKENS_OUT, TOKEN_BUCKETS)
+TOKENS_READ_SUM, TOKENS_WRITTEN = _after(TOKENS_READ, TOKEN_BUCKETS)
+TOKENS_WRITTEN_SUM, TOKENS_REASONING = _after(TOKENS_WRITTEN, TOKEN_BUCKETS)
+TOKENS_REASONING_SUM, COST_PICO = _after(TOKENS_REASONING, TOKEN_BUCKETS)
+ROW_WIDTH = COST_PICO + 1  # the cost's pico-units below its micro-units, summed
 # a row of ``Metrics.failed``: a failed attempt's duration buckets and sum
 FAILED_WIDTH = len(DURATION_BUCKETS) + 2
 
@@ -137,8 +144,11 @@ HISTOGRAMS: tuple[Family, ...] = (
      "Seconds from a streamed upstream attempt's start to the upstream's first chunk.",
      None, DURATION_BUCKETS, ((UPSTREAM_FIRST, ""),), False),
     ("gen_ai_client_token_usage",
-     "Tokens billed per request, by type (input, output).",
-     "gen_ai_token_type", TOKEN_BUCKETS, ((TOKENS_IN, "input"), (TOKENS_OUT, "output")), False),
+     "Tokens billed per request, by type (input, output; cache_read and cache_write are parts "
+     "of input, reasoning part of output).",
+     "gen_ai_token_type", TOKEN_BUCKETS,
+     ((TOKENS_IN, "input"), (TOKENS_OUT, "output"), (TOKENS_READ, "cache_read"),
+      (TOKENS_WRITTEN, "cache_write"), (TOKENS_REASONING, "reasoning")), False),
 )  # fmt: skip
 
 
@@ -186,6 +196,8 @@ class Metrics:
             row = self._row(labels)
         row[0] += 1
         row[COST] += rec.cost
+        if rec.cost_pico:
+            row[COST_PICO] += rec.cost_pico
         row[DURATION + bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1  # le
         row[DURATION_SUM] += seconds
         if first_chunk is not None:
@@ -209,6 +221,18 @@ class Metrics:
         if tokens:
             row[TOKENS_OUT + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
             row[TOKENS_OUT_SUM] += tokens
+        tokens = rec.cache_read_tokens
+        if tokens:
+            row[TOKENS_READ + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            row[TOKENS_READ_SUM] += tokens
+        tokens = rec.cache_write_tokens
+        if tokens:
+            row[TOKENS_WRITTEN + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            row[TOKENS_WRITTEN_SUM] += tokens
+        tokens = rec.reasoning_tokens
+        if tokens:
+            row[TOKENS_REASONING + bisect.bisect_left(TOKEN_BUCKETS, tokens)] += 1
+            row[TOKENS_REASONING_SUM] += tokens
 
     def observe_other(self, protocol: str, endpoint: str, status: int) -> None:
         """A request the relay did not serve (the model lists, the admin API, the probes, an
@@ -339,17 +363,17 @@ class Exposition(Collector):
             "status.",
             labels=["model", "protocol", "endpoint", "channel", "status"],
         )
-        costs: dict[str, int] = {}
+        costs: dict[str, int] = {}  # in pico-units (Python's integers do not overflow)
         for (model, protocol, endpoint, channel, status), row in sorted(rows.items()):
             total.add_metric([model, protocol, endpoint, channel, str(status)], row[0])
-            if model or row[COST]:
-                costs[model] = costs.get(model, 0) + row[COST]
+            if model or row[COST] or row[COST_PICO]:
+                costs[model] = costs.get(model, 0) + row[COST] * MICRO + row[COST_PICO]
         yield total
         cost = CounterMetricFamily(
-            "gateway_cost", "Balance units debited, by model.", labels=["model"]
+            "gateway_cost", "Balance units billed, by model.", labels=["model"]
         )
-        for model, micro in sorted(costs.items()):
-            cost.add_metric([model], micro / MICRO)
+        for model, pico in sorted(costs.items()):
+            cost.add_metric([model], pico / (MICRO * MICRO))
         yield cost
 
         yield from self._histograms(snaps, rows, providers)

@@ -1,9 +1,25 @@
 """What a call costs and what is recorded of it (pure).
 
 Prices in the catalogue are balance units per million tokens, which is exactly micro-units
-per token; they are turned once into integer pico-units per token so that a request's cost is
-integer arithmetic, rounded half up to micro-units once per request. The usage record holds
-call metadata only; the client IP is cut to its /24 (IPv4) or /48 (IPv6) before it is kept.
+per token; they are turned once into integer pico-units (1e-12 balance units) per token, per
+call, per image, ... (``Rate``), so that a request's cost is integer arithmetic. Each class of
+token has its own price (CONTRACT §6): fresh input (the prompt less its cache reads and writes)
+at ``input``, cache reads at ``cache_read``, cache writes at ``cache_write``, all output
+(reasoning included) at ``output``; a cache price left unset is the input price
+(``cache_prices``, the one place that decides it).
+
+A request's cost is exact to the pico-unit and is never rounded to micro-units (``Charge``):
+its usage record keeps the whole micro-units (``cost``) and the pico-units below them
+(``cost_pico``, 0 to 999,999). Settlement debits the whole micro-units at once and carries
+the pico-units per account in the store, debiting one micro-unit more each time the carry
+reaches one (``store.Account.carry``). So a request with a non-zero price is never billed
+0 (1 token at 0.01 per million costs 10,000 pico-units, kept on its record and in the
+carry), and what an account is debited stays within one micro-unit of the exact sum of its
+records' costs, however many requests it makes. A group's ``ratio`` multiplies the exact cost
+in one place (``Rate.charge``).
+
+The usage record holds call metadata only; the client IP is cut to its /24 (IPv4) or /48 (IPv6)
+before it is kept.
 """
 
 from __future__ import annotations
@@ -12,29 +28,88 @@ import ipaddress
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from gateway.config import MAX_PRICE, Price
 from gateway.types import Usage
 
 PICO_PER_MICRO = 1_000_000
+PICO_PER_UNIT = PICO_PER_MICRO * 1_000_000  # pico-units in one balance unit
 
 
 @dataclass(slots=True)
 class Metered:
     """What one request used, as the endpoint kind measures it: tokens where the upstream
-    reports them; images, seconds of audio or characters spoken where it does not."""
+    reports them; images, seconds of audio or characters spoken where it does not.
+
+    ``prompt_tokens`` is every input token, cache reads and writes included;
+    ``completion_tokens`` every output token, reasoning included: the classes are parts of
+    them (``classified`` keeps them so), never more."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     images: int = 0
     audio_seconds: float = 0.0
     speech_chars: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def classified(self) -> Metered:
+        """Itself with its classes cut to fit: cache reads at most the prompt, cache writes
+        at most what is left of it, reasoning at most the output (an upstream that reports
+        more is broken: nothing is counted twice)."""
+        prompt = self.prompt_tokens
+        read = min(self.cache_read_tokens, prompt)
+        self.cache_read_tokens = read
+        self.cache_write_tokens = min(self.cache_write_tokens, prompt - read)
+        self.reasoning_tokens = min(self.reasoning_tokens, self.completion_tokens)
+        return self
+
+    @property
+    def fresh_input_tokens(self) -> int:
+        """The prompt tokens neither read from nor written to a cache."""
+        return self.prompt_tokens - self.cache_read_tokens - self.cache_write_tokens
+
+
+def cache_prices(price: Price) -> tuple[float, float]:
+    """The prices of cache reads and cache writes: the model's own, else (unset) its input
+    price. The one place that decides the default (a built-in price table's ratios for the
+    upstream model will come in here)."""
+    read = price.input if price.cache_read is None else price.cache_read
+    write = price.input if price.cache_write is None else price.cache_write
+    return read, write
+
+
+def _pico(price: float, pico_per_priced: float) -> int:
+    """A price as whole pico-units per thing priced; a price above 0 is at least 1 pico-unit
+    (a price too small to count must not make a request free)."""
+    if price <= 0:
+        return 0
+    return max(1, round(price * pico_per_priced))
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a request costs, exactly: ``micro`` whole micro-units and ``pico`` pico-units
+    below them (0 to 999,999)."""
+
+    micro: int
+    pico: int
+
+    @classmethod
+    def of(cls, pico: int) -> Charge:
+        micro, rest = divmod(pico, PICO_PER_MICRO)
+        return cls(micro, rest)
+
+
+FREE = Charge(0, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """A price in pico-units (1e-12 balance units): per token, per call, per image, per
-    second of audio, per character spoken."""
+    """A price in pico-units (1e-12 balance units): per token of each class, per call, per
+    image, per second of audio, per character spoken."""
 
     input: int
     output: int
@@ -42,33 +117,53 @@ class Rate:
     image: int = 0
     audio_second: int = 0
     speech_char: int = 0
+    cache_read: int = 0  # ``from_price`` fills every field
+    cache_write: int = 0
 
     @classmethod
     def from_price(cls, price: Price) -> Rate:
-        per_unit = PICO_PER_MICRO * 1_000_000  # pico-units in one balance unit
+        per_token = PICO_PER_MICRO  # a price per million tokens is micro-units per token
+        read, write = cache_prices(price)
         return cls(
-            input=round(price.input * PICO_PER_MICRO),
-            output=round(price.output * PICO_PER_MICRO),
-            request=round(price.request * per_unit),
-            image=round(price.image * per_unit),
-            audio_second=round(price.audio_second * per_unit),
-            speech_char=round(price.speech_char * PICO_PER_MICRO),  # per million characters
+            input=_pico(price.input, per_token),
+            output=_pico(price.output, per_token),
+            request=_pico(price.request, PICO_PER_UNIT),
+            image=_pico(price.image, PICO_PER_UNIT),
+            audio_second=_pico(price.audio_second, PICO_PER_UNIT),
+            speech_char=_pico(price.speech_char, per_token),  # per million characters
+            cache_read=_pico(read, per_token),
+            cache_write=_pico(write, per_token),
         )
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """Micro-units, rounded half up."""
-        pico = prompt_tokens * self.input + completion_tokens * self.output + self.request
-        return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
-
-    def cost_of(self, used: Metered) -> int:
-        """Micro-units for everything a request used, rounded half up once. With prices at
-        most ``config.MAX_PRICE`` and quantities within the ``MAX_*`` below, it stays under
-        2**60: a 64-bit integer in every store, with room for sums."""
-        pico = used.prompt_tokens * self.input + used.completion_tokens * self.output + self.request
+    def pico_of(self, used: Metered) -> int:
+        """Pico-units for everything a request used, exactly: each class of token at its own
+        price. With prices at most ``config.MAX_PRICE`` and quantities within the ``MAX_*``
+        below, it stays under ``MAX_COST`` micro-units."""
+        read, write = used.cache_read_tokens, used.cache_write_tokens
+        pico = (
+            (used.prompt_tokens - read - write) * self.input
+            + read * self.cache_read
+            + write * self.cache_write
+            + used.completion_tokens * self.output
+            + self.request
+        )
         if used.images or used.speech_chars or used.audio_seconds:  # not chat's
             pico += used.images * self.image + used.speech_chars * self.speech_char
             pico += round(used.audio_seconds * self.audio_second)
-        return (pico + PICO_PER_MICRO // 2) // PICO_PER_MICRO
+        return pico
+
+    def charge(self, used: Metered, ratio: Fraction | int = 1) -> Charge:
+        """What a request that used ``used`` is billed, times ``ratio`` (its group's; the
+        one place a ratio multiplies a cost), rounded half up to the pico-unit."""
+        pico = self.pico_of(used)
+        if ratio != 1:
+            scaled = pico * ratio
+            pico = math.floor(scaled + Fraction(1, 2))
+        return Charge.of(pico)
+
+    def cost_of(self, used: Metered) -> int:
+        """Micro-units, rounded up: what a request expected to use this holds."""
+        return -(-self.pico_of(used) // PICO_PER_MICRO)
 
 
 # no request uses this many tokens; an upstream that reports more (or a negative count) is
@@ -79,11 +174,11 @@ MAX_TOKENS = 2**31 - 1
 MAX_IMAGES = 10_000
 MAX_AUDIO_SECONDS = 1_000_000
 MAX_SPEECH_CHARS = MAX_TOKENS
-# the most one request can cost, in micro-units (``Rate.cost_of``)
+# the most one request can cost, in micro-units (``Rate.charge``, at ratio 1)
 MAX_COST = round(
     MAX_PRICE
     * (
-        2 * MAX_TOKENS  # input and output, per million tokens
+        2 * MAX_TOKENS  # input (of any class) and output, per million tokens
         + (1 + MAX_IMAGES + MAX_AUDIO_SECONDS) * 1_000_000  # per call, image, second
         + MAX_SPEECH_CHARS  # per million characters
     )
@@ -120,6 +215,28 @@ def usage_tokens(usage: Usage | None) -> tuple[int, int]:
     return billable_tokens(usage.get("prompt_tokens")), billable_tokens(
         usage.get("completion_tokens")
     )
+
+
+def _detail(details: object, name: str) -> int:
+    return billable_tokens(details.get(name)) if isinstance(details, dict) else 0
+
+
+def usage_classes(usage: Usage | None) -> Metered:
+    """The tokens of a chat-completions usage object by class: prompt (cache reads and writes
+    included), completion (reasoning included), cache reads
+    (``prompt_tokens_details.cached_tokens``), cache writes (``cache_creation_tokens``, the
+    internal shape's field for Anthropic's), reasoning
+    (``completion_tokens_details.reasoning_tokens``); each a plausible count
+    (``billable_tokens``) and the classes cut to fit their totals (``Metered.classified``)."""
+    if not usage or not isinstance(usage, dict):
+        return Metered()
+    return Metered(
+        prompt_tokens=billable_tokens(usage.get("prompt_tokens")),
+        completion_tokens=billable_tokens(usage.get("completion_tokens")),
+        cache_read_tokens=_detail(usage.get("prompt_tokens_details"), "cached_tokens"),
+        cache_write_tokens=billable_tokens(usage.get("cache_creation_tokens")),
+        reasoning_tokens=_detail(usage.get("completion_tokens_details"), "reasoning_tokens"),
+    ).classified()
 
 
 def ip_range(ip: str | None) -> str:

@@ -292,6 +292,36 @@ def field_of(obj: object, key: str) -> object:
     return obj.get(key) if isinstance(obj, dict) else None
 
 
+@dataclass(frozen=True, slots=True)
+class UsageParts:
+    """A chat-completions usage object's counts as a client encoder writes them: each at least
+    0, and the classes cut to fit their totals (cache reads at most the prompt, cache writes at
+    most what is left of it, reasoning at most the output), so that no client is shown a part
+    larger than its whole or a token twice."""
+
+    prompt: int  # cache reads and writes included
+    completion: int  # reasoning included
+    cache_read: int
+    cache_write: int
+    reasoning: int
+
+    @property
+    def fresh(self) -> int:
+        """The prompt tokens neither read from nor written to a cache."""
+        return self.prompt - self.cache_read - self.cache_write
+
+
+def usage_parts(usage: Usage) -> UsageParts:
+    """The counts of a usage object in the internal shape (``gateway.types.Usage``)."""
+    prompt = max(count(usage.get("prompt_tokens")), 0)
+    completion = max(count(usage.get("completion_tokens")), 0)
+    read = max(count(field_of(usage.get("prompt_tokens_details"), "cached_tokens")), 0)
+    read = min(read, prompt)
+    write = min(max(count(usage.get("cache_creation_tokens")), 0), prompt - read)
+    reasoning = max(count(field_of(usage.get("completion_tokens_details"), "reasoning_tokens")), 0)
+    return UsageParts(prompt, completion, read, write, min(reasoning, completion))
+
+
 class ConvertedStream:
     """A ``RelayStream`` that converts: upstream bytes -> SSE events (or the events of
     ``parser``'s framing) -> the channel protocol's decoder -> chat-completions chunks -> the

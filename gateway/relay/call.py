@@ -13,11 +13,12 @@ import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
 from gateway.observe.access_log import AccessLog
 from gateway.observe.metrics import Metrics
-from gateway.policy.billing import Metered, Rate
+from gateway.policy.billing import FREE, Metered, Rate
 from gateway.store import KeyRecord, UsageRecord
 from gateway.store.writer import UsageWriter
 
@@ -50,7 +51,7 @@ class Call(UsageRecord):
         """A request's record as it arrives (``ids``: ``request_ids()``): no key, model,
         channel or tokens yet."""
         # positional, in the fields' order (``UsageRecord``'s, then ``started``, ``reply_id``):
-        # matching 16 keywords costs more than the rest of this request's bookkeeping
+        # matching 20 keywords costs more than the rest of this request's bookkeeping
         return cls(
             at,  # time
             ids[0],  # request_id
@@ -66,6 +67,10 @@ class Call(UsageRecord):
             200,  # status
             0,  # latency_ms
             ip_range,
+            0,  # cache_read_tokens
+            0,  # cache_write_tokens
+            0,  # reasoning_tokens
+            0,  # cost_pico
             time.perf_counter(),  # started
             ids[1],  # reply_id
         )
@@ -75,13 +80,19 @@ class Call(UsageRecord):
         if not self.recorded:
             self.status = status
 
-    def bill(self, used: Metered, rate: Rate | None) -> None:
-        """Tokens and cost of what the request used (``rate`` None: not charged)."""
+    def bill(self, used: Metered, rate: Rate | None, ratio: Fraction | int = 1) -> None:
+        """Tokens (by class) and exact cost of what the request used, times ``ratio`` (its
+        group's; ``rate`` None: not charged)."""
         if self.recorded:
             return  # handed to the writer: it is no longer changed
         self.prompt_tokens = used.prompt_tokens  # plausible counts (billing.billable_tokens)
         self.completion_tokens = used.completion_tokens
-        self.cost = rate.cost_of(used) if rate is not None else 0
+        self.cache_read_tokens = used.cache_read_tokens  # parts of them (Metered.classified)
+        self.cache_write_tokens = used.cache_write_tokens
+        self.reasoning_tokens = used.reasoning_tokens
+        charge = rate.charge(used, ratio) if rate is not None else FREE
+        self.cost = charge.micro
+        self.cost_pico = charge.pico
 
     def record(
         self, writer: UsageWriter, metrics: Metrics | None, access: AccessLog | None

@@ -4,7 +4,9 @@ Two backends pass one test suite: SQLite (``sqlite:///path``, the embedded defau
 writer thread, safe with several worker processes) and Redis (``redis://host:port/db``, shared
 by several instances, or a Redis Cluster: ``redis+cluster://host:port,host:port``). Money is
 integer micro-units (1 balance unit = 1,000,000), never floats. Keys are stored by the
-SHA-256 of their secret, never the secret.
+SHA-256 of their secret, never the secret. A request's cost is exact below the micro-unit: its
+record keeps the pico-units (1e-12) below its whole micro-units, and settlement carries them per
+account (``Account.carry``), debiting a micro-unit whenever they make one (``policy/billing``).
 
 The hot path never awaits the store: it reads ``cache.Cache`` (a snapshot at most one second
 stale) and hands usage records to ``writer.UsageWriter``.
@@ -49,6 +51,9 @@ class StoreClosedError(StoreError, RuntimeError):
 class Account:
     id: str
     balance: int  # micro-units
+    # pico-units (1e-12) the account's records cost beyond what was debited from ``balance``:
+    # 0 to 999,999; settlement debits one micro-unit more each time it reaches one
+    carry: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +89,17 @@ class UsageRecord:
     channel: str | None  # None when no channel was reached
     protocol: str  # the client's: openai | anthropic | gemini
     endpoint: str  # chat | count_tokens | embeddings | images | audio_transcription | ...
-    prompt_tokens: int
-    completion_tokens: int
-    cost: int  # micro-units debited
+    prompt_tokens: int  # every input token, cache reads and writes included
+    completion_tokens: int  # every output token, reasoning included
+    cost: int  # whole micro-units of the cost (exactly: cost + cost_pico / 1e6)
     status: int  # HTTP status the client saw (499: the client went away)
     latency_ms: int
     ip_range: str  # a.b.c.0/24 or a /48
+    # added later, so last and with defaults (a record an earlier version wrote has none):
+    cache_read_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to it
+    reasoning_tokens: int = 0  # of completion_tokens
+    cost_pico: int = 0  # pico-units (1e-12) of the cost below its whole micro-units
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +230,10 @@ class Store(Protocol):
     async def delete_key(self, key_id: str) -> bool: ...
 
     async def settle(self, records: Sequence[UsageRecord]) -> None:
-        """For each record, atomically debit its cost from its account and append it."""
+        """For each record not yet held (by request id), atomically append it and debit its
+        cost from its account: its whole micro-units, and one more when its pico-units bring
+        the account's ``carry`` to a micro-unit (the debit counts toward its key's spent and
+        the day's totals alike)."""
         ...
 
     async def usage(self, account: str | None = None, limit: int = 100) -> list[UsageRecord]:

@@ -51,6 +51,8 @@ def model_json(model: Model) -> dict[str, JSON]:
         "price": {
             "input": price.input,
             "output": price.output,
+            "cache_read": price.cache_read,  # None: not set (``billing.cache_prices``)
+            "cache_write": price.cache_write,
             "request": price.request,
             "image": price.image,
             "audio_second": price.audio_second,

@@ -1,9 +1,12 @@
 """The shapes records take outside memory, written once for both backends and the admin API.
 
 - A usage record is a row of ``USAGE_FIELDS`` in SQLite (its time in microseconds since the
-  epoch), a JSON object with the same fields in Redis (its time as exact RFC 3339 text), and a
-  JSON object for the admin API and the command line (time in RFC 3339 UTC, to the
-  millisecond at most; cost in balance units instead of micro-units).
+  epoch), a JSON object with the same fields in Redis (its time as exact RFC 3339 text; the
+  fields added since the first release, ``ADDED_USAGE_FIELDS``, only when one is not 0, so a
+  record without them has the bytes an earlier version gave it, and one an earlier version
+  wrote reads with them 0), and a JSON object for the admin API and the command line (time in
+  RFC 3339 UTC, to the millisecond at most; cost in balance units, its pico-units included,
+  instead of micro-units; every field).
 - A key record is a row of ``KEY_FIELDS`` in SQLite and a JSON object in Redis, its times
   converted the same ways. (What the admin API shows of a key lives in ``accounts.key_json``:
   it never shows the hash and shows the secret once.)
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MICROSECOND = timedelta(microseconds=1)
 USAGE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))  # time comes first
+# the record's fields since the token classes and exact costs, last: 0 in a record written before
+ADDED_USAGE_FIELDS = ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "cost_pico")
+FIRST_USAGE_FIELDS = USAGE_FIELDS[: -len(ADDED_USAGE_FIELDS)]
 KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(KeyRecord))
 # a record's fields after its time, in order, read in C
 _AFTER_TIME = operator.attrgetter(*USAGE_FIELDS[1:])
@@ -81,11 +87,20 @@ def from_micro(micro: int) -> float:
     return micro / MICRO
 
 
+def from_pico(micro: int, pico: int) -> float:
+    """Micro-units and the pico-units below them -> a JSON number in balance units, the
+    nearest double (1 micro-unit and 500,000 pico-units -> 0.0000015)."""
+    if not pico:
+        return micro / MICRO
+    return (micro * MICRO + pico) / (MICRO * MICRO)
+
+
 # -- usage records ---------------------------------------------------------------------------
 
 
 def _usage_fields(rec: UsageRecord, time: str | datetime | None, cost: float) -> dict[str, Any]:
-    """The record's fields in ``USAGE_FIELDS`` order, with its time and cost as given."""
+    """The record's first fields (``FIRST_USAGE_FIELDS``) in order, with its time and cost as
+    given."""
     return {
         "time": time,
         "request_id": rec.request_id,
@@ -115,6 +130,15 @@ def usage_from_row(row: tuple[Any, ...]) -> UsageRecord:
     return UsageRecord(from_micros(row[0]), *row[1:])
 
 
+def _added_fields(rec: UsageRecord) -> dict[str, int]:
+    return {
+        "cache_read_tokens": rec.cache_read_tokens,
+        "cache_write_tokens": rec.cache_write_tokens,
+        "reasoning_tokens": rec.reasoning_tokens,
+        "cost_pico": rec.cost_pico,
+    }
+
+
 def _time_value(dt: datetime) -> str | datetime:
     """The time as orjson is given it: a UTC time as it is (``OPT_UTC_Z`` writes exactly
     ``time_text``'s text, for a fifth of the cost of ``isoformat``), any other as that text."""
@@ -123,14 +147,22 @@ def _time_value(dt: datetime) -> str | datetime:
 
 def encode_usage(rec: UsageRecord) -> bytes:
     """The record as Redis stores it. The same record always gives the same bytes, which is
-    what lets Redis recognise a record it already holds."""
+    what lets Redis recognise a record it already holds: the fields added since the first
+    release are written only when one is not 0, so a record without them (one a journal of an
+    earlier version holds) has the bytes that version gave it."""
     fields = _usage_fields(rec, _time_value(rec.time), rec.cost)
+    if rec.cache_read_tokens or rec.cache_write_tokens or rec.reasoning_tokens or rec.cost_pico:
+        fields.update(_added_fields(rec))
     return orjson.dumps(fields, option=orjson.OPT_UTC_Z)
 
 
 def decode_usage(raw: bytes | str) -> UsageRecord:
+    """A record Redis stores; one without the added fields (``encode_usage``) has them 0."""
     d = orjson.loads(raw)
-    return UsageRecord(parse_time_text(d["time"]), *[d[name] for name in USAGE_FIELDS[1:]])
+    first = [d[name] for name in FIRST_USAGE_FIELDS[1:]]
+    return UsageRecord(
+        parse_time_text(d["time"]), *first, *[d.get(name, 0) for name in ADDED_USAGE_FIELDS]
+    )
 
 
 def journal_line(rec: UsageRecord) -> bytes:
@@ -142,37 +174,67 @@ def journal_line(rec: UsageRecord) -> bytes:
 
 
 def journal_record(line: bytes) -> UsageRecord:
-    """A journal line read back: an array (``journal_line``), or an object as journals
-    written before the arrays were (``encode_usage``). Raises on anything else."""
+    """A journal line read back: an array (``journal_line``; one an earlier version wrote
+    ends before ``ADDED_USAGE_FIELDS``), or an object as journals written before the arrays
+    were (``encode_usage``). Raises on anything else."""
     if not line.startswith(b"["):
         return decode_usage(line)
     row = orjson.loads(line)
-    if not isinstance(row, list) or len(row) != len(USAGE_FIELDS):
+    if not isinstance(row, list) or len(row) not in (len(USAGE_FIELDS), len(FIRST_USAGE_FIELDS)):
         raise ValueError("not a usage record")
     return UsageRecord(parse_time_text(row[0]), *row[1:])
 
 
-def daily_rows(
-    records: Iterable[UsageRecord],
-) -> list[tuple[str, str, str, str, int, int, int, int]]:
-    """The records summed per (day, account, key, model): the rows of ``DailyUsage``."""
-    sums: dict[tuple[str, str, str, str], list[int]] = {}
+PICO_PER_MICRO = 1_000_000
+
+
+def debits(records: Iterable[UsageRecord], carry: dict[str, int]) -> list[int]:
+    """What settling each record debits, in the records' order: its whole micro-units, and
+    one more when its pico-units bring its account's carry to a micro-unit. ``carry`` (account
+    -> pico-units, as the store holds them) is updated in place; an account not in it (no such
+    account) carries nothing. Redis's settle script does the same per record."""
+    out: list[int] = []
     for r in records:
+        debit = r.cost
+        if r.cost_pico:
+            held = carry.get(r.account)
+            if held is not None:
+                held += r.cost_pico
+                if held >= PICO_PER_MICRO:
+                    held -= PICO_PER_MICRO
+                    debit += 1
+                carry[r.account] = held
+        out.append(debit)
+    return out
+
+
+def daily_rows(
+    records: Iterable[UsageRecord], debits: Iterable[int]
+) -> list[tuple[str, str, str, str, int, int, int, int]]:
+    """The records summed per (day, account, key, model): the rows of ``DailyUsage``, their
+    cost what settlement debited for each record (``debits``, in the records' order)."""
+    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    for r, debit in zip(records, debits, strict=True):
         group = (day_of(r), r.account, r.key_id, r.model)
         found = sums.get(group)
         if found is None:
-            sums[group] = [1, r.prompt_tokens, r.completion_tokens, r.cost]
+            sums[group] = [1, r.prompt_tokens, r.completion_tokens, debit]
         else:
             found[0] += 1
             found[1] += r.prompt_tokens
             found[2] += r.completion_tokens
-            found[3] += r.cost
+            found[3] += debit
     return [(*group, *totals) for group, totals in sums.items()]  # type: ignore[misc]
 
 
 def usage_json(rec: UsageRecord) -> dict[str, JSON]:
-    """The record as the admin API and the command line show it."""
-    return _usage_fields(rec, format_time(rec.time), from_micro(rec.cost))
+    """The record as the admin API and the command line show it: its token classes too, its
+    cost in balance units, its pico-units included (not apart)."""
+    out = _usage_fields(rec, format_time(rec.time), from_pico(rec.cost, rec.cost_pico))
+    out["cache_read_tokens"] = rec.cache_read_tokens
+    out["cache_write_tokens"] = rec.cache_write_tokens
+    out["reasoning_tokens"] = rec.reasoning_tokens
+    return out
 
 
 # -- key records -----------------------------------------------------------------------------

@@ -80,6 +80,9 @@ ACCOUNTS_KEY = "gw:accounts"  # set of account ids
 BALANCE_KEY = "gw:{{acct:{account}}}:bal"  # string: balance in micro-units
 USAGE_KEY = "gw:{{acct:{account}}}:usage"  # sorted set: usage JSON scored by time (µs)
 SPENT_KEY = "gw:{{acct:{account}}}:spent"  # hash: key id -> what it spent in all (micro-units)
+# string: pico-units the account's records cost beyond what was debited, 0 to 999999 (absent: 0,
+# as for every account before exact costs)
+CARRY_KEY = "gw:{{acct:{account}}}:carry"
 # hash: "<key id>\t<model>\t" + r (requests) | p, c (prompt, completion tokens) | $ (cost)
 DAY_KEY = "gw:{{acct:{account}}}:day:{day}"
 DAILY_MAX_DAYS = 400  # days one usage_daily call reads at most
@@ -123,6 +126,10 @@ def spent_key(account: str) -> str:
     return SPENT_KEY.format(account=account)
 
 
+def carry_key(account: str) -> str:
+    return CARRY_KEY.format(account=account)
+
+
 def _settle_call(rec: UsageRecord) -> tuple[list[str], list[bytes | str | int]]:
     """SETTLE_LUA's keys (all in the account's slot) and arguments for one record."""
     account = rec.account
@@ -131,6 +138,7 @@ def _settle_call(rec: UsageRecord) -> tuple[list[str], list[bytes | str | int]]:
         usage_key(account),
         spent_key(account),
         DAY_KEY.format(account=account, day=day_of(rec)),
+        carry_key(account),
     ]
     args: list[bytes | str | int] = [
         rec.cost,
@@ -141,6 +149,7 @@ def _settle_call(rec: UsageRecord) -> tuple[list[str], list[bytes | str | int]]:
         f"{rec.key_id}\t{rec.model}\t",
         rec.prompt_tokens,
         rec.completion_tokens,
+        rec.cost_pico,
     ]
     return keys, args
 
@@ -308,15 +317,16 @@ class RedisStore:
         return Account(account_id, balance)
 
     async def get_account(self, account_id: str) -> Account | None:
-        raw = await self.client.get(balance_key(account_id))
-        return None if raw is None else Account(account_id, int(raw))
+        raw, carry = await self.client.mget(balance_key(account_id), carry_key(account_id))
+        return None if raw is None else Account(account_id, int(raw), int(carry or 0))
 
     async def topup(self, account_id: str, amount: int) -> Account:
         new = await self._scripts.topup(keys=[balance_key(account_id)], args=[amount])
         if new is None:
             raise MissingError(f"no account {account_id!r}")
         await self._changed()
-        return Account(account_id, int(new))
+        carry = await self.client.get(carry_key(account_id))
+        return Account(account_id, int(new), int(carry or 0))
 
     # -- keys -------------------------------------------------------------------------------
 

@@ -11,20 +11,36 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-# KEYS: balance, usage, spent, day   ARGV: cost, time µs, record JSON, keep, key id,
-#   the day's field prefix (key id TAB model TAB), prompt tokens, completion tokens
+# KEYS: balance, usage, spent, day, carry   ARGV: cost (whole micro-units), time µs, record
+#   JSON, keep, key id, the day's field prefix (key id TAB model TAB), prompt tokens, completion
+#   tokens, pico-units of the cost below its micro-units (0 to 999999)
+# The carry (pico-units billed and not yet debited, 0 to 999999) of an account that exists takes
+# the pico-units; when it reaches a micro-unit, one more is debited, spent and summed for the day.
+# Counts go to the commands as the text they came as: Lua's numbers are doubles, exact only to 2^53
 SETTLE_LUA = """
 if redis.call('ZADD', KEYS[2], 'NX', ARGV[2], ARGV[3]) == 0 then return 0 end
 local keep = tonumber(ARGV[4])
 local n = redis.call('ZCARD', KEYS[2])
 if n > keep then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - keep - 1) end
-if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECRBY', KEYS[1], ARGV[1]) end
+local whole = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('DECRBY', KEYS[1], ARGV[1])
+  if ARGV[9] ~= '0' and redis.call('INCRBY', KEYS[5], ARGV[9]) >= 1000000 then
+    redis.call('DECRBY', KEYS[5], 1000000)
+    redis.call('DECRBY', KEYS[1], 1)
+    whole = 1
+  end
+end
 if tonumber(ARGV[1]) ~= 0 then redis.call('HINCRBY', KEYS[3], ARGV[5], ARGV[1]) end
 local f = ARGV[6]
 redis.call('HINCRBY', KEYS[4], f .. 'r', 1)
 redis.call('HINCRBY', KEYS[4], f .. 'p', ARGV[7])
 redis.call('HINCRBY', KEYS[4], f .. 'c', ARGV[8])
 redis.call('HINCRBY', KEYS[4], f .. '$', ARGV[1])
+if whole == 1 then
+  redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+  redis.call('HINCRBY', KEYS[4], f .. '$', 1)
+end
 return 1
 """
 

@@ -48,6 +48,7 @@ from gateway.store.records import (
     USAGE_FIELDS,
     apply_key_changes,
     daily_rows,
+    debits,
     key_from_row,
     key_row,
     seed_keys,
@@ -78,10 +79,10 @@ KEY_COLUMNS = ", ".join("grp" if name == "group" else name for name in KEY_FIELD
 KEY_VALUES = ", ".join("?" for _ in KEY_FIELDS)
 USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
-# usage rows per INSERT statement: 64 x 14 values stays under SQLite's oldest limit of 999
+# usage rows per INSERT statement: 55 x 18 values stays under SQLite's oldest limit of 999
 # variables. A batch goes in as a few statements of many rows, not through executemany, which
 # steps and resets a statement once per row
-ROWS_PER_INSERT = 64
+ROWS_PER_INSERT = 999 // len(USAGE_FIELDS)
 IDS_PER_LOOKUP = 500  # request ids per SELECT ... IN (...), under the same limit
 
 T = TypeVar("T")
@@ -99,6 +100,19 @@ def _insert_usage(rows: int) -> str:
     """One INSERT of ``rows`` usage rows (at most ``ROWS_PER_INSERT`` distinct texts)."""
     one = "(" + ",".join("?" * USAGE_COLUMNS.count(",")) + ",?)"
     return f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES " + ",".join([one] * rows)
+
+
+def _carries(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> dict[str, int]:
+    """The carry of each account that a record with pico-units bills (an account that does
+    not exist is left out)."""
+    accounts = sorted({r.account for r in records if r.cost_pico})
+    carry: dict[str, int] = {}
+    for i in range(0, len(accounts), IDS_PER_LOOKUP):
+        part = accounts[i : i + IDS_PER_LOOKUP]
+        marks = ",".join("?" * len(part))
+        rows = conn.execute(f"SELECT id, carry FROM accounts WHERE id IN ({marks})", part)
+        carry.update((r[0], int(r[1])) for r in rows)
+    return carry
 
 
 def _held_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
@@ -333,22 +347,22 @@ class SQLiteStore:
     async def get_account(self, account_id: str) -> Account | None:
         def run(conn: sqlite3.Connection) -> Account | None:
             row = conn.execute(
-                "SELECT id, balance FROM accounts WHERE id = ?", (account_id,)
+                "SELECT id, balance, carry FROM accounts WHERE id = ?", (account_id,)
             ).fetchone()
-            return None if row is None else Account(row[0], int(row[1]))
+            return None if row is None else Account(row[0], int(row[1]), int(row[2]))
 
         return await self._run(run)
 
     async def topup(self, account_id: str, amount: int) -> Account:
         def run(conn: sqlite3.Connection) -> Account:
             row = conn.execute(
-                "UPDATE accounts SET balance = balance + ? WHERE id = ? RETURNING balance",
+                "UPDATE accounts SET balance = balance + ? WHERE id = ? RETURNING balance, carry",
                 (amount, account_id),
             ).fetchone()
             if row is None:
                 raise MissingError(f"no account {account_id!r}")
             conn.execute(BUMP_VERSION)
-            return Account(account_id, int(row[0]))
+            return Account(account_id, int(row[0]), int(row[1]))
 
         return await self._tx(run)
 
@@ -425,28 +439,36 @@ class SQLiteStore:
 
     async def settle(self, records: Sequence[UsageRecord]) -> None:
         """Each record once: one already held (by request id: a journal replayed after a
-        crash re-sends what was settled just before it) is neither inserted nor debited."""
+        crash re-sends what was settled just before it) is neither inserted nor debited. The
+        accounts' carries are read and written in the same transaction (``records.debits``)."""
         if not records:
             return
 
         def run(conn: sqlite3.Connection) -> None:
             held = _held_ids(conn, [r.request_id for r in records])
             fresh = [r for r in records if r.request_id not in held] if held else records
+            carry = _carries(conn, fresh)
+            carried = dict(carry)
+            debited = debits(fresh, carry)
             totals: dict[str, int] = {}
             by_key: dict[str, int] = {}
-            for r in fresh:  # one UPDATE per account (and key) and batch, not one per record
-                if r.cost:
-                    totals[r.account] = totals.get(r.account, 0) + r.cost
-                    by_key[r.key_id] = by_key.get(r.key_id, 0) + r.cost
+            for r, debit in zip(fresh, debited, strict=True):
+                if debit:  # one UPDATE per account (and key) and batch, not one per record
+                    totals[r.account] = totals.get(r.account, 0) + debit
+                    by_key[r.key_id] = by_key.get(r.key_id, 0) + debit
             conn.executemany(
                 "UPDATE accounts SET balance = balance - ? WHERE id = ?",
                 [(cost, account) for account, cost in totals.items()],
             )
             conn.executemany(
+                "UPDATE accounts SET carry = ? WHERE id = ?",
+                [(pico, account) for account, pico in carry.items() if pico != carried[account]],
+            )
+            conn.executemany(
                 "UPDATE keys SET spent = spent + ? WHERE id = ?",
                 [(cost, key_id) for key_id, cost in by_key.items()],
             )
-            conn.executemany(ADD_DAILY, daily_rows(fresh))
+            conn.executemany(ADD_DAILY, daily_rows(fresh, debited))
             for i in range(0, len(fresh), ROWS_PER_INSERT):
                 part = fresh[i : i + ROWS_PER_INSERT]
                 conn.execute(_insert_usage(len(part)), [v for r in part for v in usage_row(r)])

@@ -1,6 +1,11 @@
 """The SQLite store's schema (``store/sqlite.py``): its tables and indexes, and how a file made
 by an earlier version is brought up to date when it is opened (indexes replaced, columns added,
 daily totals summed from the records once).
+
+Columns added since a table's first release (``ADDED_COLUMNS``) are in its ``CREATE TABLE`` for
+a new file and added by ``ALTER TABLE`` to a file that lacks them, each with a default that
+means what the earlier version meant: a usage record an earlier version wrote has no token
+classes and no pico-units (0), an account no carry (0).
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ import sqlite3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
     id      TEXT PRIMARY KEY,
-    balance INTEGER NOT NULL
+    balance INTEGER NOT NULL,
+    carry   INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS keys (
     id         TEXT PRIMARY KEY,
@@ -43,7 +49,11 @@ CREATE TABLE IF NOT EXISTS usage (
     cost              INTEGER NOT NULL,
     status            INTEGER NOT NULL,
     latency_ms        INTEGER NOT NULL,
-    ip_range          TEXT NOT NULL
+    ip_range          TEXT NOT NULL,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens   INTEGER NOT NULL DEFAULT 0,
+    cost_pico          INTEGER NOT NULL DEFAULT 0
 );
 -- usage indexes ascend: each new row lands at their right edge, where SQLite splits a full
 -- page cheaply and leaves it full, and the newest-first listings read them backwards. A file
@@ -105,12 +115,23 @@ CREATE TABLE IF NOT EXISTS catalogue_entries (
 );
 """
 
-# columns added to ``keys`` after its first release: a file made before gets them at open
+# columns added to a table after its first release: a file made before gets them at open
 ADDED_KEY_COLUMNS = {
     "quota": "INTEGER",
     "models": "TEXT",
     "allowed_ips": "TEXT",
     "spent": "INTEGER NOT NULL DEFAULT 0",
+}
+ADDED_COLUMNS = {
+    "keys": ADDED_KEY_COLUMNS,
+    # pico-units (1e-12) the account's records cost beyond what was debited (``Account.carry``)
+    "accounts": {"carry": "INTEGER NOT NULL DEFAULT 0"},
+    "usage": {
+        "cache_read_tokens": "INTEGER NOT NULL DEFAULT 0",
+        "cache_write_tokens": "INTEGER NOT NULL DEFAULT 0",
+        "reasoning_tokens": "INTEGER NOT NULL DEFAULT 0",
+        "cost_pico": "INTEGER NOT NULL DEFAULT 0",
+    },
 }
 
 BACKFILL_DAILY = """
@@ -123,8 +144,8 @@ FROM usage GROUP BY 1, 2, 3, 4
 
 def create_schema(conn: sqlite3.Connection, *, backfill_daily: bool) -> None:
     """Create what the file lacks, in one write transaction: tables, indexes, the columns added
-    to ``keys`` since its first release and, when ``backfill_daily`` (the file had no daily
-    totals before this open), the daily totals of the records it holds."""
+    since their tables' first release (``ADDED_COLUMNS``) and, when ``backfill_daily`` (the file
+    had no daily totals before this open), the daily totals of the records it holds."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         for statement in SCHEMA.split(";"):
@@ -140,7 +161,8 @@ def create_schema(conn: sqlite3.Connection, *, backfill_daily: bool) -> None:
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
-    have = {row[1] for row in conn.execute("PRAGMA table_info(keys)")}
-    for name, decl in ADDED_KEY_COLUMNS.items():
-        if name not in have:
-            conn.execute(f"ALTER TABLE keys ADD COLUMN {name} {decl}")
+    for table, columns in ADDED_COLUMNS.items():
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        for name, decl in columns.items():
+            if name not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")

@@ -20,7 +20,7 @@ from gateway.errors import (
     UpstreamUnavailableError,
     error_for_status,
 )
-from gateway.protocols.base import Ctx, count, field_of
+from gateway.protocols.base import Ctx, count, usage_parts
 from gateway.protocols.fields import REPLY, REQUEST, Reader
 from gateway.types import JSON, ChatMessage, ChatResponse, ToolCall, Usage
 
@@ -94,14 +94,12 @@ def encode_usage(usage: Usage | None, input_estimate: int = 0) -> dict[str, int]
             "cache_read_input_tokens": 0,
             "output_tokens": 0,
         }
-    read = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
-    created = count(usage.get("cache_creation_tokens"))
-    prompt = count(usage.get("prompt_tokens"))
+    parts = usage_parts(usage)
     return {
-        "input_tokens": max(prompt - read - created, 0),
-        "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": read,
-        "output_tokens": count(usage.get("completion_tokens")),
+        "input_tokens": parts.fresh,
+        "cache_creation_input_tokens": parts.cache_write,
+        "cache_read_input_tokens": parts.cache_read,
+        "output_tokens": parts.completion,
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
-from gateway.protocols.base import Ctx, count, field_of
+from gateway.protocols.base import Ctx, count, usage_parts
 from gateway.protocols.fields import REPLY
 from gateway.protocols.gemini.contents import assistant_parts, part_deltas
 from gateway.types import JSON, ChatMessage, ChatResponse, Choice, ToolCall, Usage
@@ -135,19 +135,19 @@ def decode_usage(meta: JSON) -> Usage:
 
 
 def encode_usage(usage: Usage) -> JSON:
-    prompt = count(usage.get("prompt_tokens"))
-    completion = count(usage.get("completion_tokens"))
-    thoughts = count(field_of(usage.get("completion_tokens_details"), "reasoning_tokens"))
-    cached = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
+    """usage -> usageMetadata: promptTokenCount includes cachedContentTokenCount (and cache
+    writes, which Gemini has no count for), candidatesTokenCount excludes thoughtsTokenCount."""
+    parts = usage_parts(usage)
+    prompt, completion = parts.prompt, parts.completion
     meta: JSON = {
         "promptTokenCount": prompt,
-        "candidatesTokenCount": max(completion - thoughts, 0),
+        "candidatesTokenCount": completion - parts.reasoning,
         "totalTokenCount": count(usage.get("total_tokens")) or prompt + completion,
     }
-    if cached:
-        meta["cachedContentTokenCount"] = cached
-    if thoughts:
-        meta["thoughtsTokenCount"] = thoughts
+    if parts.cache_read:
+        meta["cachedContentTokenCount"] = parts.cache_read
+    if parts.reasoning:
+        meta["thoughtsTokenCount"] = parts.reasoning
     return meta
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
-from gateway.protocols.base import Ctx
+from gateway.protocols.base import Ctx, count, usage_parts
 from gateway.protocols.fields import REPLY
-from gateway.types import JSON, ChatResponse
+from gateway.types import JSON, ChatResponse, Usage
 
 ERROR_CODES = {
     400: "invalid_request_error",
@@ -87,11 +87,32 @@ def check_usage(usage: JSON) -> None:
         REPLY.opt_obj(details, "usage", "completion_tokens_details")
 
 
+def encode_usage(usage: Usage) -> Usage:
+    """A converted reply's usage as chat completions reports it: ``prompt_tokens`` with the
+    cache reads and writes in it, cache reads in ``prompt_tokens_details.cached_tokens``,
+    reasoning in ``completion_tokens_details.reasoning_tokens`` (cache writes have no field
+    of their own: the internal ``cache_creation_tokens`` is left out)."""
+    parts = usage_parts(usage)
+    out: Usage = {
+        "prompt_tokens": parts.prompt,
+        "completion_tokens": parts.completion,
+        "total_tokens": count(usage.get("total_tokens")) or parts.prompt + parts.completion,
+    }
+    if parts.cache_read:
+        out["prompt_tokens_details"] = {"cached_tokens": parts.cache_read}
+    if parts.reasoning:
+        out["completion_tokens_details"] = {"reasoning_tokens": parts.reasoning}
+    return out
+
+
 def encode_response(resp: ChatResponse, ctx: Ctx) -> JSON:
     resp["id"] = f"chatcmpl-{ctx.request_id}"
     resp["object"] = "chat.completion"
     resp["created"] = ctx.created
     resp["model"] = ctx.model
+    usage = resp.get("usage")
+    if usage:
+        resp["usage"] = encode_usage(usage)
     return resp
 
 

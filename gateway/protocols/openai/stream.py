@@ -9,7 +9,13 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx
 from gateway.protocols.fields import REPLY
-from gateway.protocols.openai.reply import check_message, check_usage, error_body, stream_error
+from gateway.protocols.openai.reply import (
+    check_message,
+    check_usage,
+    encode_usage,
+    error_body,
+    stream_error,
+)
 from gateway.protocols.sse import DONE, SSEEvent, frame
 from gateway.types import JSON, ChatChunk, Usage
 
@@ -27,11 +33,14 @@ class OpenAIStreamEncoder:
         self._include_usage = ctx.include_usage
 
     def encode(self, chunk: ChatChunk) -> bytes:
-        if chunk.get("usage") is not None:
+        usage = chunk.get("usage")
+        if usage is not None:
             if not self._include_usage:
                 if not chunk.get("choices"):
                     return b""
                 chunk = {k: v for k, v in chunk.items() if k != "usage"}  # type: ignore[assignment]
+            elif usage:
+                chunk["usage"] = encode_usage(usage)
         elif self._include_usage and "usage" not in chunk:
             chunk["usage"] = None
         chunk["model"] = self._model

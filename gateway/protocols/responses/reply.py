@@ -16,7 +16,7 @@ it). Ids derive from the request id; nothing is stored (``store: false``).
 from __future__ import annotations
 
 from gateway.errors import GatewayError
-from gateway.protocols.base import Ctx, count, field_of
+from gateway.protocols.base import Ctx, count, usage_parts
 from gateway.protocols.responses.tools import split_name
 from gateway.types import JSON, ChatResponse, ToolCall, Usage
 
@@ -72,17 +72,16 @@ def encode_usage(usage: Usage | None) -> JSON:
     """A ResponseUsage with every field the SDK's type requires (cache writes: Anthropic's)."""
     if not usage:
         return None
-    prompt = count(usage.get("prompt_tokens"))
-    completion = count(usage.get("completion_tokens"))
-    cached = count(field_of(usage.get("prompt_tokens_details"), "cached_tokens"))
-    written = count(usage.get("cache_creation_tokens"))
-    reasoning = count(field_of(usage.get("completion_tokens_details"), "reasoning_tokens"))
+    parts = usage_parts(usage)
     return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": reasoning},
-        "total_tokens": prompt + completion,
+        "input_tokens": parts.prompt,
+        "input_tokens_details": {
+            "cached_tokens": parts.cache_read,
+            "cache_write_tokens": parts.cache_write,
+        },
+        "output_tokens": parts.completion,
+        "output_tokens_details": {"reasoning_tokens": parts.reasoning},
+        "total_tokens": parts.prompt + parts.completion,
     }
 
 

@@ -355,7 +355,8 @@ async function accountsPage() {
 }
 
 const USAGE_COLUMNS = ["time", "request_id", "account", "key_id", "model", "channel", "protocol", "endpoint",
-  "prompt_tokens", "completion_tokens", "cost", "status", "latency_ms"];
+  "prompt_tokens", "completion_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
+  "cost", "status", "latency_ms"];
 
 function usageTable(records, withAccount) {
   return table([
