@@ -1,0 +1,226 @@
+"""The catalogue's configuration: models (capabilities, prices) and channels (type,
+base URL, keys, groups, models, routing weights, timeouts)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.config.values import (
+    ConfigError,
+    at,
+    integer,
+    mapping,
+    name_of,
+    no_unknown,
+    number,
+    string,
+    strings,
+)
+
+CHANNEL_TYPES = ("openai", "anthropic", "gemini")
+CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
+PRICE_FIELDS = (
+    "input", "output", "cache_read", "cache_write", "request", "image", "audio_second",
+    "speech_char",
+)  # fmt: skip
+# the prices that may be left unset (None): ``billing.cache_prices`` says what stands in for them
+OPTIONAL_PRICES = frozenset({"cache_read", "cache_write"})
+# the highest price of any kind (balance units per million tokens, per call, ...): far above
+# any real one, low enough that no request's cost overflows the stores' 64-bit micro-units
+# (``billing.MAX_COST``)
+MAX_PRICE = 1_000_000
+# the most ``default_max_tokens`` may be (``billing.MAX_TOKENS``: no request uses more)
+MAX_DEFAULT_TOKENS = 2**31 - 1
+CHANNEL_STATUSES = ("enabled", "disabled")  # a disabled channel is never chosen
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """Balance units per million tokens (input, output; prompt tokens read from and written to
+    the provider's prompt cache), per call, per image, per second of audio transcribed, per
+    million characters spoken. A cache price left out is None: ``billing.cache_prices`` is the
+    one place that decides what stands in for it."""
+
+    input: float = 0.0
+    output: float = 0.0
+    cache_read: float | None = None
+    cache_write: float | None = None
+    request: float = 0.0
+    image: float = 0.0
+    audio_second: float = 0.0
+    speech_char: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    capabilities: frozenset[str]
+    price: Price
+    default_max_tokens: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelTimeouts:
+    """A channel's own timeouts (its ``timeouts:``), in seconds; None: ``upstream:``'s."""
+
+    connect: float | None = None
+    first_byte: float | None = None  # the reply's status and a stream's first output
+    idle: float | None = None  # the longest silence between two bytes
+    total: float | None = None  # the whole request, stream included; None: no limit
+
+    @property
+    def custom(self) -> bool:
+        """Whether any of the timeouts the upstream client applies is the channel's own."""
+        return self.connect is not None or self.idle is not None or self.total is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    name: str
+    type: str
+    base_url: str
+    api_key: str = field(repr=False)  # the upstream's credential: in no repr, so in no log
+    groups: tuple[str, ...]
+    models: tuple[str, ...]
+    model_map: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    weight: int = 1
+    # the client protocols the upstream speaks natively, so their bodies go through unconverted:
+    # its type, and the Responses API for an openai channel with ``responses: true``
+    speaks: frozenset[str] = frozenset()
+    timeouts: ChannelTimeouts = ChannelTimeouts()
+    status: str = "enabled"  # enabled | disabled: a disabled channel is never chosen
+
+    def __post_init__(self) -> None:
+        if not self.speaks:
+            object.__setattr__(self, "speaks", frozenset({self.type}))
+
+    def upstream_model(self, model: str) -> str:
+        return self.model_map.get(model, model)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+def price_value(v: Any, where: str) -> float:
+    """A price: a finite number from 0 to ``MAX_PRICE``, the one rule for the file and the
+    admin API."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_PRICE:
+        raise ConfigError(f"{where}: must be a number from 0 to {MAX_PRICE}")
+    return float(v)
+
+
+MODEL_FIELDS = frozenset({"name", "capabilities", "price", "default_max_tokens"})
+CHANNEL_FIELDS = frozenset(
+    {
+        "name",
+        "type",
+        "base_url",
+        "api_key",
+        "groups",
+        "models",
+        "model_map",
+        "priority",
+        "weight",
+        "responses",
+        "timeouts",
+        "status",
+    }
+)
+
+
+def parse_model(v: Any, where: str = "") -> Model:
+    """One ``models[]`` entry (the file's or an admin API body). Raises ConfigError naming
+    the field under ``where``."""
+    d = mapping(v, where or "model")
+    no_unknown(d, MODEL_FIELDS, where)
+    name = name_of(d.get("name"), at(where, "name"))
+    caps = strings(d.get("capabilities", ["chat"]), at(where, "capabilities"))
+    for i, c in enumerate(caps):
+        if c not in CAPABILITIES:
+            raise ConfigError(f"{at(where, 'capabilities')}[{i}]: unknown capability {c!r}")
+    price_at = at(where, "price")
+    price_raw = mapping(d.get("price") or {}, price_at)
+    no_unknown(price_raw, set(PRICE_FIELDS), price_at)
+    price = Price(
+        **{
+            k: price_value(v, f"{price_at}.{k}")
+            for k, v in price_raw.items()
+            if v is not None or k not in OPTIONAL_PRICES  # null: left unset
+        }
+    )
+    dmt_at = at(where, "default_max_tokens")
+    dmt = integer(d.get("default_max_tokens", 4096), dmt_at, minimum=1)
+    if dmt > MAX_DEFAULT_TOKENS:
+        raise ConfigError(f"{dmt_at}: must be at most {MAX_DEFAULT_TOKENS}")
+    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
+
+
+def parse_channel(v: Any, where: str, groups: Collection[str], models: Collection[str]) -> Channel:
+    """One ``channels[]`` entry (the file's or an admin API body), its groups and models
+    among those given. Raises ConfigError naming the field under ``where``."""
+    d = mapping(v, where or "channel")
+    no_unknown(d, CHANNEL_FIELDS, where)
+    name = name_of(d.get("name"), at(where, "name"))
+    ctype = d.get("type")
+    if ctype not in CHANNEL_TYPES:
+        raise ConfigError(f"{at(where, 'type')}: must be one of {', '.join(CHANNEL_TYPES)}")
+    base_url = string(d.get("base_url"), at(where, "base_url"))
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{at(where, 'base_url')}: not a URL")
+    api_key = string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True)
+    groups_at = at(where, "groups")
+    ch_groups = strings(d.get("groups", ["default"]), groups_at)
+    for i, g in enumerate(ch_groups):
+        if g not in groups:
+            raise ConfigError(f"{groups_at}[{i}]: unknown group {g!r}")
+    models_at = at(where, "models")
+    ch_models = strings(d.get("models", []), models_at)
+    if not ch_models:
+        raise ConfigError(f"{models_at}: at least one model is needed")
+    for i, m in enumerate(ch_models):
+        if m not in models:
+            raise ConfigError(f"{models_at}[{i}]: {m!r} is not in the models catalogue")
+    map_at = at(where, "model_map")
+    mm = mapping(d.get("model_map") or {}, map_at)
+    model_map = {string(k, map_at): string(x, f"{map_at}.{k}") for k, x in mm.items()}
+    priority = integer(d.get("priority", 0), at(where, "priority"), minimum=-1_000_000)
+    weight = integer(d.get("weight", 1), at(where, "weight"), minimum=0)
+    responses = d.get("responses", False)
+    if not isinstance(responses, bool):
+        raise ConfigError(f"{at(where, 'responses')}: must be true or false")
+    if responses and ctype != "openai":
+        raise ConfigError(
+            f"{at(where, 'responses')}: only an openai channel serves the Responses API"
+        )
+    status = d.get("status", "enabled")
+    if status not in CHANNEL_STATUSES:
+        raise ConfigError(f"{at(where, 'status')}: must be enabled or disabled")
+    return Channel(
+        name=name,
+        type=ctype,
+        base_url=base_url.rstrip("/"),
+        api_key=api_key,
+        groups=tuple(ch_groups),
+        models=tuple(ch_models),
+        model_map=model_map,
+        priority=priority,
+        weight=weight,
+        speaks=frozenset({ctype, "responses"} if responses else {ctype}),
+        timeouts=parse_timeouts(d.get("timeouts") or {}, at(where, "timeouts")),
+        status=status,
+    )
+
+
+def parse_timeouts(v: Any, where: str) -> ChannelTimeouts:
+    d = mapping(v, where)
+    no_unknown(d, set(ChannelTimeouts.__dataclass_fields__), where)
+    values = {
+        name: None if d.get(name) is None else number(d[name], f"{where}.{name}", minimum=0.001)
+        for name in ChannelTimeouts.__dataclass_fields__
+    }
+    return ChannelTimeouts(**values)

@@ -1,0 +1,219 @@
+"""The whole configuration: read once at start-up (YAML, ``${NAME}`` expansion, ``GATEWAY_*``
+overrides), validated into frozen ``Settings``. The CLI prints a ``ConfigError``'s one line and
+exits with status 2."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.config.catalogue import (
+    Channel,
+    Model,
+    parse_channel,
+    parse_model,
+)
+from gateway.config.sections import (
+    Limits,
+    LoggingSettings,
+    MetricsSettings,
+    ServerSettings,
+    TracingSettings,
+    UpstreamSettings,
+    parse_limits,
+    parse_logging,
+    parse_metrics,
+    parse_server,
+    parse_tracing,
+    parse_upstream,
+)
+from gateway.config.seeds import AccountSeed, KeySeed, parse_account, parse_key
+from gateway.config.values import (
+    ENV_REF,
+    ConfigError,
+    list_of,
+    string,
+    strings,
+    unique,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # secrets are in no repr: the store URL may hold a password, the admin token is one
+    store: str = field(repr=False)
+    admin_token: str = field(repr=False)
+    groups: tuple[str, ...]
+    models: tuple[Model, ...]
+    channels: tuple[Channel, ...]
+    accounts: tuple[AccountSeed, ...] = ()
+    keys: tuple[KeySeed, ...] = ()
+    limits: Limits = Limits()
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1/32", "::1/128")
+    upstream: UpstreamSettings = UpstreamSettings()
+    server: ServerSettings = ServerSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    logging: LoggingSettings = LoggingSettings()
+    tracing: TracingSettings = TracingSettings()
+    # the settlement journal's directory (gateway.store.journal); beside a SQLite file, else
+    # data/journal
+    journal: str = ""
+    path: str = ""
+
+    def model(self, name: str) -> Model | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+
+def load_settings(path: str | os.PathLike[str] | None = None) -> Settings:
+    """Read, expand and validate the configuration file. Raises ConfigError."""
+    if path is None:
+        path = os.environ.get("GATEWAY_CONFIG", "")
+        if not path:
+            raise ConfigError("config: no --config given and GATEWAY_CONFIG is not set")
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"config: not valid YAML{where}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config: the top level must be a mapping")
+    raw = expand(raw, "")
+    if os.environ.get("GATEWAY_STORE"):
+        raw["store"] = os.environ["GATEWAY_STORE"]
+    if os.environ.get("GATEWAY_ADMIN_TOKEN"):
+        raw["admin_token"] = os.environ["GATEWAY_ADMIN_TOKEN"]
+    if os.environ.get("GATEWAY_JOURNAL"):
+        raw["journal"] = os.environ["GATEWAY_JOURNAL"]
+    return parse_settings(raw, path=str(p.resolve()))
+
+
+def expand(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in os.environ:
+                # an unset variable becomes empty; fields that need a value say so below
+                return ""
+            return os.environ[name]
+
+        return ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: expand(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+# the top-level fields of the file
+TOP_LEVEL = frozenset(
+    {
+        "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
+        "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
+    }
+)  # fmt: skip
+
+
+def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
+    """Validate an already-expanded mapping into Settings. Raises ConfigError."""
+    for k in raw:
+        if k not in TOP_LEVEL:
+            raise ConfigError(f"{k}: unknown field")
+    store = raw.get("store") or "sqlite:///data/gateway.db"
+    check_store_url(store)
+    admin_token = string(raw.get("admin_token", ""), "admin_token", allow_empty=True)
+    groups = tuple(strings(raw.get("groups", ["default"]), "groups"))
+    if not groups:
+        raise ConfigError("groups: at least one group is needed")
+    models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
+    names = [m.name for m in models]
+    unique(names, "models", "name")
+    channels = tuple(
+        parse_channel(c, f"channels[{i}]", set(groups), set(names))
+        for i, c in enumerate(list_of(raw, "channels"))
+    )
+    unique([c.name for c in channels], "channels", "name")
+    accounts = tuple(
+        parse_account(a, f"accounts[{i}]") for i, a in enumerate(list_of(raw, "accounts"))
+    )
+    unique([a.id for a in accounts], "accounts", "id")
+    account_ids = {a.id for a in accounts}
+    keys = tuple(
+        parse_key(k, f"keys[{i}]", set(groups), account_ids)
+        for i, k in enumerate(list_of(raw, "keys"))
+    )
+    unique([k.id for k in keys], "keys", "id")
+    unique([k.key for k in keys], "keys", "key")
+    limits = parse_limits(raw.get("limits") or {})
+    proxies = trusted_proxies(raw.get("trusted_proxies", ["127.0.0.1/32", "::1/128"]))
+    upstream = parse_upstream(raw.get("upstream") or {})
+    server = parse_server(raw.get("server") or {})
+    metrics = parse_metrics(raw.get("metrics") or {})
+    logging_ = parse_logging(raw.get("logging") or {})
+    tracing = parse_tracing(raw.get("tracing") or {})
+    journal = string(raw.get("journal") or default_journal(store), "journal")
+    return Settings(
+        store=store,
+        admin_token=admin_token,
+        groups=groups,
+        models=models,
+        channels=channels,
+        accounts=accounts,
+        keys=keys,
+        limits=limits,
+        trusted_proxies=proxies,
+        upstream=upstream,
+        server=server,
+        metrics=metrics,
+        logging=logging_,
+        tracing=tracing,
+        journal=journal,
+        path=path,
+    )
+
+
+def trusted_proxies(v: Any) -> tuple[str, ...]:
+    proxies = tuple(strings(v, "trusted_proxies"))
+    for i, net in enumerate(proxies):
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError:
+            raise ConfigError(f"trusted_proxies[{i}]: not an IP network") from None
+    return proxies
+
+
+def default_journal(store: str) -> str:
+    """The journal's directory when the file names none: beside a SQLite file, else
+    ``data/journal`` under the working directory."""
+    if store.startswith("sqlite:///"):
+        return os.path.join(os.path.dirname(store[len("sqlite:///") :]) or ".", "journal")
+    return os.path.join("data", "journal")
+
+
+def check_store_url(url: Any) -> None:
+    if not isinstance(url, str):
+        raise ConfigError("store: must be a string")
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return
+    if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
+        return
+    raise ConfigError(
+        "store: must be sqlite:///path, redis://host:port/db or redis+cluster://host:port,..."
+    )
