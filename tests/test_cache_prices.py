@@ -51,7 +51,7 @@ def test_a_bad_cache_price_names_its_field(bad: Any) -> None:
 
 @pytest.fixture
 async def store(tmp_path: Path) -> Any:
-    from gateway.store import open_store
+    from gateway.store.backends import open_store
 
     s = open_store(sqlite_url(tmp_path / "gw.db"))
     await s.open()

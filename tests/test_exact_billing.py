@@ -22,8 +22,9 @@ import redis.asyncio as aioredis
 
 from gateway.config import Price
 from gateway.policy.billing import PICO_PER_MICRO, Metered, Rate
-from gateway.store import MICRO, KeyRecord, Store, UsageRecord, hash_key, open_store
+from gateway.store import MICRO, KeyRecord, Store, UsageRecord, hash_key
 from gateway.store import redis as rstore
+from gateway.store.backends import open_store
 from gateway.store.records import (
     FIRST_USAGE_FIELDS,
     encode_usage,
