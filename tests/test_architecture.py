@@ -161,3 +161,20 @@ def test_dependencies_point_inward(layer: str, forbidden: tuple[str, ...]) -> No
         if any(d == f or d.startswith(f + ".") for f in forbidden)
     }
     assert not wrong, f"{layer} reaches what it must not: {sorted(wrong)}"
+
+
+def _sizes() -> Iterator[tuple[str, str, int, int]]:
+    """(module, what, lines, the limit) for every module and function of the package."""
+    for name, path in MODULES.items():
+        source = path.read_text()
+        yield name, "module", len(source.splitlines()), MAX_MODULE_LINES
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                yield name, node.name, lines, MAX_FUNCTION_LINES
+
+
+def test_modules_and_functions_are_of_a_size_one_can_read() -> None:
+    over = [(m, what, n) for m, what, n, limit in _sizes() if n > limit]
+    assert over == [], f"over {MAX_MODULE_LINES} lines a module or {MAX_FUNCTION_LINES} a function"

@@ -1,5 +1,5 @@
 """Accounts, keys and usage as the operator manages them: one set of service functions behind
-both the admin API (``admin.py``) and the ``gateway`` command line (``cli.py``).
+both the admin API (``admin.py``) and the ``gateway`` command line (``cli/``).
 
 Each function validates what a person or a script typed, talks to the store, and raises a
 ``GatewayError`` whose status the admin API sends as it is (400 bad input, 404 missing,

@@ -1,5 +1,5 @@
 """Channels, models and groups as the operator manages them at run time: one set of service
-functions behind both the admin API (``admin.py``) and the ``gateway`` command line (``cli.py``).
+functions behind both the admin API (``admin.py``) and the ``gateway`` command line (``cli/``).
 
 Bodies are validated by the configuration file's own parsers (``config.parse_channel``,
 ``config.parse_model``), so an entry made here obeys the file's rules, and a mistake is a 400

@@ -60,110 +60,164 @@ def _user_content(parts: list[JSON]) -> JSON:
     return parts
 
 
+def _system_message(system: JSON) -> ChatMessage | None:
+    """systemInstruction's text parts -> one system message (none without text)."""
+    system = json_fields(system, "systemInstruction")
+    lines = []
+    for k, p in enumerate(REQUEST.opt_array(system.get("parts"), "systemInstruction.parts")):
+        text = json_fields(p, f"systemInstruction.parts[{k}]").get("text")
+        if text is not None:
+            lines.append(REQUEST.text(text, f"systemInstruction.parts[{k}]", "text"))
+    if not lines:
+        return None
+    content: JSON = lines[0] if len(lines) == 1 else [{"type": "text", "text": t} for t in lines]
+    return {"role": "system", "content": content}
+
+
+class _CallIds:
+    """The call ids of one request's contents, pairing each functionResponse with a functionCall
+    before it. Every call takes the next ``call_{n}`` (its id if it has none of its own); a
+    response without an id answers the oldest unanswered call of its name, else takes the next
+    number too."""
+
+    def __init__(self) -> None:
+        self.unanswered: dict[str, list[str]] = {}  # function name -> call ids awaiting a response
+        self.counter = 0
+
+    def fresh(self) -> str:
+        call_id = f"call_{self.counter}"
+        self.counter += 1
+        return call_id
+
+    def called(self, name: str, call_id: str) -> None:
+        self.unanswered.setdefault(name, []).append(call_id)
+
+    def answered(self, name: str, call_id: str | None) -> str:
+        waiting = self.unanswered.get(name) or []
+        if call_id:
+            if call_id in waiting:
+                waiting.remove(call_id)
+            return call_id
+        if waiting:
+            return waiting.pop(0)
+        return self.fresh()  # a response to no call we saw: the upstream decides
+
+
+def _signature(part: dict[str, JSON]) -> str | None:
+    signed = REQUEST.opt_text(part.get("thoughtSignature"), "parts[]", "thoughtSignature")
+    return standard_base64(signed) if signed else None
+
+
+def _tool_call(part: dict[str, JSON], call: JSON, ids: _CallIds) -> ToolCall:
+    """A model part's functionCall -> a chat tool call (its signature on it)."""
+    call = json_fields(call, "functionCall")
+    name = REQUEST.text(call.get("name"), "functionCall", "name")
+    number = ids.fresh()  # taken whether or not the call has an id of its own
+    call_id = REQUEST.opt_text(call.get("id"), "functionCall", "id") or number
+    args = REQUEST.opt_obj(call.get("args"), "functionCall", "args")
+    tool: ToolCall = {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(args or {}).decode()},
+    }
+    signature = _signature(part)
+    if signature:
+        tool["thought_signature"] = signature
+    ids.called(name, call_id)
+    return tool
+
+
+def _assistant_message(parts: list[JSON], ids: _CallIds) -> ChatMessage:
+    """A model turn's parts -> one assistant message: text, thoughts, tool calls, signature."""
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[ToolCall] = []
+    signature = None
+    for part in parts:
+        part = json_fields(part, "parts[]")
+        call = part.get("functionCall")
+        if call is not None:
+            calls.append(_tool_call(part, call, ids))
+            continue
+        signature = _signature(part) or signature
+        text = REQUEST.opt_text(part.get("text"), "parts[]", "text")
+        if text:
+            (thoughts if part.get("thought") else texts).append(text)
+    msg: ChatMessage = {"role": "assistant", "content": "".join(texts) or None}
+    if not texts and not calls:
+        msg["content"] = ""
+    if calls:
+        msg["tool_calls"] = calls
+    if thoughts:
+        msg["reasoning_content"] = "".join(thoughts)
+    if signature:
+        msg["reasoning_signature"] = signature
+    return msg
+
+
+def _tool_message(response: JSON, ids: _CallIds) -> ChatMessage:
+    """A functionResponse -> a tool message answering the call it pairs with."""
+    response = json_fields(response, "functionResponse")
+    name = REQUEST.opt_text(response.get("name"), "functionResponse", "name") or ""
+    call_id = ids.answered(name, REQUEST.opt_text(response.get("id"), "functionResponse", "id"))
+    body = response.get("response")
+    return {
+        "role": "tool",
+        "tool_call_id": call_id,
+        "content": orjson.dumps(body if body is not None else {}).decode(),
+    }
+
+
+def _user_part(part: dict[str, JSON]) -> JSON:
+    """A user part (text, inlineData or fileData) -> a chat content part; None for another kind."""
+    if isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if "inlineData" in part:
+        return _data_part(part["inlineData"])
+    if part.get("text") is not None:
+        raise REQUEST.bad("parts[]", "text", "a string")
+    if "fileData" in part:
+        uri = json_fields(part["fileData"], "fileData").get("fileUri")
+        uri = REQUEST.text(uri, "fileData", "fileUri")
+        if not uri:
+            raise InvalidRequestError("fileData.fileUri must not be empty")
+        return {"type": "image_url", "image_url": {"url": uri}}
+    return None
+
+
+def _user_messages(parts: list[JSON], ids: _CallIds) -> list[ChatMessage]:
+    """A user turn's parts -> a tool message per functionResponse, in order, then one user
+    message with the other parts (none if there are none)."""
+    messages: list[ChatMessage] = []
+    user_parts: list[JSON] = []
+    for part in parts:
+        part = json_fields(part, "parts[]")
+        response = part.get("functionResponse")
+        if response is not None:
+            messages.append(_tool_message(response, ids))
+            continue
+        content = _user_part(part)
+        if content is not None:
+            user_parts.append(content)
+    if user_parts:
+        messages.append({"role": "user", "content": _user_content(user_parts)})
+    return messages
+
+
 def decode_contents(payload: dict[str, JSON]) -> list[ChatMessage]:
+    """A client's systemInstruction and contents -> chat messages."""
     messages: list[ChatMessage] = []
     system = payload.get("systemInstruction")
     if system is not None:
-        system = json_fields(system, "systemInstruction")
-        lines = []
-        for k, p in enumerate(REQUEST.opt_array(system.get("parts"), "systemInstruction.parts")):
-            text = json_fields(p, f"systemInstruction.parts[{k}]").get("text")
-            if text is not None:
-                lines.append(REQUEST.text(text, f"systemInstruction.parts[{k}]", "text"))
-        if lines:
-            content: JSON = (
-                lines[0] if len(lines) == 1 else [{"type": "text", "text": t} for t in lines]
-            )
-            messages.append({"role": "system", "content": content})
-    unanswered: dict[str, list[str]] = {}  # function name -> call ids awaiting a response
-    counter = 0
+        message = _system_message(system)
+        if message is not None:
+            messages.append(message)
+    ids = _CallIds()
     for role, parts in _merged_contents(payload.get("contents")):
         if role == "model":
-            texts: list[str] = []
-            thoughts: list[str] = []
-            calls: list[ToolCall] = []
-            signature = None
-            for part in parts:
-                part = json_fields(part, "parts[]")
-                call = part.get("functionCall")
-                if call is not None:
-                    call = json_fields(call, "functionCall")
-                    name = REQUEST.text(call.get("name"), "functionCall", "name")
-                    call_id = REQUEST.opt_text(call.get("id"), "functionCall", "id")
-                    call_id = call_id or f"call_{counter}"
-                    counter += 1
-                    args = REQUEST.opt_obj(call.get("args"), "functionCall", "args")
-                    tool: ToolCall = {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": name, "arguments": orjson.dumps(args or {}).decode()},
-                    }
-                    signed = REQUEST.opt_text(
-                        part.get("thoughtSignature"), "parts[]", "thoughtSignature"
-                    )
-                    if signed:
-                        tool["thought_signature"] = standard_base64(signed)
-                    calls.append(tool)
-                    unanswered.setdefault(name, []).append(call_id)
-                    continue
-                signed = REQUEST.opt_text(
-                    part.get("thoughtSignature"), "parts[]", "thoughtSignature"
-                )
-                if signed:
-                    signature = standard_base64(signed)
-                text = REQUEST.opt_text(part.get("text"), "parts[]", "text")
-                if text:
-                    (thoughts if part.get("thought") else texts).append(text)
-            msg: ChatMessage = {"role": "assistant", "content": "".join(texts) or None}
-            if not texts and not calls:
-                msg["content"] = ""
-            if calls:
-                msg["tool_calls"] = calls
-            if thoughts:
-                msg["reasoning_content"] = "".join(thoughts)
-            if signature:
-                msg["reasoning_signature"] = signature
-            messages.append(msg)
-            continue
-        user_parts: list[JSON] = []
-        for part in parts:
-            part = json_fields(part, "parts[]")
-            response = part.get("functionResponse")
-            if response is not None:
-                response = json_fields(response, "functionResponse")
-                name = REQUEST.opt_text(response.get("name"), "functionResponse", "name") or ""
-                waiting = unanswered.get(name) or []
-                call_id = REQUEST.opt_text(response.get("id"), "functionResponse", "id")
-                if call_id:
-                    if call_id in waiting:
-                        waiting.remove(call_id)
-                elif waiting:
-                    call_id = waiting.pop(0)
-                else:  # a response to no call we saw: the upstream decides
-                    call_id = f"call_{counter}"
-                    counter += 1
-                body = response.get("response")
-                messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": call_id,
-                        "content": orjson.dumps(body if body is not None else {}).decode(),
-                    }
-                )
-            elif isinstance(part.get("text"), str):
-                user_parts.append({"type": "text", "text": part["text"]})
-            elif "inlineData" in part:
-                user_parts.append(_data_part(part["inlineData"]))
-            elif part.get("text") is not None:
-                raise REQUEST.bad("parts[]", "text", "a string")
-            elif "fileData" in part:
-                uri = json_fields(part["fileData"], "fileData").get("fileUri")
-                uri = REQUEST.text(uri, "fileData", "fileUri")
-                if not uri:
-                    raise InvalidRequestError("fileData.fileUri must not be empty")
-                user_parts.append({"type": "image_url", "image_url": {"url": uri}})
-        if user_parts:
-            messages.append({"role": "user", "content": _user_content(user_parts)})
+            messages.append(_assistant_message(parts, ids))
+        else:
+            messages.extend(_user_messages(parts, ids))
     return messages
 
 
