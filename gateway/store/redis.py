@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from dataclasses import field as dataclass_field
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 from urllib.parse import unquote
@@ -57,13 +56,13 @@ from gateway.store.catalogue import CatalogueRecords, Editor, seed_edit
 from gateway.store.records import (
     apply_key_changes,
     decode_key,
-    decode_usage,
     encode_key,
     encode_usage,
     seed_keys,
     to_micros,
 )
 from gateway.store.redis_scripts import Scripts
+from gateway.store.redis_usage import Scan, daily_totals, scan_usage
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -172,17 +171,6 @@ def cluster_nodes(url: str) -> tuple[list[ClusterNode], str | None]:
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
-
-
-@dataclass(slots=True)
-class _Scan:
-    """What reading one account's usage found: matches (with their positions), whether
-    records are left past the last match, and where the reading stopped short (its budget
-    spent) when it did."""
-
-    found: list[tuple[Position, UsageRecord]] = dataclass_field(default_factory=list)
-    more: bool = False
-    stopped: Position | None = None
 
 
 class RedisStore:
@@ -416,26 +404,7 @@ class RedisStore:
             for a, d in pairs:
                 pipe.hgetall(DAY_KEY.format(account=a, day=d))
             tables = await pipe.execute()
-        out: list[DailyUsage] = []
-        for (a, d), table in zip(pairs, tables, strict=True):
-            sums: dict[tuple[str, str], dict[str, int]] = {}
-            for field, value in table.items():
-                key_id, model, metric = _text(field).split("\t")
-                sums.setdefault((key_id, model), {})[metric] = int(value)
-            for (key_id, model), m in sums.items():
-                out.append(
-                    DailyUsage(
-                        d,
-                        a,
-                        key_id,
-                        model,
-                        m.get("r", 0),
-                        m.get("p", 0),
-                        m.get("c", 0),
-                        m.get("$", 0),
-                    )  # fmt: skip
-                )
-        return out
+        return daily_totals(pairs, tables)
 
     async def share_holds(
         self, instance: str, holds: Mapping[str, int], ttl_ms: int, now: int
@@ -478,7 +447,7 @@ class RedisStore:
         return (await self.usage_page(UsageQuery(account=account), limit)).records
 
     async def usage_page(self, query: UsageQuery, limit: int) -> UsagePage:
-        """Each account's sorted set is read newest first (``_scan_usage``); a listing of
+        """Each account's sorted set is read newest first (``redis_usage.scan_usage``); a listing of
         every account merges theirs. Records of one microsecond are ordered by request id,
         which is also the cursor's tiebreaker."""
         if limit <= 0:
@@ -495,9 +464,10 @@ class RedisStore:
         budget = max(limit, USAGE_SCAN // len(accounts))
         gate = asyncio.Semaphore(USAGE_SCAN_CONCURRENCY)
 
-        async def scan(account: str) -> _Scan:
+        async def scan(account: str) -> Scan:
             async with gate:
-                return await self._scan_usage(usage_key(account), query, limit, budget)
+                key = usage_key(account)
+                return await scan_usage(self.client, key, query, limit, budget, USAGE_BATCH)
 
         scans = await asyncio.gather(*(scan(a) for a in accounts))
         # an account whose reading stopped short of its page bounds the merged page: what it
@@ -512,59 +482,6 @@ class RedisStore:
         else:
             after = bound
         return UsagePage([rec for _, rec in page], after)
-
-    async def _scan_usage(self, key: str, query: UsageQuery, limit: int, budget: int) -> _Scan:
-        """One account's records that match, newest first, from ``query.after`` on: at most
-        ``limit`` of them, having read at most ``budget`` records (a microsecond's records are
-        read whole, however many)."""
-        hi = None if query.until is None else to_micros(query.until) - 1
-        after = query.after
-        if after is not None:
-            hi = after[0] if hi is None else min(hi, after[0])
-        lo = "-inf" if query.since is None else to_micros(query.since)
-        batch = limit + 1 if not query.filtered else max(limit + 1, USAGE_BATCH)
-        out = _Scan()
-        read = 0
-        while True:
-            raw = cast(
-                "list[tuple[bytes, float]]",
-                await self.client.zrevrangebyscore(
-                    key, "+inf" if hi is None else hi, lo, start=0, num=batch, withscores=True
-                ),
-            )
-            if not raw:
-                return out
-            last = int(raw[-1][1])
-            if len(raw) < batch:
-                hi = None  # the last window
-            elif int(raw[0][1]) == last:  # a whole window of one microsecond: read it all
-                raw = cast(
-                    "list[tuple[bytes, float]]",
-                    await self.client.zrevrangebyscore(key, last, last, withscores=True),
-                )
-                hi = last - 1
-            else:  # the last microsecond may go on past the window: read it with the next one
-                raw = [item for item in raw if int(item[1]) != last]
-                hi = last
-            window = [
-                ((int(score), rec.request_id), rec)
-                for rec, score in ((decode_usage(member), score) for member, score in raw)
-            ]
-            window.sort(key=lambda item: item[0], reverse=True)
-            for i, (pos, rec) in enumerate(window):
-                if after is not None and pos >= after:
-                    continue
-                read += 1
-                if query.matches(rec):
-                    out.found.append((pos, rec))
-                    if len(out.found) == limit:
-                        out.more = i + 1 < len(window) or hi is not None
-                        return out
-                if read >= budget:
-                    out.stopped = pos if (i + 1 < len(window) or hi is not None) else None
-                    return out
-            if hi is None:
-                return out
 
     # -- catalogue: every entry in the one hash CATALOGUE_KEY, so every operation is on one key
 
