@@ -10,6 +10,11 @@ account (``Account.carry``), debiting a micro-unit whenever they make one (``pol
 
 The hot path never awaits the store: it reads ``cache.Cache`` (a snapshot at most one second
 stale) and hands usage records to ``writer.UsageWriter``.
+
+Users (CONTRACT §5b) sign in to the console with a password (stored only as its argon2 hash,
+``operator/passwords.py``) and make keys of their own: a key records its ``owner``, and the
+cache refuses the keys of a user that is disabled or gone. Redemption codes are stored by the
+SHA-256 of the code, never the code; ``redeem`` credits a code's amount exactly once.
 """
 
 from __future__ import annotations
@@ -47,6 +52,15 @@ class StoreClosedError(StoreError, RuntimeError):
     """The store is not open: it never answered yet, or it was closed."""
 
 
+class CodeRefusedError(StoreError):
+    """A redemption code that credits nothing: ``reason`` is ``unknown``, ``used`` or
+    ``expired``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"redemption code {reason}")
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class Account:
     id: str
@@ -73,6 +87,38 @@ class KeyRecord:
     quota: int | None = None
     models: tuple[str, ...] | None = None
     allowed_ips: tuple[str, ...] | None = None
+    # the user that made the key in the console (None: the admin's); the cache refuses the
+    # key while that user is disabled or gone
+    owner: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserRecord:
+    """Someone who signs in to the console with a password and makes keys of their own in
+    ``groups``; its balance is its account's."""
+
+    id: str
+    username: str  # unique regardless of case
+    password_hash: str  # argon2 (operator/passwords.py); never the password
+    account: str
+    groups: tuple[str, ...]
+    status: str = "enabled"  # enabled | disabled
+    created_at: datetime | None = None  # UTC
+
+
+@dataclass(frozen=True, slots=True)
+class RedemptionRecord:
+    """A code that adds ``amount`` to the account that redeems it, once."""
+
+    id: str
+    code_hash: str  # hex SHA-256 of the code (normalised: operator/redemptions.py)
+    hint: str  # "GW-…WXYZ": enough to recognise a code, never enough to use it
+    amount: int  # micro-units
+    created_at: datetime  # UTC
+    expires_at: datetime | None = None  # UTC; None: never
+    used_at: datetime | None = None  # UTC, when it was redeemed
+    account: str | None = None  # the account it credited
+    user: str | None = None  # the user that redeemed it
 
 
 # not frozen: one is built per request, and a frozen dataclass's __init__ sets every field
@@ -196,8 +242,8 @@ class Store(Protocol):
         ...
 
     async def version(self) -> int:
-        """A number that changes whenever a key, an account (other than by a debit) or the
-        catalogue changes, or a console session is signed out."""
+        """A number that changes whenever a key, a user, an account (other than by a debit)
+        or the catalogue changes, a code is redeemed, or a console session is signed out."""
         ...
 
     async def load_keys(self) -> list[KeyRecord]: ...
@@ -228,6 +274,50 @@ class Store(Protocol):
     async def list_keys(self, account: str | None = None) -> list[KeyRecord]: ...
     async def update_key(self, key_id: str, changes: dict[str, object]) -> KeyRecord: ...
     async def delete_key(self, key_id: str) -> bool: ...
+
+    async def list_users(self) -> list[UserRecord]:
+        """Every user, by creation (the cache loads them with the keys)."""
+        ...
+
+    async def create_user(self, rec: UserRecord, balance: int | None = None) -> None:
+        """Add a user. With ``balance``, its account ``rec.account`` is created with it in
+        the same step (ConflictError when that account exists); else the account must exist
+        (MissingError). ConflictError when the id or the username (in any case) is taken."""
+        ...
+
+    async def get_user(self, user_id: str) -> UserRecord | None: ...
+
+    async def find_user(self, username: str) -> UserRecord | None:
+        """The user of this username, in any case."""
+        ...
+
+    async def update_user(self, user_id: str, changes: Mapping[str, object]) -> UserRecord:
+        """Change any of password_hash, groups, status (``users.apply_user_changes``).
+        MissingError when there is no such user."""
+        ...
+
+    async def delete_user(self, user_id: str) -> list[str]:
+        """Delete the user and, in the same step, every key it owns; the ids of those keys.
+        MissingError when there is no such user."""
+        ...
+
+    async def create_redemptions(self, recs: Sequence[RedemptionRecord]) -> None:
+        """Add codes (by their hashes); ConflictError, and none added, when one is taken."""
+        ...
+
+    async def list_redemptions(self) -> list[RedemptionRecord]:
+        """Every code, by creation."""
+        ...
+
+    async def redeem(
+        self, code_hash: str, account: str, user: str, now: datetime
+    ) -> tuple[RedemptionRecord, Account]:
+        """Mark the code used by ``account`` (and ``user``) and add its amount to the
+        account's balance, exactly once however many redeem it at once, here or on other
+        instances; the code as used and the account after. CodeRefusedError (nothing
+        changes) for a code unknown, used or expired at ``now``; MissingError for no such
+        account."""
+        ...
 
     async def settle(self, records: Sequence[UsageRecord]) -> None:
         """For each record not yet held (by request id), atomically append it and debit its

@@ -37,6 +37,14 @@ instance that signs a session out adds it at once (``revoke()``). Nothing is eve
 so a reload adds to what is known and only drops what is over (a session ends by itself
 after its lifetime: the store forgets it then too).
 
+Users (CONTRACT §5b) change the version too and are reloaded with the keys, so the hot path
+never asks the store about one: a key a user made (``KeyRecord.owner``) is held here as
+disabled while that user is disabled or gone, so it answers 401 through the same check as any
+disabled key, and enabled again with its user. A user's console sessions are checked here
+too (``user_session_ok``): its user enabled, and not begun before the user's sessions were
+ended (by ``operator/users.py``, as a revoked session entry ``USER_SESSIONS`` + the user's id whose
+time is when the sessions then begun would end: every session that ends no later is over).
+
 The catalogue (groups, models, channels) changes the version too: when it changed, its records
 are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
 which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
@@ -50,8 +58,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
-from gateway.store import KeyRecord, Store
+from gateway.store import KeyRecord, Store, UserRecord
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.catalogue import CatalogueRecords
 
@@ -62,6 +71,21 @@ DEFAULT_INTERVAL = 0.5
 # quota is an account of its own whose balance is its quota less what it spent
 KEY_SLOT = "key\x00"
 HOLD_TTL_MS = 5_000  # published holds outlive a few missed ticks, and a dead instance briefly
+# the revoked-session entry that ends a user's sessions: never a session nonce (those are hex)
+USER_SESSIONS = "user:"
+
+
+def as_owned(keys: list[KeyRecord], users: dict[str, UserRecord]) -> dict[str, KeyRecord]:
+    """The key table by hash, a key of a user that is not enabled (or is gone) held as
+    disabled."""
+    out: dict[str, KeyRecord] = {}
+    for k in keys:
+        if k.owner is not None and k.status == "enabled":
+            user = users.get(k.owner)
+            if user is None or user.status != "enabled":
+                k = replace(k, status="disabled")
+        out[k.key_hash] = k
+    return out
 
 
 class Cache:
@@ -78,6 +102,7 @@ class Cache:
         self._balances: dict[str, int] = {}
         self._spent: dict[str, int] = {}  # key id -> what it spent, as the store last said
         self._revoked: dict[str, int] = {}  # signed-out session nonce -> when it ends (unix s)
+        self._users: dict[str, UserRecord] = {}
         self._pending: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
@@ -143,9 +168,10 @@ class Cache:
             version = await self._store.version()
             changed = force or version != self._version
             listener = self._catalogue_listener
-            keys = records = revoked = None
+            keys = records = revoked = users = None
             if changed:
                 keys = await self._store.load_keys()
+                users = await self._store.list_users()
                 records = await self._store.load_catalogue() if listener is not None else None
                 revoked = await self._store.load_revoked(int(time.time()))
             balances = await self._store.load_balances()
@@ -153,10 +179,11 @@ class Cache:
             # everything read, then swapped in together with no await between: a request never
             # sees a new key without its account's balance (or a catalogue without its keys),
             # and a read that fails half-way leaves the old snapshot whole
-            if keys is not None:
+            if keys is not None and users is not None:
                 if listener is not None and records is not None:
                     listener(records)
-                self._keys = {k.key_hash: k for k in keys}
+                self._users = {u.id: u for u in users}
+                self._keys = as_owned(keys, self._users)
                 self._version = version
             if revoked is not None:
                 now = int(time.time())
@@ -190,6 +217,17 @@ class Cache:
     def revoked(self, nonce: str) -> bool:
         """Whether the console session of this nonce was signed out (here or elsewhere)."""
         return nonce in self._revoked
+
+    def user(self, user_id: str) -> UserRecord | None:
+        return self._users.get(user_id)
+
+    def user_session_ok(self, user_id: str, expires: int) -> bool:
+        """Whether a console session of this user that ends at ``expires`` may go on: the
+        user is enabled, and its sessions were not ended after this one began."""
+        user = self._users.get(user_id)
+        if user is None or user.status != "enabled":
+            return False
+        return expires > self._revoked.get(USER_SESSIONS + user_id, 0)
 
     def revoke(self, nonce: str, expires: int) -> None:
         """A session signed out on this instance: refused here at once (the store tells the

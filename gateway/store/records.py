@@ -258,6 +258,7 @@ def _key_fields(
         "quota": rec.quota,
         "models": None if rec.models is None else names(rec.models),
         "allowed_ips": None if rec.allowed_ips is None else names(rec.allowed_ips),
+        "owner": rec.owner,
     }
 
 
@@ -289,6 +290,7 @@ def _key_from_fields(d: Mapping[str, Any], time: Callable[[Any], datetime]) -> K
         quota=d.get("quota"),
         models=_names(d.get("models")),
         allowed_ips=_names(d.get("allowed_ips")),
+        owner=d.get("owner"),
     )
 
 
@@ -307,8 +309,8 @@ def encode_key(rec: KeyRecord) -> bytes:
 
 
 def decode_key(raw: bytes | str) -> KeyRecord:
-    """A record Redis stores; one written before ``name``, ``status``, ``hint`` or the
-    limits existed gets their defaults."""
+    """A record Redis stores; one written before ``name``, ``status``, ``hint``, the limits
+    or ``owner`` existed gets their defaults."""
     return _key_from_fields(orjson.loads(raw), parse_time_text)
 
 

@@ -19,7 +19,11 @@ path reads them from the cache, never from here).
 - The catalogue (groups, models, channels) is one hash, ``gw:catalogue``: a field per entry
   and a ``version`` field that each edit's script checks and increments, so an edit is a
   compare-and-set on one key (``store/catalogue.py``).
-- Secrets are never stored: key records are found by the SHA-256 of the secret.
+- Secrets are never stored: key records are found by the SHA-256 of the secret; redemption
+  codes likewise by the SHA-256 of the code.
+- Users live beside the key records (slot ``{keys}``); redemption codes in slot ``{redeem}``,
+  each credited in its account's slot in a second, idempotent step (``redis_people.py``
+  explains why that is still exactly once).
 - On a cluster every script's keys are in one slot (the tags above); pipelines hold plain
   commands only, across slots (a cluster client splits them by node); scripts, which a cluster
   pipeline cannot hold, are sent one by one and concurrently (settlement of a batch).
@@ -61,6 +65,7 @@ from gateway.store.records import (
     seed_keys,
     to_micros,
 )
+from gateway.store.redis_people import PeopleKeys, RedisPeople
 from gateway.store.redis_scripts import Scripts
 from gateway.store.redis_usage import Scan, daily_totals, scan_usage
 
@@ -88,6 +93,15 @@ DAILY_MAX_DAYS = 400  # days one usage_daily call reads at most
 USAGE_ACCOUNTS_KEY = "gw:usage:accounts"  # set of accounts that have usage records
 KEY_RECORDS_KEY = "gw:{keys}:records"  # hash: key id -> key record JSON
 KEY_HASHES_KEY = "gw:{keys}:by_hash"  # hash: SHA-256 of the secret -> key id
+# console users, in the key records' slot: a user and its keys are deleted in one script
+USERS_KEY = "gw:{keys}:users"  # hash: user id -> user record JSON
+USERNAMES_KEY = "gw:{keys}:usernames"  # hash: username in lower case -> user id
+OWNED_KEY = "gw:{{keys}}:owned:{user}"  # set: the ids of the keys the user made
+# redemption codes, every code in one slot; each credit in its account's (redis_people.py)
+CODES_KEY = "gw:{redeem}:codes"  # hash: SHA-256 of the code -> its record JSON (unchanging)
+CLAIMS_KEY = "gw:{redeem}:claims"  # hash: SHA-256 of the code -> account TAB user TAB µs
+PENDING_KEY = "gw:{redeem}:pending"  # set: codes claimed whose credit is not known to be done
+REDEEMED_KEY = "gw:{{acct:{account}}}:redeemed"  # set: SHA-256 of each code credited here
 
 INSTANCES_KEY = "gw:instances"  # set of instance ids that published holds
 HOLDS_KEY = "gw:holds:{{{instance}}}"  # hash: account -> micro-units held; expires
@@ -173,10 +187,30 @@ def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
 
 
-class RedisStore:
-    """The ``Store`` over Redis (see the module docstring)."""
+def owned_key(user: str | None) -> str:
+    """The set of the keys a user made (none: a key of no user, whose set is never written)."""
+    return OWNED_KEY.format(user=user or "")
+
+
+class RedisStore(RedisPeople):
+    """The ``Store`` over Redis (see the module docstring; users and redemption codes:
+    ``redis_people.py``)."""
 
     _scripts: Scripts
+    people = PeopleKeys(
+        users=USERS_KEY,
+        usernames=USERNAMES_KEY,
+        owned=OWNED_KEY,
+        key_records=KEY_RECORDS_KEY,
+        key_hashes=KEY_HASHES_KEY,
+        accounts=ACCOUNTS_KEY,
+        balance=BALANCE_KEY,
+        carry=CARRY_KEY,
+        codes=CODES_KEY,
+        claims=CLAIMS_KEY,
+        pending=PENDING_KEY,
+        redeemed=REDEEMED_KEY,
+    )
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -244,8 +278,8 @@ class RedisStore:
             changed = any(bool(r) for r in results[:-1])
         for rec in seed_keys(settings, datetime.now(UTC)):
             created = await self._scripts.create_key(
-                keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY],
-                args=[rec.id, rec.key_hash, encode_key(rec)],
+                keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY, owned_key(None), USERS_KEY],
+                args=[rec.id, rec.key_hash, encode_key(rec), ""],
             )
             changed = changed or int(created) == 0
         if await client.type(CATALOGUE_KEY) in (b"string", "string"):
@@ -323,10 +357,15 @@ class RedisStore:
             rec = replace(rec, created_at=datetime.now(UTC))
         if not await self.client.exists(balance_key(rec.account)):
             raise MissingError(f"no account {rec.account!r}")
-        result = await self._scripts.create_key(
-            keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[rec.id, rec.key_hash, encode_key(rec)]
+        result = int(
+            await self._scripts.create_key(
+                keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY, owned_key(rec.owner), USERS_KEY],
+                args=[rec.id, rec.key_hash, encode_key(rec), rec.owner or ""],
+            )
         )
-        if int(result) != 0:
+        if result == 3:
+            raise MissingError(f"no user {rec.owner!r}")
+        if result != 0:
             raise ConflictError(f"key {rec.id!r} (or its secret) already exists")
         await self._changed()
 
@@ -357,8 +396,11 @@ class RedisStore:
         raise ConflictError(f"key {key_id!r} kept changing; update not applied")
 
     async def delete_key(self, key_id: str) -> bool:
+        found = await self.get_key(key_id)
+        if found is None:
+            return False
         deleted = await self._scripts.delete_key(
-            keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY], args=[key_id]
+            keys=[KEY_RECORDS_KEY, KEY_HASHES_KEY, owned_key(found.owner)], args=[key_id]
         )
         if int(deleted) == 0:
             return False

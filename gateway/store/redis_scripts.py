@@ -86,8 +86,40 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 return redis.call('INCRBY', KEYS[1], ARGV[1])
 """
 
-# KEYS: records, by_hash   ARGV: id, key_hash, record JSON   -> 0 created, 1 id taken, 2 secret
+# KEYS: records, by_hash, the owner's keys, users   ARGV: id, key_hash, record JSON, owner (''
+#   for none)   -> 0 created, 1 id taken, 2 secret taken, 3 no such owner
 CREATE_KEY_LUA = """
+if ARGV[4] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[4]) == 0 then return 3 end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+if ARGV[4] ~= '' then redis.call('SADD', KEYS[3], ARGV[1]) end
+return 0
+"""
+
+# KEYS: records (of keys, or of users)   ARGV: id, expected JSON, new JSON   -> 1 written, 0
+# changed meanwhile
+UPDATE_KEY_LUA = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+# KEYS: records, by_hash, the owner's keys   ARGV: id   -> 1 deleted, 0 absent
+DELETE_KEY_LUA = """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local h = cjson.decode(v)['key_hash']
+redis.call('HDEL', KEYS[1], ARGV[1])
+if redis.call('HGET', KEYS[2], h) == ARGV[1] then redis.call('HDEL', KEYS[2], h) end
+redis.call('SREM', KEYS[3], ARGV[1])
+return 1
+"""
+
+# KEYS: users, usernames   ARGV: id, username in lower case, record JSON   -> 0 created, 1 id
+#   taken, 2 username taken
+CREATE_USER_LUA = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 1 end
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
@@ -95,21 +127,57 @@ redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
 return 0
 """
 
-# KEYS: records   ARGV: id, expected JSON, new JSON   -> 1 written, 0 changed meanwhile
-UPDATE_KEY_LUA = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+# KEYS: users, usernames, the user's keys, key records, by_hash   ARGV: id, username in lower
+#   case   -> the ids of the keys deleted with the user, or nil when there is no such user
+DELETE_USER_LUA = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then redis.call('HDEL', KEYS[2], ARGV[2]) end
+local ids = redis.call('SMEMBERS', KEYS[3])
+for _, id in ipairs(ids) do
+  local v = redis.call('HGET', KEYS[4], id)
+  if v then
+    local h = cjson.decode(v)['key_hash']
+    redis.call('HDEL', KEYS[4], id)
+    if redis.call('HGET', KEYS[5], h) == id then redis.call('HDEL', KEYS[5], h) end
+  end
+end
+redis.call('DEL', KEYS[3])
+return ids
+"""
+
+# KEYS: codes   ARGV: code hash, record JSON pairs   -> 1 added, 0 one was taken (none added)
+CREATE_CODES_LUA = """
+for i = 1, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then return 0 end
+end
+for i = 1, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
 """
 
-# KEYS: records, by_hash   ARGV: id   -> 1 deleted, 0 absent
-DELETE_KEY_LUA = """
-local v = redis.call('HGET', KEYS[1], ARGV[1])
-if not v then return 0 end
-local h = cjson.decode(v)['key_hash']
-redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('HGET', KEYS[2], h) == ARGV[1] then redis.call('HDEL', KEYS[2], h) end
-return 1
+# Redeeming is two steps because a code and the account it credits live in different slots
+# (store/redis.py): the claim, in the codes' slot, happens once per code whoever runs it; the
+# credit, in the account's slot, happens once per code whoever runs it (and however often).
+#
+# KEYS: codes, claims, pending   ARGV: code hash, claim (account TAB user TAB used µs), now µs
+#   -> the code's record JSON when this call claimed it; 0 unknown, 1 used, 2 expired
+CLAIM_CODE_LUA = """
+local rec = redis.call('HGET', KEYS[1], ARGV[1])
+if not rec then return 0 end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 1 end
+local expires = cjson.decode(rec)['expires_us']
+if expires and tonumber(expires) <= tonumber(ARGV[3]) then return 2 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[1])
+return rec
+"""
+
+# KEYS: balance, the account's redeemed codes   ARGV: code hash, amount (micro-units)
+#   -> the balance after, or nil when the account does not exist
+CREDIT_CODE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+if redis.call('SADD', KEYS[2], ARGV[1]) == 1 then redis.call('INCRBY', KEYS[1], ARGV[2]) end
+return redis.call('GET', KEYS[1])
 """
 
 # KEYS: catalogue   ARGV: expected version, number of puts, then field, JSON pairs, then fields
@@ -139,6 +207,12 @@ class Scripts:
     delete_key: AsyncScript
     edit_catalogue: AsyncScript
     revoke_session: AsyncScript
+    create_user: AsyncScript
+    update_user: AsyncScript
+    delete_user: AsyncScript
+    create_codes: AsyncScript
+    claim_code: AsyncScript
+    credit_code: AsyncScript
 
     @classmethod
     def register(cls, client: aioredis.Redis) -> Scripts:
@@ -152,4 +226,10 @@ class Scripts:
             delete_key=client.register_script(DELETE_KEY_LUA),
             edit_catalogue=client.register_script(EDIT_CATALOGUE_LUA),
             revoke_session=client.register_script(REVOKE_SESSION_LUA),
+            create_user=client.register_script(CREATE_USER_LUA),
+            update_user=client.register_script(UPDATE_KEY_LUA),
+            delete_user=client.register_script(DELETE_USER_LUA),
+            create_codes=client.register_script(CREATE_CODES_LUA),
+            claim_code=client.register_script(CLAIM_CODE_LUA),
+            credit_code=client.register_script(CREDIT_CODE_LUA),
         )

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import sqlite3
 
+# every change the caches must see (keys, users, accounts but debits, the catalogue, sign-outs)
+BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS accounts (
     id      TEXT PRIMARY KEY,
@@ -31,7 +34,8 @@ CREATE TABLE IF NOT EXISTS keys (
     quota      INTEGER,
     models     TEXT,
     allowed_ips TEXT,
-    spent      INTEGER NOT NULL DEFAULT 0
+    spent      INTEGER NOT NULL DEFAULT 0,
+    owner      TEXT
 );
 CREATE INDEX IF NOT EXISTS keys_account ON keys (account);
 CREATE TABLE IF NOT EXISTS usage (
@@ -100,6 +104,29 @@ CREATE TABLE IF NOT EXISTS revoked_sessions (
     nonce   TEXT PRIMARY KEY,
     expires INTEGER NOT NULL
 );
+-- console users (store.UserRecord): a username is unique in any case, grps (``groups`` is a
+-- keyword of SQL) a JSON list
+CREATE TABLE IF NOT EXISTS users (
+    id            TEXT PRIMARY KEY,
+    username      TEXT NOT NULL UNIQUE COLLATE NOCASE,
+    password_hash TEXT NOT NULL,
+    account       TEXT NOT NULL,
+    grps          TEXT NOT NULL,
+    status        TEXT NOT NULL DEFAULT 'enabled',
+    created_at    INTEGER
+);
+-- redemption codes (store.RedemptionRecord), by the SHA-256 of the code, never the code
+CREATE TABLE IF NOT EXISTS redemptions (
+    id         TEXT PRIMARY KEY,
+    code_hash  TEXT NOT NULL UNIQUE,
+    hint       TEXT NOT NULL,
+    amount     INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    used_at    INTEGER,
+    account    TEXT,
+    user       TEXT
+);
 CREATE TABLE IF NOT EXISTS meta (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL
@@ -121,6 +148,7 @@ ADDED_KEY_COLUMNS = {
     "models": "TEXT",
     "allowed_ips": "TEXT",
     "spent": "INTEGER NOT NULL DEFAULT 0",
+    "owner": "TEXT",  # the user that made the key (none: every key made before users)
 }
 ADDED_COLUMNS = {
     "keys": ADDED_KEY_COLUMNS,
@@ -133,6 +161,9 @@ ADDED_COLUMNS = {
         "cost_pico": "INTEGER NOT NULL DEFAULT 0",
     },
 }
+
+# what needs the added columns: run after they are added
+AFTER_COLUMNS = ("CREATE INDEX IF NOT EXISTS keys_owner ON keys (owner)",)
 
 BACKFILL_DAILY = """
 INSERT INTO usage_daily
@@ -152,6 +183,8 @@ def create_schema(conn: sqlite3.Connection, *, backfill_daily: bool) -> None:
             if statement.strip():
                 conn.execute(statement)
         _add_missing_columns(conn)
+        for statement in AFTER_COLUMNS:
+            conn.execute(statement)
         if backfill_daily:  # a file from before the daily totals: sum its records once
             conn.execute(BACKFILL_DAILY)
     except BaseException:
