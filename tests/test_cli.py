@@ -421,18 +421,22 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     gw = catalogue_gw
     secret = "sk-cli-upstream-secret-9a8b"
     out, _ = gw("groups", "list")
-    assert rows(out) == [["NAME", "ORIGIN"], ["default", "file"], ["vip", "file"]]
-    gw("groups", "add", "team")
+    assert rows(out) == [["NAME", "RATIO", "ORIGIN"], ["default", "1", "file"], ["vip", "1", "file"]]
+    gw("groups", "add", "team", "--ratio", "1.5")
     # the admin API's shape (GET /admin/groups), not bare names
     assert gw.json("groups", "list") == {
         "data": [
-            {"name": "default", "origin": "file"},
-            {"name": "vip", "origin": "file"},
-            {"name": "team", "origin": "api"},
+            {"name": "default", "ratio": 1.0, "origin": "file"},
+            {"name": "vip", "ratio": 1.0, "origin": "file"},
+            {"name": "team", "ratio": 1.5, "origin": "api"},
         ]
     }
+    assert gw.json("groups", "update", "team", "--ratio", "2")["ratio"] == 2.0
     out, _ = gw("groups", "list")
-    assert rows(out) == [["NAME", "ORIGIN"], ["default", "file"], ["vip", "file"], ["team", "api"]]
+    assert rows(out) == [
+        ["NAME", "RATIO", "ORIGIN"], ["default", "1", "file"], ["vip", "1", "file"],
+        ["team", "2", "api"],
+    ]  # fmt: skip
 
     out, _ = gw("models", "add", "m2", "--capabilities", "chat,vision", "--input", "1",
                 "--output", "2")  # fmt: skip

@@ -3,8 +3,9 @@ through the same service functions as the admin API (``operator/catalogue.py``).
 
 Channels and models have the same four commands (list, add, update, delete), so each is one
 ``Resource`` row: how the command reads and writes it and how it is shown; ``_register_resource``
-makes the commands of a row. A group has a name only: its list and add are its own, its delete
-is the rows' one. A channel's upstream api_key is never printed (a hint at most).
+makes the commands of a row. A group has a name and a price ratio: its list, add and update
+are its own, its delete is the rows' one. A channel's upstream api_key is never printed (a
+hint at most).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from gateway.cli.arguments import Parents, Subcommands, comma_separated, positive_int
+from gateway.cli.arguments import Parents, Subcommands, amount, comma_separated, positive_int
 from gateway.cli.output import Command, Output, table
 from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, PRICE_FIELDS, Settings
 from gateway.errors import InvalidRequestError
@@ -275,8 +276,9 @@ MODELS = Resource(
 # ---- groups --------------------------------------------------------------------------------
 
 
-def groups_table(v: View) -> str:
-    return table(["NAME", "ORIGIN"], [[g, v.origin("group", g)] for g in v.groups])
+def groups_table(v: View, only: str | None = None) -> str:
+    rows = [[g, f"{v.ratio(g):g}", v.origin("group", g)] for g in v.groups if only in (None, g)]
+    return table(["NAME", "RATIO", "ORIGIN"], rows, right=[1])
 
 
 async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
@@ -285,19 +287,34 @@ async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: S
 
 
 async def cmd_groups_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
-    name = await catalogue.create_group(store, settings, {"name": args.name})
+    body: dict[str, object] = {"name": args.name}
+    if args.ratio is not None:
+        body["ratio"] = float(args.ratio)
+    name = await catalogue.create_group(store, settings, body)
     v = await catalogue.load(store, settings)
     return Output(catalogue.group_out(name, v), f"added group {name}")
 
 
+async def cmd_groups_update(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    await catalogue.update_group(store, settings, args.name, {"ratio": float(args.ratio)})
+    v = await catalogue.load(store, settings)
+    return Output(catalogue.group_out(args.name, v), groups_table(v, args.name))
+
+
 def _register_groups(sub: Subcommands, parents: Parents) -> None:
-    groups = sub.add_parser("groups", help="list, add and delete groups")
+    groups = sub.add_parser("groups", help="list, add, update and delete groups")
     gsub = groups.add_subparsers(dest="action", metavar="ACTION", required=True)
     p = gsub.add_parser("list", parents=parents, help="list groups")
     p.set_defaults(func=cmd_groups_list)
+    ratio = "every cost of a request made with a key of the group is multiplied by it (1)"
     p = gsub.add_parser("add", parents=parents, help="add a group")
     p.add_argument("name")
+    p.add_argument("--ratio", type=amount, default=None, metavar="R", help=ratio)
     p.set_defaults(func=cmd_groups_add)
+    p = gsub.add_parser("update", parents=parents, help="change a group's price ratio")
+    p.add_argument("name")
+    p.add_argument("--ratio", type=amount, required=True, metavar="R", help=ratio)
+    p.set_defaults(func=cmd_groups_update)
     p = gsub.add_parser("delete", parents=parents, help="delete a group no key or channel uses")
     p.add_argument("name")
     p.set_defaults(func=_deleting("group", catalogue.delete_group))

@@ -4,9 +4,9 @@ Read once at start-up into frozen dataclasses. Every error names the field it is
 (``channels[2].base_url: not a URL``) and is raised as ``ConfigError``; the CLI prints that one
 line and exits with status 2.
 
-One module per part: ``values`` (the readers), ``catalogue`` (models, channels), ``seeds``
-(accounts, keys), ``sections`` (limits, upstream, server, observation), ``settings`` (the whole
-file). Their names are all here."""
+One module per part: ``values`` (the readers), ``catalogue`` (groups, models, channels),
+``seeds`` (accounts, keys), ``sections`` (limits, upstream, server, observation, console),
+``settings`` (the whole file). Their names are all here."""
 
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ from gateway.config.catalogue import (
     CHANNEL_FIELDS,
     CHANNEL_STATUSES,
     CHANNEL_TYPES,
+    GROUP_FIELDS,
     MAX_DEFAULT_TOKENS,
     MAX_PRICE,
+    MAX_RATIO,
+    MIN_RATIO,
     MODEL_FIELDS,
     OPTIONAL_PRICES,
     PRICE_FIELDS,
@@ -25,19 +28,24 @@ from gateway.config.catalogue import (
     Model,
     Price,
     parse_channel,
+    parse_group,
     parse_model,
+    parse_ratio,
     parse_timeouts,
     price_value,
 )
 from gateway.config.sections import (
     LOG_FORMATS,
     LOG_LEVELS,
+    REGISTRATION,
+    ConsoleSettings,
     Limits,
     LoggingSettings,
     MetricsSettings,
     ServerSettings,
     TracingSettings,
     UpstreamSettings,
+    parse_console,
     parse_limits,
     parse_logging,
     parse_metrics,
@@ -80,7 +88,9 @@ __all__ = [
     "Channel",
     "ChannelTimeouts",
     "ConfigError",
+    "ConsoleSettings",
     "ENV_REF",
+    "GROUP_FIELDS",
     "KEY_STATUSES",
     "KeySeed",
     "LOG_FORMATS",
@@ -89,6 +99,8 @@ __all__ = [
     "LoggingSettings",
     "MAX_DEFAULT_TOKENS",
     "MAX_PRICE",
+    "MAX_RATIO",
+    "MIN_RATIO",
     "MODEL_FIELDS",
     "MetricsSettings",
     "Model",
@@ -96,6 +108,7 @@ __all__ = [
     "OPTIONAL_PRICES",
     "PRICE_FIELDS",
     "Price",
+    "REGISTRATION",
     "ServerSettings",
     "Settings",
     "TracingSettings",
@@ -113,11 +126,14 @@ __all__ = [
     "number",
     "parse_account",
     "parse_channel",
+    "parse_console",
+    "parse_group",
     "parse_key",
     "parse_limits",
     "parse_logging",
     "parse_metrics",
     "parse_model",
+    "parse_ratio",
     "parse_server",
     "parse_settings",
     "parse_time",

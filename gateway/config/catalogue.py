@@ -1,5 +1,5 @@
-"""The catalogue's configuration: models (capabilities, prices) and channels (type,
-base URL, keys, groups, models, routing weights, timeouts)."""
+"""The catalogue's configuration: groups (a name, and a price ratio), models (capabilities,
+prices) and channels (type, base URL, keys, groups, models, routing weights, timeouts)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,28 @@ MAX_PRICE = 1_000_000
 # the most ``default_max_tokens`` may be (``billing.MAX_TOKENS``: no request uses more)
 MAX_DEFAULT_TOKENS = 2**31 - 1
 CHANNEL_STATUSES = ("enabled", "disabled")  # a disabled channel is never chosen
+# a group's price ratio (CONTRACT §2: every cost of a request made with a key of the group is
+# multiplied by it): above 0, so that a request with a price is never free, and at most
+# MAX_RATIO, far above any real one (``billing.MAX_COST`` is at ratio 1)
+MIN_RATIO = 0.001
+MAX_RATIO = 100.0
+GROUP_FIELDS = frozenset({"name", "ratio"})
+
+
+def parse_ratio(v: Any, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not MIN_RATIO <= v <= MAX_RATIO:
+        raise ConfigError(f"{where}: must be a number from {MIN_RATIO} to {MAX_RATIO:g}")
+    return float(v)
+
+
+def parse_group(v: Any, where: str) -> tuple[str, float]:
+    """A ``groups[]`` entry: a name, or ``{name, ratio}`` (ratio 1 when left out)."""
+    if isinstance(v, str):
+        return string(v, where), 1.0
+    d = mapping(v, where)
+    no_unknown(d, GROUP_FIELDS, where)
+    name = string(d.get("name"), at(where, "name"))
+    return name, parse_ratio(d.get("ratio", 1.0), at(where, "ratio"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""The process's own sections: limits, upstream pool, server, metrics, logging, tracing."""
+"""The process's own sections: limits, upstream pool, server, metrics, logging, tracing, and
+the console's sign-up."""
 
 from __future__ import annotations
 
@@ -102,6 +103,33 @@ class TracingSettings:
 
     otlp_endpoint: str = ""
     service_name: str = "model-gateway"
+
+
+REGISTRATION = ("open", "closed")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """``console:``: whether people may sign themselves up (``POST /console/users``), and the
+    groups a user made that way may make keys in."""
+
+    registration: str = "closed"  # open | closed
+    default_groups: tuple[str, ...] = ("default",)
+
+
+def parse_console(v: Any, groups: tuple[str, ...]) -> ConsoleSettings:
+    d = mapping(v, "console")
+    no_unknown(d, set(ConsoleSettings.__dataclass_fields__), "console")
+    registration = d.get("registration", "closed")
+    if registration not in REGISTRATION:
+        raise ConfigError("console.registration: must be open or closed")
+    default = d.get("default_groups", ["default"])
+    if not isinstance(default, list) or not all(isinstance(g, str) for g in default):
+        raise ConfigError("console.default_groups: must be a list of group names")
+    for i, g in enumerate(default):
+        if g not in groups:
+            raise ConfigError(f"console.default_groups[{i}]: unknown group {g!r}")
+    return ConsoleSettings(registration, tuple(dict.fromkeys(default)))
 
 
 def parse_limits(v: Any) -> Limits:

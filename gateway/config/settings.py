@@ -17,15 +17,18 @@ from gateway.config.catalogue import (
     Channel,
     Model,
     parse_channel,
+    parse_group,
     parse_model,
 )
 from gateway.config.sections import (
+    ConsoleSettings,
     Limits,
     LoggingSettings,
     MetricsSettings,
     ServerSettings,
     TracingSettings,
     UpstreamSettings,
+    parse_console,
     parse_limits,
     parse_logging,
     parse_metrics,
@@ -65,6 +68,14 @@ class Settings:
     # data/journal
     journal: str = ""
     path: str = ""
+    # the groups' price ratios, in ``groups`` order (CONTRACT §2; a group without one: 1)
+    ratios: tuple[tuple[str, float], ...] = ()
+    console: ConsoleSettings = ConsoleSettings()
+
+    @property
+    def group_ratios(self) -> dict[str, float]:
+        """Each group's price ratio (``routing.CatalogueSource``); a group left out: 1."""
+        return dict(self.ratios)
 
     def model(self, name: str) -> Model | None:
         for m in self.models:
@@ -127,6 +138,7 @@ TOP_LEVEL = frozenset(
     {
         "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
         "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
+        "console",
     }
 )  # fmt: skip
 
@@ -139,9 +151,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     store = raw.get("store") or "sqlite:///data/gateway.db"
     check_store_url(store)
     admin_token = string(raw.get("admin_token", ""), "admin_token", allow_empty=True)
-    groups = tuple(strings(raw.get("groups", ["default"]), "groups"))
-    if not groups:
-        raise ConfigError("groups: at least one group is needed")
+    ratios = parse_groups(raw.get("groups", ["default"]))
+    groups = tuple(name for name, _ in ratios)
     models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
     names = [m.name for m in models]
     unique(names, "models", "name")
@@ -169,6 +180,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     logging_ = parse_logging(raw.get("logging") or {})
     tracing = parse_tracing(raw.get("tracing") or {})
     journal = string(raw.get("journal") or default_journal(store), "journal")
+    console = parse_console(raw.get("console") or {}, groups)
     return Settings(
         store=store,
         admin_token=admin_token,
@@ -186,7 +198,18 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         tracing=tracing,
         journal=journal,
         path=path,
+        ratios=tuple((name, ratio) for name, ratio in ratios if ratio != 1.0),
+        console=console,
     )
+
+
+def parse_groups(v: Any) -> list[tuple[str, float]]:
+    """``groups``: names, or ``{name, ratio}`` entries; at least one, each name once."""
+    if not isinstance(v, list) or not v:
+        raise ConfigError("groups: at least one group is needed")
+    out = [parse_group(g, f"groups[{i}]") for i, g in enumerate(v)]
+    unique([name for name, _ in out], "groups", "name")
+    return out
 
 
 def trusted_proxies(v: Any) -> tuple[str, ...]:

@@ -351,7 +351,7 @@ async def list_channels(request: Request, state: AdminState) -> Response:
 
 
 async def list_groups(request: Request, state: AdminState) -> Response:
-    """``{"data": [{name, origin}]}``: each group as POST /admin/groups answers it."""
+    """``{"data": [{name, ratio, origin}]}``: each group as POST /admin/groups answers it."""
     v = await catalogue.load(state.store, state.settings)
     return json_response({"data": [catalogue.group_out(g, v) for g in v.groups]})
 
@@ -432,7 +432,16 @@ async def delete_model(request: Request, state: AdminState) -> Response:
 async def create_group(request: Request, state: AdminState) -> Response:
     name = await catalogue.create_group(state.store, state.settings, await _body(request))
     await state.cache.refresh()
-    return json_response({"name": name, "origin": "api"}, 201)
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.group_out(name, v), 201)
+
+
+async def update_group(request: Request, state: AdminState) -> Response:
+    name = request.path_params["name"]
+    await catalogue.update_group(state.store, state.settings, name, await _body(request))
+    await state.cache.refresh()
+    v = await catalogue.load(state.store, state.settings)
+    return json_response(catalogue.group_out(name, v))
 
 
 async def delete_group(request: Request, state: AdminState) -> Response:
@@ -483,6 +492,7 @@ def admin_routes() -> list[BaseRoute]:
         r("/models/{name:path}", update_model, "PATCH"),
         r("/models/{name:path}", delete_model, "DELETE"),
         r("/groups", create_group, "POST"),
+        r("/groups/{name:path}", update_group, "PATCH"),
         r("/groups/{name:path}", delete_group, "DELETE"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),

@@ -21,6 +21,7 @@ from typing import Any
 
 from gateway.config import (
     CHANNEL_FIELDS,
+    GROUP_FIELDS,
     MODEL_FIELDS,
     NAME_RE,
     Channel,
@@ -29,6 +30,7 @@ from gateway.config import (
     Settings,
     parse_channel,
     parse_model,
+    parse_ratio,
 )
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
@@ -100,7 +102,7 @@ def model_out(m: Model, v: View) -> dict[str, JSON]:
 
 
 def group_out(name: str, v: View) -> dict[str, JSON]:
-    return {"name": name, "origin": v.origin(GROUP, name)}
+    return {"name": name, "ratio": v.ratio(name), "origin": v.origin(GROUP, name)}
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -280,19 +282,50 @@ async def delete_model(store: Store, settings: Settings, name: str) -> None:
     await store.edit_catalogue(edit)
 
 
+def _ratio(fields: Mapping[str, object]) -> float:
+    """A group's ``ratio`` (left out or null: 1), by the file's rule."""
+    value = fields.get("ratio")
+    if value is None:
+        return 1.0
+    try:
+        return parse_ratio(value, "ratio")
+    except ConfigError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
 async def create_group(store: Store, settings: Settings, body: object) -> str:
     fields = _body(body)
-    only_fields(fields, {"name"})
+    only_fields(fields, GROUP_FIELDS)
     name = _new_name(fields.get("name"))
+    ratio = _ratio(fields)
 
     def edit(records: CatalogueRecords) -> CatalogueEdit:
         if name in view(records, settings).groups:
             raise AlreadyExistsError(f"group {name!r} already exists")
-        rec = group_record(name, API, records.next_seq(GROUP))
+        rec = group_record(name, API, records.next_seq(GROUP), ratio)
         return CatalogueEdit(put={(GROUP, name): rec})
 
     await store.edit_catalogue(edit)
     return name
+
+
+async def update_group(store: Store, settings: Settings, name: str, body: object) -> None:
+    """A group made through the API gets a new ``ratio`` (null: 1); the file's answer 409."""
+    fields = _body(body)
+    only_fields(fields, GROUP_FIELDS)
+    _same_name(fields, name)
+    ratio = _ratio(fields)
+
+    def edit(records: CatalogueRecords) -> CatalogueEdit:
+        v = view(records, settings)
+        if name not in v.groups:
+            raise NotFoundError(f"group {name!r} not found")
+        _not_the_files(v, GROUP, name)
+        rec = records.get(GROUP, name)
+        seq = int(rec.get("seq", 0)) if rec is not None else records.next_seq(GROUP)
+        return CatalogueEdit(put={(GROUP, name): group_record(name, API, seq, ratio)})
+
+    await store.edit_catalogue(edit)
 
 
 async def delete_group(store: Store, settings: Settings, name: str) -> None:

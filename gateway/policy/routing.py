@@ -1,9 +1,10 @@
 """Which channels may serve a request, in the order to try them (pure).
 
 ``Catalogue`` indexes one state of the catalogue once: (group, model) -> channels, sorted by
-priority, and each model's rate. It never changes once built: when the catalogue changes (the
-file at start, the admin API at run time, seen through the cache within a second) the relay
-swaps in a new one, and a request in flight keeps the one it started with.
+priority, each model's rate and each group's price ratio. It never changes once built: when
+the catalogue changes (the file at start, the admin API at run time, seen through the cache
+within a second) the relay swaps in a new one, and a request in flight keeps the one it
+started with.
 ``candidates`` returns the retry order for one request: lower priority first; among equal
 priority, a weighted random order (a channel of weight 2 comes first twice as often as one
 of weight 1; weight 0 is a standby, tried last). Channels cooling down are left out; when every
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Protocol
 
 from gateway.config import Channel, Model
@@ -30,6 +32,8 @@ class CatalogueSource(Protocol):
     def models(self) -> tuple[Model, ...]: ...
     @property
     def channels(self) -> tuple[Channel, ...]: ...
+    @property
+    def group_ratios(self) -> Mapping[str, float]: ...
 
 
 class LiveCatalogue:
@@ -55,6 +59,7 @@ class Catalogue:
         "groups",
         "models",
         "rates",
+        "ratios",
         "every_channel",
         "_by_group_model",
         "_group_models",
@@ -66,6 +71,11 @@ class Catalogue:
         self.every_channel: tuple[Channel, ...] = tuple(settings.channels)  # disabled too
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
         self.rates: dict[str, Rate] = {m.name: Rate.from_price(m.price) for m in settings.models}
+        # each group's price ratio as an exact fraction of its decimal text (1.5 -> 3/2); a
+        # group without one is left out (``ratio``: 1)
+        self.ratios: dict[str, Fraction] = {
+            g: Fraction(str(r)) for g, r in settings.group_ratios.items() if r != 1
+        }
         by: dict[tuple[str, str], list[Channel]] = {}
         for ch in settings.channels:
             if ch.status != "enabled":
@@ -84,6 +94,10 @@ class Catalogue:
         self._tiers: dict[
             tuple[str, str, str, frozenset[str]], tuple[tuple[Channel, ...], ...]
         ] = {}
+
+    def ratio(self, group: str) -> Fraction | int:
+        """What every cost of a request made with a key of ``group`` is multiplied by."""
+        return self.ratios.get(group, 1)
 
     def group_models(self, group: str) -> tuple[Model, ...]:
         """The models a key of this group can reach, in catalogue order."""

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any
 
 from gateway.config import Channel, Settings
@@ -68,6 +70,7 @@ log = logging.getLogger("gateway.relay")
 # plus a watchlist tick, after its client left (streams that end sooner never start one)
 STREAM_WATCH_DELAY = 0.1
 REPLY_WATCH_DELAY = 1.0
+TOP_UP = "top up in the console (/console)"  # where a 402 sends its reader
 
 
 class Relay:
@@ -184,7 +187,7 @@ class Relay:
         balance = self.cache.balance(key.account)
         if balance is None or balance <= 0:
             raise InsufficientBalanceError(
-                "Your account balance is exhausted; top it up to continue."
+                f"Your account balance is exhausted; {TOP_UP} to continue."
             )
         catalogue = self.catalogue.current  # once: the whole request sees one catalogue
         channels = candidates(
@@ -199,8 +202,11 @@ class Relay:
         )[: 1 + self.retries]
         model = catalogue.models[call.model]
         rate = catalogue.rates.get(call.model) if kind.billed else None
+        # -- group ratio (CONTRACT §2, §5b): the key's group's price ratio multiplies the
+        # hold and every bill of this request (``req.ratio``; ``Rate.charge`` applies it)
+        ratio = catalogue.ratio(key.group)
         if rate is not None:
-            self._hold(call, job.expected(model.default_max_tokens), rate, balance)
+            self._hold(call, job.expected(model.default_max_tokens), rate, balance, ratio)
         route = job.route
         ctx = Ctx(
             request_id=call.request_id.rpartition("/")[2],  # the gateway's own: reply ids
@@ -211,7 +217,7 @@ class Relay:
         )
         req = RelayRequest(
             kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,
-            send, bool(route.stream),
+            send, bool(route.stream), ratio=ratio,
         )  # fmt: skip
         return req, channels
 
@@ -254,7 +260,9 @@ class Relay:
             self.keepalive.close(req.quiet)
             watch.stop()
 
-    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
+    def _hold(
+        self, call: Call, expected: Metered, rate: Rate, balance: int, ratio: Fraction | int
+    ) -> None:
         """Hold what the request is expected to cost until its record replaces the hold;
         402 when the balance, less what the account's requests in flight hold, is not above
         zero (a request may overdraw by its own cost, never by how many run at once), and
@@ -264,11 +272,11 @@ class Relay:
         account = key.account
         if balance - self.cache.held(account) <= 0:
             raise InsufficientBalanceError(
-                "Your account balance is held by requests in flight; wait for them or top up."
+                f"Your account balance is held by requests in flight; wait for them or {TOP_UP}."
             )
         if key.quota is not None and self.cache.quota_left(key) <= 0:
             raise InsufficientBalanceError("This API key has spent its quota.")
-        call.held = max(rate.cost_of(expected), self.hold_floor)
+        call.held = max(math.ceil(rate.cost_of(expected) * ratio), self.hold_floor)
         self.cache.hold(account, key.id, call.held)
 
     async def _reply_local(self, exchange: Exchange, req: RelayRequest) -> None:
@@ -277,7 +285,7 @@ class Relay:
 
     async def _send_reply(self, reply: Reply, req: RelayRequest) -> None:
         call = req.call
-        call.bill(reply.used, req.rate)
+        call.bill(reply.used, req.rate, req.ratio)
         durable = call.record(self.writer, self.observers.observed, self.observers.access)
         if durable is not None:
             await durable  # the record survives the process before the reply is complete
@@ -304,7 +312,7 @@ class Relay:
 
         def settle(status: int) -> Awaitable[None] | None:
             # what was generated, even when the stream ended on an error
-            call.bill(exchange.used(stream, status == 200), rate)
+            call.bill(exchange.used(stream, status == 200), rate, req.ratio)
             call.set_status(status)
             return call.record(self.writer, observers.observed, observers.access)
 
@@ -316,7 +324,7 @@ class Relay:
             err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode())
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(exchange.used(stream, False), rate)
+            call.bill(exchange.used(stream, False), rate, req.ratio)
             raise
         finally:
             metrics.open_streams -= 1

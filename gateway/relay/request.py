@@ -9,6 +9,7 @@ and the client's side of the ASGI connection.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from gateway.config import Model
@@ -35,6 +36,7 @@ class RelayRequest:
     send: Send = field(repr=False)
     stream: bool = False
     quiet: Quiet | None = None  # a stream's entry in the keep-alive timer, once it has one
+    ratio: Fraction | int = 1  # the key's group's price ratio: every bill is multiplied by it
 
     @property
     def request_id(self) -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.config import ConfigError, parse_channel, parse_model
+from gateway.config import ConfigError, parse_channel, parse_model, parse_ratio
 from gateway.types import JSON
 
 if TYPE_CHECKING:
@@ -96,8 +96,13 @@ def model_record(model: Model, origin: str, seq: int) -> dict[str, JSON]:
     return {**model_json(model), "origin": origin, "seq": seq}
 
 
-def group_record(name: str, origin: str, seq: int) -> dict[str, JSON]:
-    return {"name": name, "origin": origin, "seq": seq}
+def group_record(name: str, origin: str, seq: int, ratio: float = 1.0) -> dict[str, JSON]:
+    """A group's record: its price ratio only when it has one (a record of a group without
+    one is what earlier versions wrote)."""
+    out: dict[str, JSON] = {"name": name, "origin": origin, "seq": seq}
+    if ratio != 1.0:
+        out["ratio"] = ratio
+    return out
 
 
 def entry_field(kind: str, name: str) -> str:
@@ -171,8 +176,9 @@ def seed_edit(settings: Settings) -> Editor:
     """The file's groups, models and channels written as the file's (over anything of the same
     name), and the entries an earlier file gave that this one no longer names removed."""
     wanted: dict[Entry, dict[str, JSON]] = {}
+    ratios = settings.group_ratios
     for i, g in enumerate(settings.groups):
-        wanted[(GROUP, g)] = group_record(g, FILE, i)
+        wanted[(GROUP, g)] = group_record(g, FILE, i, ratios.get(g, 1.0))
     for i, m in enumerate(settings.models):
         wanted[(MODEL, m.name)] = model_record(m, FILE, i)
     for i, ch in enumerate(settings.channels):
@@ -201,6 +207,7 @@ class View:
     models: tuple[Model, ...]
     channels: tuple[Channel, ...]
     file_entries: frozenset[Entry]  # the entries some configuration file owns
+    group_ratios: Mapping[str, float] = field(default_factory=dict)  # 1 where left out
 
     def origin(self, kind: str, name: str) -> str:
         return FILE if (kind, name) in self.file_entries else API
@@ -213,6 +220,9 @@ class View:
 
     def model(self, name: str) -> Model | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def ratio(self, group: str) -> float:
+        return self.group_ratios.get(group, 1.0)
 
 
 # the bad records this process has logged: every reload (and admin read) meets them again
@@ -241,10 +251,18 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
     file_entries |= {(MODEL, n) for n in own_models} | {(CHANNEL, n) for n in own_channels}
 
     groups = list(settings.groups)
+    ratios = settings.group_ratios
     for rec in records.of(GROUP):
         name = rec["name"]
         if name not in own_groups:
+            try:
+                ratio = parse_ratio(rec.get("ratio", 1.0), f"stored group {name!r}.ratio")
+            except ConfigError as exc:
+                warn_once(GROUP, str(exc))
+                continue
             groups.append(name)
+            if ratio != 1.0:
+                ratios[name] = ratio
             if rec.get("origin") == FILE:
                 file_entries.add((GROUP, name))
 
@@ -273,4 +291,4 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
             continue
         if rec.get("origin") == FILE:
             file_entries.add((CHANNEL, rec["name"]))
-    return View(tuple(groups), tuple(models), tuple(channels), frozenset(file_entries))
+    return View(tuple(groups), tuple(models), tuple(channels), frozenset(file_entries), ratios)
