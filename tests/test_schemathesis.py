@@ -15,6 +15,7 @@ against the document too. The last test checks that every operation succeeded at
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import subprocess
@@ -31,6 +32,8 @@ import yaml
 from hypothesis import HealthCheck, settings
 
 from gateway.operator.openapi import document
+from gateway.store import UserRecord
+from gateway.store.backends import open_store
 from tests.plugins.processes import GATEWAY, free_port
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 from tests.test_endpoints import media_config
@@ -72,6 +75,7 @@ MODELS = {
     "{model}:embedContent": ["embed-gm", "embed-small"],
     "{model}:batchEmbedContents": ["embed-gm", "embed-small"],
 }
+ST_USER = "u_st_user"
 # (method, path or the generate-content path's tail) -> (parameters, body) of a request that
 # succeeds; admin entries of the run's own ("st-...") are made, used, changed and deleted in
 # the document's order of operations (each path's methods as admin_paths lists them)
@@ -106,7 +110,16 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], Any]] = {
     ("DELETE", "/admin/channels/{name}"): ({"name": "st-channel"}, None),
     ("POST", "/admin/channels/{name}/test"): ({"name": "oa"}, None),
     ("POST", "/admin/groups"): ({}, {"name": "st-group"}),
+    ("PATCH", "/admin/groups/{name}"): ({"name": "st-group"}, {"ratio": 2}),
     ("DELETE", "/admin/groups/{name}"): ({"name": "st-group"}, None),
+    ("POST", "/admin/users"): (
+        {},
+        {"username": "st-user", "password": "st-password", "account": "alice", "groups": []},
+    ),
+    # a user the live fixture put in the store (a made user's id is random)
+    ("PATCH", "/admin/users/{id}"): ({"id": ST_USER}, {"groups": ["default"]}),
+    ("DELETE", "/admin/users/{id}"): ({"id": ST_USER}, None),
+    ("POST", "/admin/redemptions"): ({}, {"amount": 1, "count": 2}),
     ("POST", "/v1/chat/completions"): ({}, {"model": "chat-small", "messages": HI}),
     ("POST", "/v1/responses"): ({}, {"model": "claude-small", "input": "hi"}),
     ("POST", "/v1/messages"): ({}, {"model": "gemini-small", "max_tokens": 16, "messages": HI}),
@@ -189,6 +202,18 @@ def wait_for(url: str) -> None:
         time.sleep(0.05)
 
 
+async def a_user(store_url: str) -> None:
+    """``ST_USER``, of an account of its own, in the store before the gateway starts."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        await store.create_user(
+            UserRecord(ST_USER, "st-known", "$argon2id$unused", ST_USER, ("default",)), 0
+        )
+    finally:
+        await store.close()
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The gateway (SQLite store) and the fake upstream, each a process of its own."""
@@ -199,6 +224,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cfg["journal"] = str(tmp / "journal")
     config = tmp / "gateway.yaml"
     config.write_text(yaml.safe_dump(cfg))
+    asyncio.run(a_user(cfg["store"]))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (tmp / "log").open("wb")
     procs = [

@@ -284,8 +284,10 @@ async def create_key(
     quota: object = None,
     models: object = None,
     allowed_ips: object = None,
+    owner: str | None = None,
 ) -> tuple[KeyRecord, str]:
-    """Make a key; returns the record and the secret, which nothing keeps."""
+    """Make a key (``owner``: the user making it in the console); returns the record and the
+    secret, which nothing keeps."""
     if not isinstance(account, str) or not account:
         raise InvalidRequestError("account: must be a non-empty string")
     live = await _catalogue(store, settings)
@@ -314,13 +316,15 @@ async def create_key(
             quota=limit_quota,
             models=limit_models,
             allowed_ips=limit_ips,
+            owner=owner,
         )
         try:
             await store.create_key(rec)
         except ConflictError:
             continue  # a random id collided; draw again
         except MissingError:
-            raise NotFoundError(f"account {account!r} not found") from None
+            what = f"account {account!r}" if owner is None else f"account or user {owner!r}"
+            raise NotFoundError(f"{what} not found") from None
         return rec, secret
     raise AlreadyExistsError("could not allocate a unique key id; try again")
 
@@ -431,7 +435,8 @@ def account_json(acct: Account) -> dict[str, JSON]:
 
 def key_json(rec: KeyRecord, secret: str | None = None, spent: int = 0) -> dict[str, JSON]:
     """A key as shown: never its hash; its secret only when just made; ``spent`` (what it
-    spent in all, micro-units) in balance units."""
+    spent in all, micro-units) in balance units; ``owner``: the user that made it (null: the
+    admin's)."""
     out: dict[str, JSON] = {"id": rec.id}
     if secret is not None:
         out["key"] = secret
@@ -447,5 +452,6 @@ def key_json(rec: KeyRecord, secret: str | None = None, spent: int = 0) -> dict[
         spent=from_micro(spent),
         models=None if rec.models is None else list(rec.models),
         allowed_ips=None if rec.allowed_ips is None else list(rec.allowed_ips),
+        owner=rec.owner,
     )
     return out

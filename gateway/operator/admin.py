@@ -46,7 +46,7 @@ from gateway.errors import (
     PermissionDeniedError,
     UpstreamUnavailableError,
 )
-from gateway.operator import accounts, catalogue, console, usage_query
+from gateway.operator import accounts, catalogue, console, redemptions, usage_query, users
 from gateway.store import Store, StoreError
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
@@ -451,6 +451,55 @@ async def delete_group(request: Request, state: AdminState) -> Response:
     return json_response({"name": name, "deleted": True})
 
 
+# ---- users and redemption codes (CONTRACT §5b) ---------------------------------------------
+
+
+async def list_users(request: Request, state: AdminState) -> Response:
+    found = await users.list_users(state.store)
+    return json_response({"data": [users.user_json(u) for u in found]})
+
+
+async def create_user(request: Request, state: AdminState) -> Response:
+    rec = await users.create_user(state.store, state.settings, await _body(request))
+    await state.cache.refresh()
+    return json_response(users.user_json(rec), 201)
+
+
+async def update_user(request: Request, state: AdminState) -> Response:
+    """Any of password, groups, status; disabling ends the user's sessions and stops its
+    keys (``users.update_user``)."""
+    body = await _body(request)
+    rec = await users.update_user(state.store, state.settings, request.path_params["id"], body)
+    await state.cache.refresh()
+    return json_response(users.user_json(rec))
+
+
+async def delete_user(request: Request, state: AdminState) -> Response:
+    user_id = request.path_params["id"]
+    keys = await users.delete_user(state.store, user_id)
+    await state.cache.refresh()
+    return json_response({"id": user_id, "deleted": True, "keys": keys})
+
+
+async def create_redemptions(request: Request, state: AdminState) -> Response:
+    """``{amount, count, expires_at?}`` -> the codes, shown only in this reply."""
+    body = await _body(request)
+    accounts.only_fields(body, {"amount", "count", "expires_at"})
+    if "amount" not in body:
+        raise InvalidRequestError("amount: required")
+    made = await redemptions.create_codes(
+        state.store, body["amount"], body.get("count", 1), body.get("expires_at")
+    )
+    return json_response(redemptions.made_json(made), 201)
+
+
+async def list_redemptions(request: Request, state: AdminState) -> Response:
+    """Every code (``?status=unused|used|expired``): its hint, never the code."""
+    codes = await redemptions.list_codes(state.store, request.query_params.get("status") or None)
+    now = datetime.now(UTC)
+    return json_response({"data": [redemptions.code_json(c, now) for c in codes]})
+
+
 async def not_found(request: Request, state: AdminState) -> Response:
     raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
 
@@ -494,6 +543,13 @@ def admin_routes() -> list[BaseRoute]:
         r("/groups", create_group, "POST"),
         r("/groups/{name:path}", update_group, "PATCH"),
         r("/groups/{name:path}", delete_group, "DELETE"),
+        r("/users", list_users, "GET"),
+        # a password is hashed (argon2, tens of milliseconds) before the store is reached
+        r("/users", create_user, "POST"),
+        r("/users/{id}", update_user, "PATCH"),
+        r("/users/{id}", delete_user, "DELETE"),
+        r("/redemptions", list_redemptions, "GET"),
+        r("/redemptions", create_redemptions, "POST"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]

@@ -225,6 +225,53 @@ KEY_FIELDS: JSONObject = {
 }
 
 
+GROUP_FIELDS: JSONObject = {"name": STRING, "ratio": {"type": ["number", "null"]}}
+USER_FIELDS: JSONObject = {
+    "username": STRING,
+    "password": STRING,
+    "account": STRING,
+    "groups": {"type": "array", "items": STRING},
+    "status": {"enum": ["enabled", "disabled"]},
+}
+CODE_FIELDS: JSONObject = {
+    "amount": MONEY,
+    "count": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "expires_at": {"type": ["string", "null"]},
+}
+
+
+def people_paths() -> JSONObject:
+    """Users and redemption codes (CONTRACT §5b)."""
+    user_change = {k: USER_FIELDS[k] for k in ("password", "groups", "status")}
+    return {
+        "/admin/users": {
+            "get": _admin("list users (never their passwords)"),
+            "post": _admin(
+                "add a user of an account",
+                request=body(["username", "password", "account"], USER_FIELDS),
+                created=True,
+            ),
+        },
+        "/admin/users/{id}": {
+            "patch": _admin(
+                "change a user's password, groups or status (disabled: its sessions end, its "
+                "keys answer 401)",
+                request=body([], user_change),
+                params=("id",),
+            ),
+            "delete": _admin("delete a user and its keys", params=("id",)),
+        },
+        "/admin/redemptions": {
+            "get": _admin("list redemption codes (hints, never the codes)", query=("status",)),
+            "post": _admin(
+                "make redemption codes, shown only in this reply",
+                request=body(["amount"], CODE_FIELDS),
+                created=True,
+            ),
+        },
+    }
+
+
 # GET /admin/usage's parameters (gateway/operator/usage_query.py): each a string, as written here
 USAGE_PARAMS: dict[str, str] = {
     "account": "an account id",
@@ -310,12 +357,16 @@ def admin_paths() -> JSONObject:
             "post": _admin("one minimal request through the channel, not billed", params=("name",))
         },
         "/admin/groups": {
-            "get": _admin("the groups"),
-            "post": _admin("add a group", request=body(["name"], {"name": STRING}), created=True),
+            "get": _admin("the groups and their price ratios"),
+            "post": _admin("add a group", request=body(["name"], GROUP_FIELDS), created=True),
         },
         "/admin/groups/{name}": {
-            "delete": _admin("delete a group (409 while in use)", params=("name",))
+            "patch": _admin(
+                "change a group's price ratio", request=body([], GROUP_FIELDS), params=("name",)
+            ),
+            "delete": _admin("delete a group (409 while in use)", params=("name",)),
         },
+        **people_paths(),
     }
 
 

@@ -149,6 +149,10 @@ class Reply:
     def json(self) -> Any:
         return orjson.loads(self.body)
 
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
 
 async def drive(
     app: GatewayApp, method: str, path: str, body: bytes, headers: dict[str, str]

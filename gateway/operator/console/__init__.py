@@ -38,8 +38,21 @@ from starlette.routing import BaseRoute, Route
 from gateway.edge.small_body import read_small_body
 from gateway.errors import AuthenticationError, GatewayError
 from gateway.operator import usage_query
+from gateway.operator import users as user_service
 from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
-from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.operator.console import users as user_routes
+from gateway.operator.console.http import (
+    SECURITY_HEADERS,
+    error_reply,
+    json_reply,
+    session_reply,
+    signer_of,
+)
+
+# the admin API reads the console's session with these (``admin._console_admin``)
+from gateway.operator.console.http import csrf_ok as csrf_ok
+from gateway.operator.console.http import session_of as session_of
+from gateway.operator.console.session import COOKIE, Session
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
@@ -53,12 +66,6 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
-SECURITY_HEADERS = {
-    "cache-control": "no-store",
-    "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
-    "x-frame-options": "DENY",
-}
 # the endpoints that serve each capability, as the model square shows them
 ENDPOINTS = {
     "chat": [
@@ -79,45 +86,6 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 SIGN_IN_MAX_BODY = 8 * 1024  # bytes of a sign-in body: a token and little else
 
 
-def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(payload),
-        status_code=status,
-        media_type="application/json",
-        headers={**SECURITY_HEADERS, **(headers or {})},
-    )
-
-
-def _error(status: int, message: str, code: str) -> Response:
-    return _json({"error": {"message": message, "type": "console_error", "code": code}}, status)
-
-
-def signer_of(request: Request) -> Signer:
-    signer: Signer = request.app.state.console
-    return signer
-
-
-def session_of(request: Request) -> Session | None:
-    """The request's console session, if any and not signed out (CSRF not checked: see
-    ``csrf_ok``); none in an app without the console (the admin routes mounted on their
-    own)."""
-    signer: Signer | None = getattr(request.app.state, "console", None)
-    if signer is None:
-        return None
-    session = signer.read(request.cookies.get(COOKIE))
-    if session is None or request.app.state.gateway.cache.revoked(session.nonce):
-        return None
-    return session
-
-
-def csrf_ok(request: Request, session: Session) -> bool:
-    """Reads need nothing more; a change must carry the session's CSRF token."""
-    if request.method in ("GET", "HEAD"):
-        return True
-    sent = request.headers.get(CSRF_HEADER, "")
-    return hmac.compare_digest(sent, session.csrf(signer_of(request)))
-
-
 def _key_of(request: Request, session: Session) -> KeyRecord:
     """The signed-in key, still usable now (its session ends when it no longer is)."""
     state = request.app.state.gateway
@@ -136,7 +104,7 @@ async def page(request: Request) -> Response:
 async def asset(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in ASSETS:
-        return _error(404, f"no console asset {name!r}", "not_found")
+        return error_reply(404, f"no console asset {name!r}", "not_found")
     return Response(
         (STATIC / name).read_bytes(),
         media_type=ASSETS[name] + "; charset=utf-8",
@@ -170,12 +138,15 @@ def cross_site(request: Request) -> bool:
     return origin is not None and not same_origin(origin, request.headers.get("host", ""))
 
 
-async def sign_in(request: Request) -> Response:
+async def _signed_out_body(request: Request) -> dict[str, JSON] | Response:
+    """The JSON object of a request made without a session (sign-in, sign-up), or the reply
+    that refuses it: from another site's page (403), not JSON (415), too large or too slow
+    (413, 408). A body that is not a JSON object reads as ``{}``."""
     if cross_site(request):
-        return _error(403, "sign-in from another site's page is refused", "cross_site")
+        return error_reply(403, "sign-in from another site's page is refused", "cross_site")
     media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media_type != "application/json":
-        return _error(
+        return error_reply(
             415, "sign-in takes a JSON body (content-type: application/json)", "media_type"
         )
     state = request.app.state.gateway
@@ -184,19 +155,34 @@ async def sign_in(request: Request) -> Response:
             request, SIGN_IN_MAX_BODY, state.settings.server.body_timeout_seconds
         )
     except GatewayError as err:  # too large (413) or too slow (408): not read to its end
-        resp = _error(err.status, err.message, err.code or err.type)
+        resp = error_reply(err.status, err.message, err.code or err.type)
         resp.headers["connection"] = "close"
         return resp
     except ClientDisconnect:
         return Response(status_code=499)  # gone while its body was read: no one to answer
     try:
         body = orjson.loads(raw)
-        token = body["token"] if isinstance(body, dict) else None
-    except (orjson.JSONDecodeError, KeyError):
-        token = None
+    except orjson.JSONDecodeError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+async def sign_in(request: Request) -> Response:
+    """``{token}``: the admin token or an ``sk-`` key; ``{username, password}``: a user
+    (``console/users.py``)."""
+    body = await _signed_out_body(request)
+    if isinstance(body, Response):
+        return body
+    if "username" in body:
+        return await user_routes.sign_in(request, body)
+    token = body.get("token")
     if not isinstance(token, str) or not token.strip():
-        return _error(400, "token: give the admin token or an sk- key", "invalid_request")
+        return error_reply(
+            400, "token: give the admin token or an sk- key (or username and password)",
+            "invalid_request",
+        )  # fmt: skip
     token = token.strip()
+    state = request.app.state.gateway
     admin_token: str = state.settings.admin_token
     signer = signer_of(request)
     if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
@@ -205,19 +191,17 @@ async def sign_in(request: Request) -> Response:
         try:
             key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
         except AuthenticationError as err:
-            return _error(401, err.message, "invalid_credentials")
+            return error_reply(401, err.message, "invalid_credentials")
         cookie, session = signer.issue("key", key.key_hash)
-    resp = _json({"role": session.role, "csrf": session.csrf(signer)})
-    resp.set_cookie(
-        COOKIE,
-        cookie,
-        max_age=LIFETIME,
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-    return resp
+    return session_reply(request, cookie, session)
+
+
+async def sign_up(request: Request) -> Response:
+    """``POST /console/users``: a user signs itself up, when registration is open."""
+    body = await _signed_out_body(request)
+    if isinstance(body, Response):
+        return body
+    return await user_routes.register(request, body)
 
 
 async def sign_out(request: Request) -> Response:
@@ -226,7 +210,7 @@ async def sign_out(request: Request) -> Response:
     session = signer_of(request).read(request.cookies.get(COOKIE))
     if session is not None:
         if not csrf_ok(request, session):
-            return _error(403, "missing or wrong x-console-csrf header", "csrf")
+            return error_reply(403, "missing or wrong x-console-csrf header", "csrf")
         cache = request.app.state.gateway.cache
         if not cache.revoked(session.nonce):  # else the store has it already
             store = request.app.state.gateway.store
@@ -235,9 +219,11 @@ async def sign_out(request: Request) -> Response:
                     await store.revoke_session(session.nonce, session.expires, int(time.time()))
             except Exception as exc:  # noqa: BLE001 - the store failed or did not answer
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
-                return _error(503, "the store does not answer; sign out again", "store_unavailable")
+                return error_reply(
+                    503, "the store does not answer; sign out again", "store_unavailable"
+                )
             cache.revoke(session.nonce, session.expires)
-    resp = _json({"signed_in": False})
+    resp = json_reply({"signed_in": False})
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return resp
 
@@ -246,15 +232,16 @@ async def sign_out(request: Request) -> Response:
 
 
 def _signed_in(request: Request) -> tuple[Session, KeyRecord | None] | Response:
+    """The session and, for a key's, the key; a user's is checked by ``session_of``."""
     session = session_of(request)
     if session is None:
-        return _error(401, "not signed in", "not_signed_in")
-    if session.role == "admin":
+        return error_reply(401, "not signed in", "not_signed_in")
+    if session.role in ("admin", "user"):
         return session, None
     try:
         return session, _key_of(request, session)
     except GatewayError as err:
-        return _error(401, err.message, "not_signed_in")
+        return error_reply(401, err.message, "not_signed_in")
 
 
 async def me(request: Request) -> Response:
@@ -262,6 +249,8 @@ async def me(request: Request) -> Response:
     if isinstance(found, Response):
         return found
     session, key = found
+    if session.role == "user":
+        return await user_routes.me(request, session)
     out: dict[str, JSON] = {"role": session.role, "csrf": session.csrf(signer_of(request))}
     if key is not None:
         state = request.app.state.gateway
@@ -271,33 +260,38 @@ async def me(request: Request) -> Response:
         out["balance"] = None if balance is None else balance / MICRO
         if key.quota is not None:
             out["quota_left"] = max(key.quota - spent, 0) / MICRO
-    return _json(out)
+    return json_reply(out)
 
 
 async def usage(request: Request) -> Response:
     """The signed-in key's usage records, a page at a time (``limit``, ``cursor``, and the
     filters of /admin/usage but ``account`` and ``key``: ``usage_query``), found through the
-    store's key filter however busy its account; and its daily totals. The admin reads
-    /admin/usage."""
+    store's key filter however busy its account; and its daily totals. A user's: its keys'
+    (``users.usage``). The admin reads /admin/usage."""
     found = _signed_in(request)
     if isinstance(found, Response):
         return found
-    _, key = found
+    session, key = found
+    try:
+        limit = usage_limit(request.query_params.get("limit") or USAGE_RECORDS)
+    except GatewayError as err:
+        return error_reply(err.status, err.message, "invalid_request")
+    if session.role == "user":
+        return await user_routes.usage(request, session, limit)
     if key is None:
-        return _error(404, "the admin reads /admin/usage", "not_found")
+        return error_reply(404, "the admin reads /admin/usage", "not_found")
     state = request.app.state.gateway
     params = request.query_params
     try:
-        limit = usage_limit(params.get("limit") or USAGE_RECORDS)
         query = usage_query.from_params(params, account=key.account, key_id=key.id)
         await state.writer.flush()
         page = await usage_query.read(state.store, query, limit)
     except GatewayError as err:
-        return _error(err.status, err.message, "invalid_request")
+        return error_reply(err.status, err.message, "invalid_request")
     today = datetime.now(UTC).date()
     since = (today - timedelta(days=USAGE_DAYS - 1)).isoformat()
     days = await state.store.usage_daily(since, today.isoformat(), key.account)
-    return _json(
+    return json_reply(
         {
             "records": [usage_json(r) for r in page.records],
             "next_cursor": None if page.next is None else usage_query.cursor_text(page.next),
@@ -306,27 +300,57 @@ async def usage(request: Request) -> Response:
     )
 
 
+def _viewer_groups(request: Request, session: Session, key: KeyRecord | None) -> list[str]:
+    """The groups whose models the viewer may see: a key's own, a user's usable ones, every
+    group for the admin (the live catalogue's: run-time groups too)."""
+    live = request.app.state.gateway.catalogue.current.groups
+    if key is not None:
+        return [key.group]
+    if session.role == "user":
+        user = user_routes.user_of(request, session)
+        return [] if user is None else user_service.usable_groups(user, live)
+    return list(live)
+
+
+def _priced(price: dict[str, JSON], ratio: float) -> dict[str, JSON]:
+    """A model's prices in a group: each times the group's ratio (unset ones stay unset)."""
+    return {k: v if v is None else round(v * ratio, 9) for k, v in price.items()}
+
+
 async def square(request: Request) -> Response:
-    """The model square: each model of a group with its capabilities, prices and the
-    endpoints that serve it (the key's group, and its ``models`` only; the admin's choice)."""
+    """The model square: each model the viewer's groups reach (``?group=`` one of them),
+    with its capabilities, the endpoints that serve it, and its prices in each of those
+    groups (times the group's ratio). A key sees its group's (its ``models`` only), a user
+    its groups', the admin every group's."""
     found = _signed_in(request)
     if isinstance(found, Response):
         return found
-    _, key = found
-    state = request.app.state.gateway
-    groups = list(state.catalogue.current.groups)  # the live catalogue: run-time groups too
-    group = key.group if key is not None else request.query_params.get("group") or groups[0]
-    if group not in groups:
-        return _error(404, f"no group {group!r}", "not_found")
-    models = state.catalogue.current.group_models(group)
-    if key is not None and key.models is not None:
-        models = tuple(m for m in models if m.name in key.models)
-    entries: list[JSON] = []
-    for m in models:
-        entry = model_json(m)
-        entry["endpoints"] = [e for cap in sorted(m.capabilities) for e in ENDPOINTS.get(cap, [])]
-        entries.append(entry)
-    return _json({"group": group, "groups": groups if key is None else [group], "models": entries})
+    session, key = found
+    catalogue = request.app.state.gateway.catalogue.current
+    groups = _viewer_groups(request, session, key)
+    chosen = request.query_params.get("group") or None
+    if chosen is not None and chosen not in groups:
+        return error_reply(404, f"no group {chosen!r}", "not_found")
+    shown = [chosen] if chosen is not None else groups
+    entries: dict[str, dict[str, JSON]] = {}
+    for g in shown:
+        ratio = float(catalogue.ratio(g))
+        for m in catalogue.group_models(g):
+            if key is not None and key.models is not None and m.name not in key.models:
+                continue
+            entry = entries.get(m.name)
+            if entry is None:
+                entry = entries[m.name] = model_json(m)
+                caps = sorted(m.capabilities)
+                entry["endpoints"] = [e for cap in caps for e in ENDPOINTS.get(cap, [])]
+                entry["groups"], entry["prices"] = [], {}
+            entry["groups"].append(g)
+            entry["prices"][g] = _priced(entry["price"], ratio)
+    order = {m.name: i for i, m in enumerate(catalogue.models.values())}
+    models: list[JSON] = sorted(entries.values(), key=lambda e: order.get(str(e["name"]), 0))
+    ratios: dict[str, JSON] = {g: float(catalogue.ratio(g)) for g in groups}
+    group = chosen if chosen is not None else (key.group if key is not None else None)
+    return json_reply({"group": group, "groups": groups, "ratios": ratios, "models": models})
 
 
 def console_routes() -> list[BaseRoute]:
@@ -336,7 +360,9 @@ def console_routes() -> list[BaseRoute]:
         Route("/assets/{name}", asset, methods=["GET"]),
         Route("/session", sign_in, methods=["POST"]),
         Route("/session", sign_out, methods=["DELETE"]),
+        Route("/users", sign_up, methods=["POST"]),
         Route("/me", me, methods=["GET"]),
         Route("/usage", usage, methods=["GET"]),
         Route("/square", square, methods=["GET"]),
+        *(Route(path, fn, methods=[method]) for path, fn, method in user_routes.user_routes()),
     ]

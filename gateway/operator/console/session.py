@@ -1,7 +1,8 @@
 """Console sign-in sessions: a signed cookie, the same on every instance, never the token.
 
 A session is ``<payload>.<signature>``: the payload (base64url JSON) says who signed in, the
-admin (``{"r": "admin"}``) or a key (``{"r": "key", "h": <SHA-256 of its secret>}``), until
+admin (``{"r": "admin"}``), a key (``{"r": "key", "h": <SHA-256 of its secret>}``) or a user
+(``{"r": "user", "u": <its id>}``: ``console/users.py``), until
 when (``e``, unix seconds) and a random ``n`` from which the session's CSRF token is derived;
 the signature is an HMAC-SHA256 under a secret derived from the admin token, so every instance
 with the same configuration accepts it, and changing the admin token ends every session. With
@@ -33,12 +34,16 @@ CSRF_HEADER = "x-console-csrf"
 LIFETIME = 12 * 3600  # seconds a sign-in lasts
 
 
+ROLES = ("admin", "key", "user")
+
+
 @dataclass(frozen=True, slots=True)
 class Session:
-    role: str  # "admin" | "key"
+    role: str  # "admin" | "key" | "user"
     key_hash: str  # the key's (role "key"), else ""
     expires: int
     nonce: str
+    user: str = ""  # the user's id (role "user"), else ""
 
     def csrf(self, signer: Signer) -> str:
         return signer.mac(b"csrf\0" + self.nonce.encode())[:32]
@@ -53,12 +58,16 @@ class Signer:
         digest = hmac.new(self._secret, data, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
-    def issue(self, role: str, key_hash: str = "", now: float | None = None) -> tuple[str, Session]:
+    def issue(
+        self, role: str, key_hash: str = "", now: float | None = None, user: str = ""
+    ) -> tuple[str, Session]:
         """A new session and its cookie value."""
         session = Session(
-            role, key_hash, int((now or time.time()) + LIFETIME), os.urandom(12).hex()
+            role, key_hash, int((now or time.time()) + LIFETIME), os.urandom(12).hex(), user
         )
         payload = {"r": role, "h": key_hash, "e": session.expires, "n": session.nonce}
+        if user:
+            payload["u"] = user
         body = base64.urlsafe_b64encode(orjson.dumps(payload)).rstrip(b"=")
         return f"{body.decode()}.{self.mac(body)}", session
 
@@ -71,9 +80,13 @@ class Signer:
             return None
         try:
             payload = orjson.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-            session = Session(payload["r"], payload["h"], int(payload["e"]), payload["n"])
-        except (ValueError, KeyError, TypeError):
+            session = Session(
+                payload["r"], payload["h"], int(payload["e"]), payload["n"], payload.get("u", "")
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
-        if session.expires <= (now or time.time()) or session.role not in ("admin", "key"):
+        if session.expires <= (now or time.time()) or session.role not in ROLES:
+            return None
+        if (session.role == "user") != bool(session.user):
             return None
         return session

@@ -1,0 +1,86 @@
+"""What every console route reads of a request and how it answers: the request's session
+(signed cookie, not signed out, and for a user, that user still enabled: ``session_of``), its
+CSRF token (``csrf_ok``), the session cookie set on sign-in (``session_reply``), and JSON
+replies with the console's headers (``json_reply``, ``error_reply``).
+
+Apart from the routes (``console/__init__.py`` and ``console/users.py``) so that both use it.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.types import JSON
+
+SECURITY_HEADERS = {
+    "cache-control": "no-store",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+
+
+def json_reply(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(payload),
+        status_code=status,
+        media_type="application/json",
+        headers={**SECURITY_HEADERS, **(headers or {})},
+    )
+
+
+def error_reply(status: int, message: str, code: str) -> Response:
+    error = {"message": message, "type": "console_error", "code": code}
+    return json_reply({"error": error}, status)
+
+
+def signer_of(request: Request) -> Signer:
+    signer: Signer = request.app.state.console
+    return signer
+
+
+def session_of(request: Request) -> Session | None:
+    """The request's console session, if any and not signed out (CSRF not checked: see
+    ``csrf_ok``); a user's only while that user is enabled and its sessions were not ended
+    since (``Cache.user_session_ok``); none in an app without the console (the admin routes
+    mounted on their own)."""
+    signer: Signer | None = getattr(request.app.state, "console", None)
+    if signer is None:
+        return None
+    session = signer.read(request.cookies.get(COOKIE))
+    if session is None:
+        return None
+    cache = request.app.state.gateway.cache
+    if cache.revoked(session.nonce):
+        return None
+    if session.role == "user" and not cache.user_session_ok(session.user, session.expires):
+        return None
+    return session
+
+
+def csrf_ok(request: Request, session: Session) -> bool:
+    """Reads need nothing more; a change must carry the session's CSRF token."""
+    if request.method in ("GET", "HEAD"):
+        return True
+    sent = request.headers.get(CSRF_HEADER, "")
+    return hmac.compare_digest(sent, session.csrf(signer_of(request)))
+
+
+def session_reply(request: Request, cookie: str, session: Session) -> Response:
+    """A sign-in's answer: the role and CSRF token, the session in its cookie."""
+    resp = json_reply({"role": session.role, "csrf": session.csrf(signer_of(request))})
+    resp.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=LIFETIME,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return resp
