@@ -24,6 +24,7 @@ SERVED_MODULES = frozenset(
         "test_cluster_gateway",
         "test_codex_cli",
         "test_console_browser",
+        "test_console_users_browser",
         "test_deploy",
         "test_instances",
         "test_kill",

@@ -101,7 +101,7 @@ def usage(n: int, key_id: str, model: str, start: datetime) -> UsageRecord:
 async def sign_in(page: Any, url: str, token: str) -> None:
     await page.goto(url + "/console")
     await page.get_by_label("Admin token, or your sk- API key").fill(token)
-    await page.get_by_role("button", name="Sign in").click()
+    await page.get_by_role("button", name="Sign in", exact=True).click()
 
 
 async def test_the_console_as_an_operator_and_a_key_holder(
@@ -312,7 +312,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     (old,) = [c for c in await context.cookies() if c["name"] == "gw_console"]
     assert await admin_keys_status(page) == 200
     await page.get_by_role("button", name="Sign out").click()
-    await page.get_by_role("button", name="Sign in").wait_for()
+    await page.get_by_role("button", name="Sign in", exact=True).wait_for()
     assert not [c for c in await context.cookies() if c["name"] == "gw_console"]
     await context.add_cookies([old])
     assert await admin_keys_status(page) == 401
@@ -376,9 +376,9 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     await shot(page, "09-phone-usage")
     await page.get_by_role("button", name="Sign out").click()
-    await page.get_by_role("button", name="Sign in").wait_for()
+    await page.get_by_role("button", name="Sign in", exact=True).wait_for()
 
-    # the operator's eight sections at phone width: every link in sight, none scrolled away
+    # the operator's ten sections at phone width: every link in sight, none scrolled away
     await sign_in(page, gateway.url, ADMIN_TOKEN)
     await page.get_by_role("heading", name="Overview, last 30 days").wait_for()
     for link in await page.locator("#nav a").all():

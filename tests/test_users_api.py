@@ -408,3 +408,12 @@ async def test_the_users_routes_need_a_user(store_url: str, path: str) -> None:
         assert (
             await Client(app).call("GET" if path.endswith("keys") else "POST", path)
         ).status == 401
+
+
+async def test_the_console_modules_are_served_and_write_no_markup(store_url: str) -> None:
+    async with gateway(store_url) as app:
+        for name in ("app.js", "ui.js", "people.js", "square.js"):
+            reply = await app.get(f"/console/assets/{name}")
+            assert reply.status == 200 and "javascript" in reply.headers["content-type"]
+            assert b".innerHTML" not in reply.body  # data goes in as text, never as markup
+            assert b"localStorage" not in reply.body and b"sessionStorage" not in reply.body

@@ -1,7 +1,9 @@
 """The web console at ``/console`` (CONTRACT §5a): one static page and a few JSON routes.
 
-The page (``static/index.html``, ``app.js``, ``app.css``: no build step, no third-party code)
-signs in with the admin token or an ``sk-`` key (``POST /console/session``), which sets the
+The page (``static/index.html``, ``app.css`` and the modules ``app.js``, ``ui.js``,
+``people.js``, ``square.js``: no build step, no third-party code) signs in with the admin
+token, an ``sk-`` key, or a user's username and password (``POST /console/session``; a user's
+own routes: ``users.py``), which sets the
 signed, HttpOnly session cookie of ``session.py`` and forgets the token. Signed in as the
 admin, the page calls the admin API itself (``/admin/...``), which accepts the session in
 place of the bearer token (with the CSRF header on any change); signed in with a key, it reads
@@ -61,7 +63,13 @@ from gateway.types import JSON
 log = logging.getLogger("gateway.console")
 
 STATIC = Path(__file__).parent / "static"
-ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
+ASSETS = {
+    "app.js": "text/javascript",
+    "ui.js": "text/javascript",
+    "people.js": "text/javascript",
+    "square.js": "text/javascript",
+    "app.css": "text/css",
+}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
