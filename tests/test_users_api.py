@@ -417,3 +417,26 @@ async def test_the_console_modules_are_served_and_write_no_markup(store_url: str
             assert reply.status == 200 and "javascript" in reply.headers["content-type"]
             assert b".innerHTML" not in reply.body  # data goes in as text, never as markup
             assert b"localStorage" not in reply.body and b"sessionStorage" not in reply.body
+
+
+async def test_disabling_a_user_on_one_instance_holds_on_another_within_a_second(
+    store_url: str,
+) -> None:
+    async with gateway(store_url) as a, gateway(store_url) as b:
+        dana = await new_user(a, "dana")
+        await b.services.cache.refresh()
+        on_b = await signed_in(b, "dana")
+        key = (await on_b.call("POST", "/console/keys", {"group": "default"})).json()["key"]
+        await a.services.cache.refresh()
+        assert (await chat(a, key)).status == 200
+        assert (await admin(a, "PATCH", f"/admin/users/{dana['id']}", {"status": "disabled"})).ok
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while (await on_b.call("GET", "/console/keys")).status != 401:
+            assert loop.time() - start < 1.5, "B still serves the disabled user's session"
+            await asyncio.sleep(0.02)
+        assert (await chat(b, key)).status == 401  # and its key, on B too
+        assert (await admin(a, "PATCH", f"/admin/users/{dana['id']}", {"status": "enabled"})).ok
+        await b.services.cache.refresh()
+        assert (await chat(b, key)).status == 200
+        assert (await on_b.call("GET", "/console/keys")).status == 401  # ended for good
