@@ -421,7 +421,8 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     gw = catalogue_gw
     secret = "sk-cli-upstream-secret-9a8b"
     out, _ = gw("groups", "list")
-    assert rows(out) == [["NAME", "RATIO", "ORIGIN"], ["default", "1", "file"], ["vip", "1", "file"]]
+    header = ["NAME", "RATIO", "ORIGIN"]
+    assert rows(out) == [header, ["default", "1", "file"], ["vip", "1", "file"]]
     gw("groups", "add", "team", "--ratio", "1.5")
     # the admin API's shape (GET /admin/groups), not bare names
     assert gw.json("groups", "list") == {
