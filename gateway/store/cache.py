@@ -221,6 +221,11 @@ class Cache:
     def user(self, user_id: str) -> UserRecord | None:
         return self._users.get(user_id)
 
+    def user_sessions_ended(self, user_id: str) -> int:
+        """Until when (unix seconds) the sessions ended for this user would have lasted: a
+        session that ends no later is over (0: none were ended)."""
+        return self._revoked.get(USER_SESSIONS + user_id, 0)
+
     def user_session_ok(self, user_id: str, expires: int) -> bool:
         """Whether a console session of this user that ends at ``expires`` may go on: the
         user is enabled, and its sessions were not ended after this one began."""

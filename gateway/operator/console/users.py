@@ -23,6 +23,7 @@ the sign-in rate limiter is to be called.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -42,7 +43,7 @@ from gateway.operator.console.http import (
     session_reply,
     signer_of,
 )
-from gateway.operator.console.session import Session
+from gateway.operator.console.session import LIFETIME, Session
 from gateway.store import MICRO, KeyRecord, UsageRecord, UserRecord
 from gateway.types import JSON
 
@@ -80,7 +81,10 @@ async def sign_in(request: Request, body: dict[str, JSON]) -> Response:
     cache = state.cache
     if not cache.user_session_ok(user.id, 2**62):  # made or enabled a moment ago elsewhere
         await cache.refresh()
-    cookie, session = signer_of(request).issue("user", user=user.id)
+    # a session begun in the second its user's sessions were ended would end with them: it
+    # begins (and lasts) that second longer
+    now = max(time.time(), cache.user_sessions_ended(user.id) - LIFETIME + 1)
+    cookie, session = signer_of(request).issue("user", user=user.id, now=now)
     return session_reply(request, cookie, session)
 
 
