@@ -439,3 +439,31 @@ async def test_disabling_a_user_on_one_instance_holds_on_another_within_a_second
         await b.services.cache.refresh()
         assert (await chat(b, key)).status == 200
         assert (await on_b.call("GET", "/console/keys")).status == 401  # ended for good
+
+
+async def test_every_refused_user_sign_in_goes_through_the_limiters_hook(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``console.users.failed_sign_in`` sees each refusal (a wrong password, an unknown user, a
+    wrong current password) and may answer instead; a sign-in that succeeds never reaches it."""
+    from starlette.responses import Response
+
+    from gateway.operator.console import users as console_users
+
+    seen: list[str] = []
+
+    async def limiter(request: Any, username: str) -> Response | None:
+        seen.append(username)
+        return Response(status_code=429, headers={"retry-after": "60"}) if len(seen) > 2 else None
+
+    monkeypatch.setattr(console_users, "failed_sign_in", limiter)
+    async with gateway(store_url) as app:
+        await new_user(app, "dana")
+        client = await signed_in(app, "dana")
+        assert seen == []
+        assert (await Client(app).sign_in(username="dana", password="wrong one!")).status == 401
+        assert (await Client(app).sign_in(username="nobody", password=PASSWORD)).status == 401
+        body = {"current": "not mine at all", "new": "another password"}
+        reply = await client.call("POST", "/console/password", body)
+        assert (reply.status, reply.headers["retry-after"]) == (429, "60")
+        assert seen == ["dana", "nobody", "dana"]

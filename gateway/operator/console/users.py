@@ -59,15 +59,17 @@ USAGE_DAYS = 30
 Handler = Callable[[Request, UserRecord], Awaitable[Response]]
 
 
-def failed_sign_in(request: Request, username: str) -> Response | None:
-    """Called on every refused user sign-in (and every wrong current password) before it is
-    answered: the hook for the failed-sign-in rate limiter (none yet: always None). A limiter
-    that refuses returns its reply (a 429 with Retry-After), which is sent instead."""
+async def failed_sign_in(request: Request, username: str) -> Response | None:
+    """Called on every refused user sign-in (unknown user, wrong password, disabled user: one
+    answer for all) and every wrong current password, before it is answered: THE hook for the
+    failed-sign-in rate limiter (none here yet: always None). A limiter that refuses returns
+    its own reply (a 429 with Retry-After), which is sent instead of the 401/400. The admin
+    token and ``sk-`` key sign-ins fail in ``console.sign_in``, not here."""
     return None
 
 
-def _refused(request: Request, username: str) -> Response:
-    limited = failed_sign_in(request, username)
+async def _refused(request: Request, username: str) -> Response:
+    limited = await failed_sign_in(request, username)
     return limited or error_reply(401, "wrong username or password", "invalid_credentials")
 
 
@@ -77,7 +79,7 @@ async def sign_in(request: Request, body: dict[str, JSON]) -> Response:
     username = body.get("username")
     user = await users.authenticate(state.store, username, body.get("password"))
     if user is None:
-        return _refused(request, username if isinstance(username, str) else "")
+        return await _refused(request, username if isinstance(username, str) else "")
     cache = state.cache
     if not cache.user_session_ok(user.id, 2**62):  # made or enabled a moment ago elsewhere
         await cache.refresh()
@@ -223,7 +225,7 @@ async def password(request: Request, user: UserRecord) -> Response:
     accounts.only_fields(body, {"current", "new"})
     state = request.app.state.gateway
     if not await users.change_password(state.store, user, body.get("current"), body.get("new")):
-        limited = failed_sign_in(request, user.username)
+        limited = await failed_sign_in(request, user.username)
         return limited or error_reply(400, "current: not your password", "wrong_password")
     return json_reply({"changed": True})
 
