@@ -467,3 +467,20 @@ async def test_every_refused_user_sign_in_goes_through_the_limiters_hook(
         reply = await client.call("POST", "/console/password", body)
         assert (reply.status, reply.headers["retry-after"]) == (429, "60")
         assert seen == ["dana", "nobody", "dana"]
+
+
+async def test_a_store_that_fails_is_a_503_for_a_user(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async with gateway(store_url) as app:
+        await new_user(app, "dana")
+        client = await signed_in(app, "dana")
+
+        async def away(*args: Any, **kwargs: Any) -> Any:
+            raise RedisConnectionError("gone")
+
+        monkeypatch.setattr(app.services.store, "list_keys", away)
+        reply = await client.call("GET", "/console/keys")
+        assert (reply.status, reply.json()["error"]["code"]) == (503, "store_unavailable")

@@ -4,9 +4,23 @@ backends import."""
 
 from __future__ import annotations
 
-from gateway.store import Store
+import sqlite3
+
+from redis.exceptions import RedisClusterException, RedisError
+
+from gateway.store import Store, StoreError
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
+
+# what a store that is away or hung raises: its own errors, its connection's, the time out
+STORE_FAILURES = (
+    StoreError,
+    RedisError,
+    RedisClusterException,
+    sqlite3.Error,
+    OSError,
+    TimeoutError,
+)
 
 
 def open_store(url: str) -> Store:

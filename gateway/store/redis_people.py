@@ -25,6 +25,7 @@ claimant exactly once, sooner or later, and never anyone else.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +45,8 @@ from gateway.store.records import to_micros
 from gateway.store.redemptions import claim_text, decode_code, encode_code
 from gateway.store.redis_scripts import Scripts
 from gateway.store.users import apply_user_changes, decode_user, encode_user, username_key
+
+log = logging.getLogger("gateway.store.redis")
 
 UPDATE_RETRIES = 50
 REFUSALS = {0: "unknown", 1: "used", 2: "expired"}  # CLAIM_CODE_LUA's answers
@@ -223,7 +226,11 @@ class RedisPeople:
             raw = await client.hget(names.codes, code_hash)
             claim = await client.hget(names.claims, code_hash)
             if raw is not None and claim is not None:
-                await self._credit(decode_code(code_hash, raw, claim))
+                try:
+                    await self._credit(decode_code(code_hash, raw, claim))
+                except MissingError:  # no such account: kept pending, never credited elsewhere
+                    log.warning("redeem.claim_without_account code_hash=%s", code_hash[:12])
+                    continue
             await client.srem(names.pending, code_hash)
         if pending:
             await self._changed()

@@ -22,6 +22,7 @@ the sign-in rate limiter is to be called.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from gateway.operator.console.http import (
 )
 from gateway.operator.console.session import LIFETIME, Session
 from gateway.store import MICRO, KeyRecord, UsageRecord, UserRecord
+from gateway.store.backends import STORE_FAILURES
 from gateway.types import JSON
 
 log = logging.getLogger("gateway.console.users")
@@ -53,6 +55,7 @@ MAX_BODY = 16 * 1024  # bytes of a user's request body
 MAX_KEYS = 100  # keys one user may hold
 KEY_FIELDS = frozenset({"group", "name", "expires_at", "quota", "models", "allowed_ips"})
 KEY_CHANGES = frozenset({"status", "name", "expires_at", "quota", "models", "allowed_ips"})
+STORE_TIMEOUT = 5.0  # seconds a user's request waits for the store (and a hash) before a 503
 SHARED_ACCOUNT_PAGES = 5  # pages of an account's records read for one page of a user's
 USAGE_DAYS = 30
 
@@ -128,11 +131,15 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             request.state.body = await read_small_body(
                 request, MAX_BODY, state.settings.server.body_timeout_seconds
             )
-            return await handler(request, user)
+            async with asyncio.timeout(STORE_TIMEOUT):
+                return await handler(request, user)
         except ClientDisconnect:
             return Response(status_code=499)
         except GatewayError as err:
             return error_reply(err.status, err.message, err.code or err.type)
+        except STORE_FAILURES as exc:  # the store failed or did not answer in time
+            log.warning("console.store_unavailable error=%s", type(exc).__name__)
+            return error_reply(503, "the store does not answer; try again", "store_unavailable")
 
     return endpoint
 
