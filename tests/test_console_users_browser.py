@@ -54,8 +54,8 @@ async def admin_part(page: Any, url: str) -> list[str]:
     saved = Path(await (await download.value).path()).read_text()
     codes = [row["code"] for row in csv.DictReader(saved.splitlines())]
     assert len(codes) == 3 and all(c.startswith("GW-") for c in codes)
-    assert await page.locator("#made-codes tbody tr").count() == 3
     await page.get_by_text("3 codes made and saved as redemption-codes.csv.").wait_for()
+    assert await page.locator("#made-codes tbody tr").count() == 3
     await shot(page, "users-02-admin-codes")
     await page.get_by_role("link", name="Groups").click()
     await page.get_by_role("cell", name="×1", exact=True).first.wait_for()
@@ -148,6 +148,7 @@ async def the_story(gateway: ServedGateway, browser: Any) -> None:  # noqa: F811
 
     await page.get_by_role("link", name="Model square").click()
     card = page.get_by_role("region", name="chat-small")
+    await card.locator("ul.prices li").last.wait_for()
     prices = await card.locator("ul.prices li").all_text_contents()
     assert prices == ["default in 1/M, out 2/M", "vip×1.5 in 1.5/M, out 3/M"], prices
     await page.locator("#square-group").select_option("default")
