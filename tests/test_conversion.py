@@ -1,11 +1,13 @@
 """One parametrized runner over the conversion fixture tree (pure, no event loop).
 
-tests/fixtures/conversion/<client>__<upstream>/<case>/ holds request.json, upstream_request.json,
-and either upstream_response.{json,sse} with client_response.{json,sse} or upstream_error.json
-with client_error.json; an optional meta.json gives what the path says (``path_model``,
-``path_stream``, ``sse``, ``capability``) and the channel (``upstream_model``,
-``default_max_tokens``, ``client_headers``, ``prompt_tokens_estimate``). Same client and
-upstream: the passthrough path.
+tests/fixtures/conversion/<client>__<upstream>/<case>/case.json names the case's inputs (its
+``request`` under requests/<client>/, and its ``upstream_response`` (.json or .sse) or
+``upstream_error`` under replies/<upstream>/, stored once each: tests/fixtures/README.md) and
+gives what the path says (``path_model``, ``path_stream``, ``sse``, ``capability``) and the
+channel (``upstream_model``, ``default_max_tokens``, ``client_headers``,
+``prompt_tokens_estimate``). Beside it are the golden files: upstream_request.json, and
+client_response.{json,sse} or client_error.json. Same client and upstream: the passthrough
+path.
 
 The runner drives the objects the relay drives: the client adapter's ``match`` reads the
 request's facts, and a stream is one ``RelayStream`` (a ``ConvertedStream`` of the channel's
@@ -34,8 +36,10 @@ from gateway.protocols.base import (
 )
 from gateway.protocols.sse import SSEParser
 from gateway.types import Usage
+from tests.fixture_tree import CONVERSION_TREE as ROOT
+from tests.fixture_tree import MANIFEST, FixtureCase, load, shared_inputs, used_inputs
+from tests.fixture_tree import case_dirs as tree_cases
 
-ROOT = Path(__file__).parent / "fixtures" / "conversion"
 BASE_URLS = {
     "openai": "http://upstream.test/v1",
     "anthropic": "http://upstream.test",
@@ -45,19 +49,11 @@ JSON_ARRAY = "application/json"  # the content type of a generate-content stream
 
 
 def case_dirs() -> list[Path]:
-    return [
-        case
-        for pair in sorted(p for p in ROOT.iterdir() if p.is_dir())
-        for case in sorted(p for p in pair.iterdir() if p.is_dir())
-    ]
+    return tree_cases(ROOT)
 
 
 def cases() -> list[Any]:
     return [pytest.param(case, id=f"{case.parent.name}/{case.name}") for case in case_dirs()]
-
-
-def load(path: Path) -> Any:
-    return orjson.loads(path.read_bytes())
 
 
 def dump(value: Any) -> bytes:
@@ -70,12 +66,13 @@ class Case:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        client, upstream = path.parent.name.split("__")
+        self.files = FixtureCase(path)
+        client, upstream = self.files.client, self.files.upstream
         self.client = CLIENTS[client]
         self.upstream = ADAPTERS[upstream]
         self.passthrough = client == upstream
-        meta = load(path / "meta.json") if (path / "meta.json").exists() else {}
-        self.request = load(path / "request.json")
+        meta = self.files.manifest
+        self.request = self.files.request
         self.route = self.client.match(
             meta.get("capability", "chat"),
             self.request,
@@ -147,21 +144,21 @@ def outputs(path: Path) -> dict[str, bytes]:
     """The golden files of a case as the gateway writes them now, by name."""
     c = Case(path)
     out = {"upstream_request.json": dump(upstream_request(c))}
-    if (path / "upstream_error.json").exists():
-        up = load(path / "upstream_error.json")
+    up = c.files.upstream_error
+    if up is not None:
         status, body = c.client.encode_error(
             c.upstream.decode_error(up["status"], orjson.dumps(up["body"]))
         )
         out["client_error.json"] = dump({"status": status, "body": body})
     elif not c.stream:
-        payload = load(path / "upstream_response.json")
+        payload = load(c.files.reply(".json"))
         if c.passthrough:
             reply, _ = cast(Passthrough, c.client).passthrough_response(payload, c.ctx)
         else:
             reply = c.client.encode_response(c.upstream.decode_response(payload), c.ctx)
         out["client_response.json"] = dump(orjson.loads(orjson.dumps(reply)))
     else:
-        sent, _ = run_stream(c, (path / "upstream_response.sse").read_bytes())
+        sent, _ = run_stream(c, c.files.reply(".sse").read_bytes())
         name = stream_file(c)
         out[name] = dump(orjson.loads(sent)) if name.endswith(".json") else sent
     return out
@@ -188,7 +185,7 @@ def test_response(path: Path) -> None:
 
 
 def stream_cases() -> list[Any]:
-    return [p for p in cases() if (p.values[0] / "upstream_response.sse").exists()]
+    return [p for p in cases() if FixtureCase(p.values[0]).has_reply(".sse")]
 
 
 def decoded_usage(c: Case, raw: bytes) -> Usage | None:
@@ -210,7 +207,7 @@ def test_stream_split_at_every_offset(path: Path) -> None:
     split; a stream that ended properly reports the usage its channel's decoder reads (the
     pass-through reads it from the events as they pass, without decoding them)."""
     c = Case(path)
-    raw = (path / "upstream_response.sse").read_bytes()
+    raw = c.files.reply(".sse").read_bytes()
     whole = run_stream(c, raw)
     for offset in range(1, len(raw)):
         assert run_stream(c, raw, split=offset) == whole, f"split at {offset}"
@@ -221,17 +218,34 @@ def test_stream_split_at_every_offset(path: Path) -> None:
     assert whole[1] == expected
 
 
+# what a case.json may say besides its inputs
+MANIFEST_KEYS = {
+    "request", "upstream_response", "upstream_error", "path_model", "path_stream", "sse",
+    "capability", "upstream_model", "default_max_tokens", "client_headers",
+    "prompt_tokens_estimate",
+}  # fmt: skip
+
+
 def test_every_case_is_complete() -> None:
-    """Each case has its request, its upstream request, and one reply or one error, both
-    sides; no file is left over from another shape."""
+    """Each case names its request and one upstream reply (a stream for a streamed request)
+    or one error, each in its protocol's directory, says nothing the runner does not read, and
+    holds the golden files of its outputs and nothing else."""
     for path in case_dirs():
-        names = {p.name for p in path.iterdir()}
-        expected = {"request.json", "upstream_request.json"} | set(outputs(path))
-        if (path / "upstream_error.json").exists():
-            expected.add("upstream_error.json")
+        files = FixtureCase(path)
+        assert set(files.manifest) <= MANIFEST_KEYS, path
+        assert "request" in files.manifest, path
+        assert not files.misplaced_inputs(), (path, files.misplaced_inputs())
+        if "upstream_error" in files.manifest:
+            assert "upstream_response" not in files.manifest, path
         else:
-            expected.add("upstream_response.sse" if Case(path).stream else "upstream_response.json")
-        assert names - {"meta.json"} == expected, path
+            assert files.has_reply(".sse" if Case(path).stream else ".json"), path
+        names = {p.name for p in path.iterdir()}
+        assert names == {MANIFEST} | set(outputs(path)), path
+
+
+def test_every_input_is_used() -> None:
+    """No request or reply is left in the tree that no case takes."""
+    assert shared_inputs(ROOT) - used_inputs(ROOT) == set()
 
 
 # the request's facts, as each client adapter reads them ------------------------------------

@@ -1,12 +1,14 @@
 """The embeddings adapters: one parametrized runner over the fixture tree, then the official SDKs.
 
-tests/fixtures/embeddings/<client>__<upstream>/<case>/ holds request.json, upstream_request.json
-(``{url, headers, body}``), upstream_response.json, client_response.json, or instead of the last
-two upstream_error.json (``{status, body}``); error.json names the error a case must raise
-(``stage``: match, decode, request or response; ``status``, ``class``, a ``message`` excerpt,
-``channel_fault``, ``retry_after``); meta.json gives the gemini path (``action``,
-``path_model``), the usage a passthrough reply reports (``usage``) and the vectors a
-passthrough base64 reply holds (``vectors``). Same client and upstream: the passthrough path.
+tests/fixtures/embeddings/<client>__<upstream>/<case>/case.json names the case's inputs (its
+``request`` under requests/<client>/, its ``upstream_response`` or ``upstream_error``
+(``{status, body}``) under replies/<upstream>/, stored once each: tests/fixtures/README.md);
+its ``error`` is the error the case must raise (``stage``: match, decode, request or
+response; ``status``, ``class``, a ``message`` excerpt, ``channel_fault``, ``retry_after``);
+it gives the gemini path (``action``, ``path_model``), the usage a passthrough reply reports
+(``usage``) and the vectors a passthrough base64 reply holds (``vectors``). Beside it are the
+golden files, upstream_request.json (``{url, headers, body}``) and client_response.json. Same
+client and upstream: the passthrough path.
 Pure: no event loop, no sockets (the SDKs talk to the adapters through a mock transport).
 """
 
@@ -40,23 +42,24 @@ from gateway.protocols.openai.embeddings import (
     decode_float32,
     encode_float32,
 )
+from tests.fixture_tree import EMBEDDINGS_TREE as ROOT
+from tests.fixture_tree import (
+    INPUT_DIRS,
+    MANIFEST,
+    FixtureCase,
+    case_dirs,
+    load,
+    shared_inputs,
+    used_inputs,
+)
 
-ROOT = Path(__file__).parent / "fixtures" / "embeddings"
 ADAPTERS: dict[str, EmbeddingsAdapter] = {"openai": OPENAI_EMBEDDINGS, "gemini": GEMINI_EMBEDDINGS}
 BASE_URLS = {"openai": "http://upstream.test/v1", "gemini": "http://upstream.test"}
 FLOAT32_EPS = 2.0**-23  # float32's relative precision (24-bit significand), with room
 
 
 def cases() -> list[Any]:
-    out = []
-    for pair in sorted(p for p in ROOT.iterdir() if p.is_dir()):
-        for case in sorted(p for p in pair.iterdir() if p.is_dir()):
-            out.append(pytest.param(case, id=f"{pair.name}/{case.name}"))
-    return out
-
-
-def load(path: Path) -> Any:
-    return orjson.loads(path.read_bytes())
+    return [pytest.param(case, id=f"{case.parent.name}/{case.name}") for case in case_dirs(ROOT)]
 
 
 def float32(values: list[float]) -> list[float]:
@@ -79,13 +82,14 @@ def assert_float32_close(got: list[float], want: list[float]) -> None:
 class Case:
     def __init__(self, path: Path) -> None:
         self.path = path
-        client, upstream = path.parent.name.split("__")
+        self.files = FixtureCase(path)
+        client, upstream = self.files.client, self.files.upstream
         self.client = ADAPTERS[client]
         self.upstream = ADAPTERS[upstream]
         self.passthrough = client == upstream
-        self.meta = self.file("meta") or {}
-        self.request = load(path / "request.json")
-        self.error = self.file("error")
+        self.meta = self.files.manifest
+        self.request = self.files.request
+        self.error = self.meta.get("error")
         self.route = RouteMatch(
             protocol=client,
             capability="embeddings",
@@ -102,8 +106,10 @@ class Case:
         )
 
     def file(self, name: str) -> Any:
-        path = self.path / f"{name}.json"
-        return load(path) if path.exists() else None
+        """An input the manifest names (``upstream_response``, ``upstream_error``) or a golden
+        file (``upstream_request``, ``client_response``); None when the case has none."""
+        path = self.files.input(name) if name in INPUT_DIRS else self.path / f"{name}.json"
+        return load(path) if path is not None and path.exists() else None
 
     def ctx(self, route: RouteMatch) -> Ctx:
         return Ctx(request_id="req-test", model=route.model or "", created=1700000000)
@@ -176,8 +182,33 @@ def respond(c: Case) -> Any:
 
 
 def test_fixture_tree_covers_every_pair() -> None:
-    pairs = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    pairs = {p.parent.name for p in case_dirs(ROOT)}
     assert pairs == {"openai__openai", "openai__gemini", "gemini__openai", "gemini__gemini"}
+
+
+# what a case.json may say; the golden files a case may hold
+MANIFEST_KEYS = {
+    "request", "upstream_response", "upstream_error", "error", "action", "path_model", "usage",
+    "vectors",
+}  # fmt: skip
+GOLDEN = {"upstream_request.json", "client_response.json"}
+
+
+def test_every_case_is_complete() -> None:
+    """Each case names its request, at most one upstream reply or error, each in its
+    protocol's directory, says nothing the runner does not read, holds only golden files
+    beside its manifest, and either expects an error or has a reply to compare; no input is
+    left that no case takes."""
+    for path in case_dirs(ROOT):
+        files = FixtureCase(path)
+        assert set(files.manifest) <= MANIFEST_KEYS, path
+        assert "request" in files.manifest, path
+        assert not files.misplaced_inputs(), (path, files.misplaced_inputs())
+        assert not {"upstream_response", "upstream_error"} <= set(files.manifest), path
+        names = {p.name for p in path.iterdir()}
+        assert MANIFEST in names and names - {MANIFEST} <= GOLDEN, path
+        assert ("error" in files.manifest) != ("client_response.json" in names), path
+    assert shared_inputs(ROOT) - used_inputs(ROOT) == set()
 
 
 @pytest.mark.parametrize("path", cases())
