@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from gateway.config import Channel, parse_channel
+
 FIXTURES = Path(__file__).parent / "fixtures"
 CONVERSION_TREE = FIXTURES / "conversion"
 EMBEDDINGS_TREE = FIXTURES / "embeddings"
@@ -52,6 +54,19 @@ class FixtureCase:
         name = self.manifest.get(key)
         return None if name is None else self.tree / name
 
+    def channel(self, base_url: str) -> Channel:
+        """The channel the case's upstream is, read as the config reads a ``channels[]``
+        entry: its type, and what the manifest's ``channel`` adds (``responses: true``)."""
+        entry = {
+            "name": "test",
+            "type": self.upstream,
+            "base_url": base_url,
+            "api_key": "up-key",
+            "models": ["test-model"],
+            **self.manifest.get("channel", {}),
+        }
+        return parse_channel(entry, "channel", {"default"}, {"test-model"})
+
     @property
     def meta(self) -> dict[str, Any]:
         """What the manifest says besides the inputs it names."""
@@ -81,15 +96,26 @@ class FixtureCase:
         assert path is not None and path.suffix == suffix, f"{self.id}: no {suffix} reply"
         return path
 
+    @property
+    def reply_protocol(self) -> str:
+        """The protocol the upstream answers in: its reply's directory (a channel answers in
+        a protocol it speaks, its type's or, with ``responses: true``, the Responses API)."""
+        path = self.input("upstream_response") or self.input("upstream_error")
+        assert path is not None, f"{self.id}: no reply"
+        return path.parent.name
+
     def misplaced_inputs(self) -> list[str]:
-        """The inputs named outside their protocol's directory, or missing."""
+        """The inputs named outside their protocol's directory, or missing: the request under
+        its client's protocol, the reply under one its channel speaks."""
+        speaks = self.channel("http://upstream.test").speaks
         out = []
         for key, folder in INPUT_DIRS.items():
             path = self.input(key)
             if path is None:
                 continue
-            protocol = self.client if key == "request" else self.upstream
-            if path.parent != self.tree / folder / protocol or not path.is_file():
+            protocols = {self.client} if key == "request" else speaks
+            placed = path.parent.parent == self.tree / folder and path.parent.name in protocols
+            if not placed or not path.is_file():
                 out.append(f"{key}: {self.manifest[key]}")
         return out
 

@@ -154,12 +154,7 @@ def test_official_sdk_reads_every_stream(case: Path) -> None:
 def test_official_sdk_reads_every_message(case: Path) -> None:
     request = FixtureCase(case).request
     c = Case(case)
-    upstream = load(FixtureCase(case).reply(".json"))
-    if c.passthrough:
-        out, _ = c.client.passthrough_response(upstream, c.ctx)
-    else:
-        out = c.client.encode_response(c.upstream.decode_response(upstream), c.ctx)
-    body = orjson.dumps(out)
+    body = c.attempt().reply(c.files.reply(".json").read_bytes(), {}).body
 
     def handler(_: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "application/json"}, content=body)
@@ -178,7 +173,7 @@ def test_official_sdk_raises_its_typed_error(case: Path) -> None:
     c = Case(case)
     up = c.files.upstream_error
     status, body = c.client.encode_error(
-        c.upstream.decode_error(up["status"], orjson.dumps(up["body"]))
+        c.attempt().decode_error(up["status"], orjson.dumps(up["body"]))
     )
     expected = {"status": status, "body": body}
     classes = {
