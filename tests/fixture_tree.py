@@ -37,6 +37,20 @@ def case_dirs(tree: Path) -> list[Path]:
     ]
 
 
+def channel(channel_type: str, base_url: str, entry: dict[str, Any] | None = None) -> Channel:
+    """A test channel, read as the config reads a ``channels[]`` entry (so ``responses: true``
+    means what it means there)."""
+    fields = {
+        "name": "test",
+        "type": channel_type,
+        "base_url": base_url,
+        "api_key": "up-key",
+        "models": ["test-model"],
+        **(entry or {}),
+    }
+    return parse_channel(fields, "channel", {"default"}, {"test-model"})
+
+
 class FixtureCase:
     """One case directory: its manifest, and the input files it names."""
 
@@ -55,17 +69,9 @@ class FixtureCase:
         return None if name is None else self.tree / name
 
     def channel(self, base_url: str) -> Channel:
-        """The channel the case's upstream is, read as the config reads a ``channels[]``
-        entry: its type, and what the manifest's ``channel`` adds (``responses: true``)."""
-        entry = {
-            "name": "test",
-            "type": self.upstream,
-            "base_url": base_url,
-            "api_key": "up-key",
-            "models": ["test-model"],
-            **self.manifest.get("channel", {}),
-        }
-        return parse_channel(entry, "channel", {"default"}, {"test-model"})
+        """The channel the case's upstream is: its type, and what the manifest's ``channel``
+        adds (``responses: true``)."""
+        return channel(self.upstream, base_url, self.manifest.get("channel", {}))
 
     @property
     def meta(self) -> dict[str, Any]:
