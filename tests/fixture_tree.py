@@ -2,9 +2,9 @@
 
 A tree (``conversion``, ``embeddings``) holds its cases under ``<client>__<upstream>/<case>/``
 and their inputs once per protocol: the client's bodies under ``requests/<client>/``, the
-upstream's replies and errors under ``replies/<upstream>/``. A case's ``case.json`` names the
-inputs it takes, by their path in the tree, beside the facts of its request and channel; its
-golden files (what the gateway writes) sit in its directory.
+upstream's replies and errors under ``replies/<protocol>/`` (a protocol the channel speaks). A
+case's ``case.json`` names the inputs it takes, by their path in the tree, beside the facts of
+its request and channel; its golden files (what the gateway writes) sit in its directory.
 """
 
 from __future__ import annotations

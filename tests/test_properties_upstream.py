@@ -128,7 +128,8 @@ def replies() -> list[Reply]:
     for case in map(FixtureCase, case_dirs(CONVERSION_TREE)):
         if case.has_reply(".json"):
             kind = "count" if case.meta.get("capability") == "count_tokens" else "chat"
-            out.append(Reply(case.id, case.upstream, kind, load(case.reply(".json"))))
+            body = load(case.reply(".json"))
+            out.append(Reply(case.id, case.reply_protocol, kind, body))
     for path in sorted(CONVERSION_TREE.glob("responses__*/*/client_response.json")):
         name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
         out.append(Reply(name, "responses", "chat", load(path)))
@@ -161,7 +162,7 @@ def streams() -> list[Stream]:
     for case in map(FixtureCase, case_dirs(CONVERSION_TREE)):
         if case.has_reply(".sse"):
             events = _events(case.reply(".sse").read_bytes())
-            out.append(Stream(case.id, case.upstream, events))
+            out.append(Stream(case.id, case.reply_protocol, events))
     for path in sorted(CONVERSION_TREE.glob("responses__*/*/client_response.sse")):
         name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
         out.append(Stream(name, "responses", _events(path.read_bytes())))
