@@ -7,7 +7,8 @@ once: tests/fixtures/README.md) and gives what the path says (``path_model``, ``
 ``sse``, ``capability``: the kind, ``chat`` unless ``count_tokens``), the channel (``channel``:
 what its config entry adds, such as ``responses: true``; ``upstream_model``,
 ``default_max_tokens``, ``client_headers``) and, for a stream in a protocol the gateway has no
-decoder of, the usage it reports (``stream_usage``). Beside it are the golden files:
+decoder of, the usage it reports (``stream_usage``); ``record``: the token classes the usage
+record keeps (tests/test_token_classes.py). Beside it are the golden files:
 upstream_request.json, and client_response.{json,sse} or client_error.json.
 
 The runner drives the objects the relay drives: the client adapter's ``match`` reads the
@@ -224,7 +225,7 @@ def test_stream_split_at_every_offset(path: Path) -> None:
 MANIFEST_KEYS = {
     "request", "upstream_response", "upstream_error", "path_model", "path_stream", "sse",
     "capability", "channel", "upstream_model", "default_max_tokens", "client_headers",
-    "stream_usage",
+    "stream_usage", "record",
 }  # fmt: skip
 
 
