@@ -241,10 +241,10 @@ def test_the_dockerfile_is_multi_stage_non_root_with_a_health_check() -> None:
     assert "bench" not in text.split("AS runtime", 1)[1]
 
 
-# the lock (make lock): what the suite runs on (every extra), what the image ships, and the
-# image build's SBOM tool
+# the lock (make lock): what the suite runs on (every extra), what the image ships, the image
+# build's SBOM tool, and the pip that installs the lock
 LOCKS = ROOT / "requirements"
-LOCK_FILES = ("dev.txt", "runtime.txt", "sbom.txt")
+LOCK_FILES = ("dev.txt", "runtime.txt", "sbom.txt", "pip.txt")
 IMAGE_LOCK = "requirements/runtime.txt"
 # the extras the image ships: `--server uvicorn|granian` and `tracing:` work in it
 IMAGE_EXTRAS = ("uvicorn", "otel", "granian")
@@ -309,14 +309,14 @@ def pinned_version(requirement: Requirement) -> str:
 def test_every_line_of_the_lock_is_pinned_with_hashes(name: str) -> None:
     """What ``pip install --require-hashes`` demands of every line (``lock`` asserts it):
     each requirement pinned to one version, with the hashes of its files, and nothing else."""
-    assert len(lock(name)) > 1
+    assert lock(name)
 
 
 def made_from(name: str) -> list[Requirement]:
     """What a lock file is compiled from (make lock): pyproject's dependencies with every extra
-    (dev.txt) or the image's (runtime.txt), or requirements/sbom.in (sbom.txt)."""
-    if name == "sbom.txt":
-        lines = (LOCKS / "sbom.in").read_text().splitlines()
+    (dev.txt) or the image's (runtime.txt), else the ``.in`` file of its name."""
+    if name not in ("dev.txt", "runtime.txt"):
+        lines = (LOCKS / name).with_suffix(".in").read_text().splitlines()
         return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
@@ -328,7 +328,7 @@ def made_from(name: str) -> list[Requirement]:
 @pytest.mark.parametrize("name", LOCK_FILES)
 def test_the_lock_pins_every_dependency_named_within_its_range(name: str) -> None:
     """Each lock file pins every requirement it is made from (pyproject's dependencies and
-    the extras it covers, or requirements/sbom.in) at a version inside the range declared:
+    the extras it covers, or its ``.in`` file) at a version inside the range declared:
     a range moved in pyproject without ``make lock`` fails here."""
     pins = lock(name)
     requirements = made_from(name)
@@ -393,16 +393,18 @@ def test_the_image_carries_an_sbom_of_its_venv_made_by_a_tool_outside_it() -> No
 
 
 def test_make_install_installs_the_lock_with_hashes() -> None:
-    """``make install`` (and so ``make test`` and CI) installs exactly the suite's lock, and
-    again whenever the lock changes; ``make lock`` writes the lock files checked here."""
+    """``make install`` (and so ``make test`` and CI) installs exactly the suite's lock, with
+    the lock's pip, and again whenever either changes; ``make lock`` writes the lock files
+    checked here."""
     makefile = (ROOT / "Makefile").read_text()
     rule = re.search(r"^\$\(VENV\)/\.installed: (.+)\n((?:\t.+\n)+)", makefile, re.MULTILINE)
     assert rule, "the venv's stamp rule"
-    assert {"pyproject.toml", "requirements/dev.txt"} <= set(rule[1].split())
+    locks = ["requirements/pip.txt", "requirements/dev.txt"]
+    assert {"pyproject.toml", *locks} <= set(rule[1].split())
     installs = [shlex.split(line) for line in rule[2].splitlines() if "pip install" in line]
-    dependencies, gateway = installs
-    assert "--require-hashes" in dependencies
-    assert option(dependencies, "-r") == "requirements/dev.txt"
+    *from_lock, gateway = installs
+    assert [option(install, "-r") for install in from_lock] == locks
+    assert all("--require-hashes" in install for install in from_lock)
     assert "--no-deps" in gateway and gateway[-2:] == ["-e", "."]
     recipe = re.search(r"^lock: .*\n((?:\t.+\n)+)", makefile, re.MULTILINE)
     assert recipe, "the lock rule"
