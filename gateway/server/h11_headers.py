@@ -13,16 +13,9 @@ raised) is h11's own code path, unchanged: a header h11 would refuse is refused,
 own error (``tests/test_h11_headers.py`` holds the two to the same answers).
 
 Headers h11 parsed itself (``_parsed=True``) are left to h11, as it leaves them unchecked.
-
 When h11 adds a header of its own (``Transfer-Encoding: chunked`` to a stream, ``Connection:
-close``), ``set_comma_header`` checked every header of the response again, though each had
-passed the check already and h11's own values are valid: the headers are handed on as
-already parsed instead (``set_comma_header`` here; the values h11 adds are still checked).
-
-h11 looks for a handful of headers in every request and response (``get_comma_header``:
-Connection, Transfer-Encoding, Content-Length, Upgrade, Expect), each look a Python loop over
-every header; mostly the header is not there. ``make_get_comma_header`` answers that case with
-one search in C and leaves the rest to h11's loop.
+close``), its ``set_comma_header`` checks the headers again through the module's
+``normalize_and_validate``: the cheaper check too.
 
 h11's ``Headers`` is a ``Sequence`` without an ``__iter__`` of its own: every loop over a
 request's headers (hypercorn makes four per request) went through the abstract class's,
@@ -36,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -105,30 +97,6 @@ def make_check(original: Callable[..., Any]) -> Callable[..., Any]:
     return normalize_and_validate
 
 
-def make_set_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
-    """h11's ``set_comma_header`` without checking again what its ``Headers`` hold: they
-    were checked when made. The values it adds are checked (h11 adds only its own)."""
-
-    def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
-        kept = [(raw, value) for raw, found, value in headers._full_items if found != name]
-        added = original([(name.title(), value) for value in new_values])
-        return original([*kept, *added.raw_items()], _parsed=True)
-
-    return set_comma_header
-
-
-def make_get_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
-    """h11's ``get_comma_header``, answering at once (in C) when the name is not there."""
-
-    def get_comma_header(headers: Any, name: bytes) -> Any:
-        if name not in map(_NAME, headers._full_items):
-            return []
-        return original(headers, name)
-
-    return get_comma_header
-
-
-_NAME = operator.itemgetter(1)
 _NAME_AND_VALUE = operator.itemgetter(1, 2)
 
 
@@ -156,19 +124,8 @@ def speed_up() -> bool:
     if getattr(events, "normalize_and_validate", None) is not original:
         log.warning("server.h11_not_mended reason=layout")
         return False
-    connection = sys.modules.get("h11._connection")
-    if (
-        getattr(connection, "set_comma_header", None) is not headers.set_comma_header
-        or getattr(connection, "get_comma_header", None) is not headers.get_comma_header
-    ):
-        log.warning("server.h11_not_mended reason=layout")
-        return False
     fast = make_check(cast(Callable[..., Any], original))
     setattr(fast, _MENDED, True)
     events.normalize_and_validate = fast  # type: ignore[attr-defined]
     headers.normalize_and_validate = fast
-    connection.set_comma_header = make_set_comma_header(fast)  # type: ignore[union-attr]
-    get = make_get_comma_header(headers.get_comma_header)
-    connection.get_comma_header = get  # type: ignore[union-attr]
-    headers.get_comma_header = get
     return True
