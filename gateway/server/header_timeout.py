@@ -9,17 +9,18 @@ connections at no cost to themselves.
 accepted, each later one from its first byte (until then the connection is idle and the
 keep-alive applies). Past the deadline the connection is closed, with a ``408`` in the OpenAI
 error shape and ``Connection: close`` first when part of a request had arrived (HTTP/1.1;
-HTTP/2 is only closed), with nothing when nothing had. Once the headers are in, the body has
-its own deadline (``asgi.BodyDeadlines``).
+HTTP/2 is only closed), with nothing when nothing had. A deadline no shorter than the
+keep-alive leaves it to the keep-alive (closed with no answer). Once the headers are in, the
+body has its own deadline (``asgi.BodyDeadlines``).
 
 How: hypercorn's ``TCPServer`` runs one idle task per connection (``_idle_timeout``), sleeping
 the keep-alive between requests and stopped while one is served. The mend tracks which of the
 two waits a connection is in (``Updated`` events from the protocol: idle or busy), and
 restarts the idle task when a request's first bytes arrive on an idle connection without its
 whole headers (checked after hypercorn handled them: whole headers began a request, and cost
-no restart), and has the idle task (``_idle_timeout``, replaced by a copy of hypercorn's with
-a header branch) use that deadline then. uvicorn and granian are not mended (README:
-Operations).
+no restart). It wraps ``_idle_timeout``: while a connection waits for headers, hypercorn's own
+wait runs under the header deadline, and past it the 408 (when due) precedes hypercorn's own
+close. uvicorn and granian are not mended (README: Operations).
 """
 
 from __future__ import annotations
@@ -77,9 +78,6 @@ def _check() -> list[str]:
     needs.attr(sample, "writer", "TCPServer()")  # the 408 is written to it
     config = needs.attr(sample, "config", "TCPServer()")
     needs.attr(config, "keep_alive_timeout", "TCPServer().config")
-    context = needs.attr(sample, "context", "TCPServer()")
-    terminated = needs.attr(context, "terminated", "TCPServer().context")
-    needs.function(terminated, "wait", "TCPServer().context.terminated", [], coroutine=True)
     events = needs.module("hypercorn.events")
     needs.fields(needs.attr(events, "RawData", "hypercorn.events"), ["data"], "RawData")
     needs.fields(needs.attr(events, "Updated", "hypercorn.events"), ["idle"], "Updated")
@@ -160,13 +158,18 @@ def _apply() -> None:
         await protocol_send(self, event)
 
     async def _idle_timeout(self: Any) -> None:
-        headers = self._gw_wait == HEADERS and HEADER_TIMEOUT.seconds > 0
-        wait = HEADER_TIMEOUT.seconds if headers else self.config.keep_alive_timeout
+        seconds = HEADER_TIMEOUT.seconds
+        if self._gw_wait != HEADERS or not 0 < seconds < self.config.keep_alive_timeout:
+            await idle_timeout(self)  # hypercorn's own: the keep-alive
+            return
         try:
-            await asyncio.wait_for(self.context.terminated.wait(), wait)
+            async with asyncio.timeout(seconds):
+                await idle_timeout(self)  # ended sooner: the server is stopping, and closed it
+            return
         except TimeoutError:
-            if headers and _buffered(self):
-                await _refuse(self)
+            pass
+        if _buffered(self):
+            await _refuse(self)
         await asyncio.shield(self._initiate_server_close())
 
     server_class._gw_wait = HEADERS  # a new connection waits for its first request's headers
