@@ -6,6 +6,7 @@ unless ``GATEWAY_UNMENDED`` names it, or goes on without it (a speed mend)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -460,3 +461,48 @@ async def test_the_pool_without_its_mend_is_aiohttp_s_own_said_once(
     (line,) = caplog.records
     assert line.getMessage().startswith("server.mend_left_out mend aiohttp.recent_first (speed")
     assert "_release no longer uses append" in line.getMessage()
+
+
+# ---- the header deadline over hypercorn's own wait --------------------------------------------
+
+
+async def closed_after(header: float, keep_alive: float, wait: str, terminate: bool) -> float:
+    """Seconds until the mended idle task of a connection (waiting for ``wait``) closes it."""
+    from hypercorn.asyncio.worker_context import WorkerContext
+
+    mends.put_in_place(mends.registry()["hypercorn.header_timeout"])
+    HEADER_TIMEOUT.seconds = header
+    settings = Config()
+    settings.keep_alive_timeout = keep_alive
+    connection = TCPServer(None, None, settings, WorkerContext(None), None, None, None)
+    connection._gw_wait = wait
+    closed = asyncio.Event()
+
+    async def close() -> None:  # hypercorn's, less the socket there is none of
+        closed.set()
+
+    connection._initiate_server_close = close
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = asyncio.create_task(connection._idle_timeout())
+    if terminate:
+        await connection.context.terminated.set()
+    await asyncio.wait_for(closed.wait(), 10)
+    await task
+    return loop.time() - started
+
+
+@pytest.mark.parametrize(
+    ("header", "keep_alive", "wait", "terminate", "at_least", "before"),
+    [
+        (0.2, 3.0, "headers", False, 0.2, 2.0),  # the header deadline, well before the keep-alive
+        (3.0, 0.4, "headers", False, 0.4, 2.0),  # no shorter than the keep-alive: the keep-alive
+        (0.2, 0.4, "idle", False, 0.4, 2.0),  # between requests: the keep-alive
+        (3.0, 3.0, "headers", True, 0.0, 2.0),  # the server stopping: at once
+    ],
+)
+async def test_the_header_deadline_cuts_hypercorn_s_own_wait_short(
+    header: float, keep_alive: float, wait: str, terminate: bool, at_least: float, before: float
+) -> None:
+    took = await closed_after(header, keep_alive, wait, terminate)
+    assert at_least <= took < before
