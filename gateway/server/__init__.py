@@ -4,6 +4,9 @@ options. The app is plain ASGI, so the server is a choice, not a ceiling.
 With one worker the app is built here and served in this process; with several, each worker
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
 hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
+
+hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
+does not fit the installed hypercorn or h11: ``gateway.server.mends``).
 """
 
 from __future__ import annotations
@@ -18,15 +21,19 @@ import tempfile
 from collections.abc import Callable
 from typing import cast
 
-from gateway.config import Settings, load_settings
+from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
-from gateway.server.header_timeout import time_headers
+from gateway.server import mends
+from gateway.server.h11_headers import HEADER_CHECK
+from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
 from gateway.server.hypercorn_mend import (
+    CONNECTION_CAP,
+    CONNECTIONS,
+    DATE_HEADER,
+    IDLE_CLOSE,
     ServerConfig,
     default_connection_limit,
-    limit_connections,
-    mend_hypercorn,
 )
 from gateway.types import ASGIApp
 
@@ -71,6 +78,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     if workers > 1:
         from hypercorn.run import run
 
+        mend_hypercorn(settings.server, apply=False)  # each worker applies them: fail here first
         cfg.application_path = f"{HYPERCORN_WORKER_FACTORY}()"
         cfg.workers = workers
         run(cfg)
@@ -79,9 +87,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
 
     from gateway.server.gc_tuning import tune_gc
 
-    mend_hypercorn()
-    limit_connections(settings.server.max_connections or default_connection_limit())
-    time_headers(settings.server.header_timeout_seconds)
+    mend_hypercorn(settings.server)
     app = app_factory()(settings)
     tune_gc()  # as every other server's worker does in create_app()
 
@@ -94,6 +100,20 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
         await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
+    """Put in place the mends this process serves hypercorn with, as ``server`` sets them
+    (``gateway.server.mends.start``: one that does not fit is left out, or stops the
+    process). ``apply=False``: only check them (hypercorn's parent process, which serves
+    nothing itself)."""
+    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
+    if server.header_timeout_seconds > 0:
+        needed.insert(2, HEADER_DEADLINE)
+    if apply:
+        CONNECTIONS.limit = server.max_connections or default_connection_limit()
+        HEADER_TIMEOUT.seconds = server.header_timeout_seconds
+    mends.start(needed, apply=apply)
 
 
 def app_factory() -> Callable[..., ASGIApp]:
@@ -112,12 +132,10 @@ def hypercorn_worker_app() -> ASGIApp:
     sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
     streams finish was killed there, streams, access-log lines and all."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    mend_hypercorn()
-    app = app_factory()()
-    server = load_settings().server
-    limit_connections(server.max_connections or default_connection_limit())
-    time_headers(server.header_timeout_seconds)
-    return app
+    settings = load_settings()
+    configure_logging(settings)  # before create_app() does: a mend's log line is formatted
+    mend_hypercorn(settings.server)
+    return app_factory()()  # built as every worker's app is (its gc tuned)
 
 
 def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int) -> None:

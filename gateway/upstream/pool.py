@@ -7,6 +7,9 @@ may last as long as it keeps sending; aiohttp's 5-minute default total is never 
 The pool hands out the idle connection used last (``RecentFirstConnector``), where aiohttp's
 own takes the one idle longest: after a burst, light traffic keeps reusing a few warm
 connections and the rest idle out, instead of cycling through every connection of the burst.
+That reaches into aiohttp's private pool, so it is a mend, ``aiohttp.recent_first`` (speed;
+checked before it is put in place, ``gateway.server.mends``), kept for a request about 5%
+cheaper after a burst (bench/RESULTS.md, "Mends").
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import AsyncIterable, Mapping
 from typing import Any
 
@@ -35,6 +38,7 @@ from gateway.errors import (
     UpstreamTimeoutError,
 )
 from gateway.protocols.base import UpstreamCall
+from gateway.server import mends
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -42,20 +46,73 @@ USER_AGENT = f"model-gateway/{__version__}"
 
 
 class RecentFirstConnector(aiohttp.TCPConnector):
-    """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring).
+    """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring), under the
+    mend ``aiohttp.recent_first`` (speed; a ``gateway.server.mends.Mend``). The first one made
+    in a process checks aiohttp's private pool and puts the mend in place; when aiohttp lays
+    it out otherwise, the pool stays as aiohttp made it (first-in first-out), with one warning
+    line naming the mend and what is missing."""
 
-    aiohttp takes idle connections from the left of a per-host deque and returns them on the
-    right; turning the deque one step right first puts the newest on the left. This reads
-    aiohttp's private pool: if a version lays it out otherwise, the pool stays as aiohttp
-    made it (first-in first-out) and nothing else changes. Not a coroutine itself: it hands
-    back aiohttp's, which the caller awaits (one coroutine less per request)."""
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        mends.fits(RECENT_FIRST)
 
-    def _get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
-        pool = getattr(self, "_conns", None)
-        idle = pool.get(key) if isinstance(pool, dict) else None
-        if isinstance(idle, deque) and len(idle) > 1:
+
+def _recent_first(get: Any) -> Any:
+    """``_get`` over aiohttp's own ``get``: aiohttp takes idle connections from the left of a
+    per-host deque and returns them on the right; turning the deque one step right first puts
+    the newest on the left. Not a coroutine itself: it hands back aiohttp's, which the caller
+    awaits (one coroutine less per request)."""
+
+    def _get(self: aiohttp.TCPConnector, key: Any, traces: Any) -> Any:
+        idle = self._conns.get(key)
+        if idle is not None and len(idle) > 1:
             idle.rotate(1)
-        return super()._get(key, *args, **kwargs)
+        return get(self, key, traces)
+
+    return _get
+
+
+def _check_recent_first() -> list[str]:
+    needs = mends.Needs()
+    where = "aiohttp.TCPConnector"
+    get = needs.function(
+        aiohttp.TCPConnector, "_get", where, ["self", "key", "traces"], coroutine=True
+    )
+    needs.uses(aiohttp.TCPConnector.connect, ["_get"], f"{where}.connect")
+    needs.uses(get, ["_conns", "popleft"], f"{where}._get")  # takes from the left
+    needs.uses(
+        getattr(aiohttp.TCPConnector, "_release", None), ["_conns", "append"], f"{where}._release"
+    )
+    loop = asyncio.new_event_loop()  # a connector of its own to look at, never run
+    try:
+        pool = getattr(aiohttp.TCPConnector(loop=loop), "_conns", None)
+    finally:
+        loop.close()
+    needs.require(
+        isinstance(pool, defaultdict) and pool.default_factory is deque,
+        f"{where}()._conns is missing or not a dict of deques",
+    )
+    return needs.missing
+
+
+def _apply_recent_first() -> None:
+    get = aiohttp.TCPConnector._get
+    recent_first = mends.wrapping(RECENT_FIRST_NAME, get, _recent_first(get))
+    RecentFirstConnector._get = recent_first  # type: ignore[method-assign]
+
+
+RECENT_FIRST_NAME = "aiohttp.recent_first"
+RECENT_FIRST = mends.Mend(
+    name=RECENT_FIRST_NAME,
+    library="aiohttp",
+    written_for="3.14",
+    kind="speed",
+    fixes="aiohttp's pool cycles through every idle connection of a burst",
+    check=_check_recent_first,
+    apply=_apply_recent_first,
+    in_place=lambda: mends.mended(vars(RecentFirstConnector).get("_get"), RECENT_FIRST_NAME),
+)
+MENDS = (RECENT_FIRST,)
 
 
 class Upstream:
