@@ -152,3 +152,69 @@ def test_a_missing_deployment_may_be_elsewhere_but_a_wrong_endpoint_is_the_chann
 def test_what_is_not_azures_shape_is_read_as_openais() -> None:
     payload: dict[str, Any] = {"message": "plain"}
     assert decode_error(400, orjson.dumps(payload)).message == "plain"
+
+
+# Azure's streams through the openai adapter ---------------------------------------------------
+PROMPT_FILTER_CHUNK = (
+    b'data: {"choices":[],"created":0,"id":"","model":"","object":"","prompt_filter_results":'
+    b'[{"prompt_index":0,"content_filter_results":{"hate":{"filtered":false,"severity":"safe"}}}]}'
+    b"\n\n"
+)
+
+
+def azure_stream(finish: str = "stop") -> bytes:
+    def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        payload = {
+            "choices": choices,
+            "created": 1750000000,
+            "id": "chatcmpl-az1",
+            "model": "gpt-4o-2024-11-20",
+            "object": "chat.completion.chunk",
+            "system_fingerprint": "fp_az",
+            "usage": usage,
+        }
+        return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+    safe = {"hate": {"filtered": False, "severity": "safe"}}
+    return b"".join(
+        [
+            PROMPT_FILTER_CHUNK,
+            chunk([{"content_filter_results": {}, "delta": {"role": "assistant", "content": ""},
+                    "finish_reason": None, "index": 0, "logprobs": None}]),
+            chunk([{"content_filter_results": safe, "delta": {"content": "Hello"},
+                    "finish_reason": None, "index": 0, "logprobs": None}]),
+            chunk([{"content_filter_results": {}, "delta": {}, "finish_reason": finish,
+                    "index": 0, "logprobs": None}]),
+            chunk([], {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}),
+            b"data: [DONE]\n\n",
+        ]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cut", [None, 40, len(PROMPT_FILTER_CHUNK) + 10])
+def test_an_azure_stream_passes_with_the_clients_model_name_throughout(cut: int | None) -> None:
+    """Azure's first chunk says ``"model":""``: the upstream's name is learnt from the next
+    one, so that no chunk shows the deployment's model snapshot."""
+    from gateway.protocols.base import Ctx
+    from gateway.protocols.openai.passthrough import OpenAIPassthrough
+
+    raw = azure_stream()
+    stream = OpenAIPassthrough(Ctx("r1", "chat-small", 0, include_usage=True), target(True))
+    pieces = [raw] if cut is None else [raw[:cut], raw[cut:]]
+    out = b"".join(stream.feed(p) for p in pieces) + stream.finish()
+    assert b"gpt-4o-2024-11-20" not in out
+    assert out.count(b'"model":"chat-small"') == 4 and b'"prompt_filter_results"' in out
+    assert stream.usage == {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+
+
+def test_an_azure_stream_decodes_for_other_clients_content_filter_stop_included() -> None:
+    from gateway.protocols.openai.stream import OpenAIStreamDecoder
+    from gateway.protocols.sse import SSEParser
+
+    decoder = OpenAIStreamDecoder()
+    chunks = [c for e in SSEParser().feed(azure_stream("content_filter")) for c in decoder.feed(e)]
+    decoder.close()
+    texts = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert "".join(t or "" for t in texts) == "Hello"
+    finishes = [c["choices"][0].get("finish_reason") for c in chunks if c["choices"]]
+    assert finishes[-1] == "content_filter"
