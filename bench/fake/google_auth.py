@@ -3,7 +3,9 @@
 ``POST /token`` takes the JWT bearer grant (``grant_type=urn:ietf:params:oauth:grant-type:
 jwt-bearer``, ``assertion=<JWT>``) as Google's does: the assertion's RS256 signature must
 verify against the public key of a service account the fake knows (its ``kid``, when given,
-must name that key), ``aud`` must be the token endpoint's URL, ``iss`` the account's email,
+must name that key), ``aud`` must be Google's token endpoint (``https://oauth2.googleapis.com/
+token``, which google-auth writes whatever the key file's ``token_uri``) or the fake's own
+URL, ``iss`` the account's email,
 ``scope`` must hold the cloud-platform scope, and ``iat``/``exp`` must make a token of at most
 an hour that is valid now. The reply is Google's, ``{"access_token", "expires_in",
 "token_type": "Bearer"}``; a refusal is a 400 with ``{"error", "error_description"}`` in
@@ -20,6 +22,7 @@ test, never a real one) and their key file's JSON written by ``FakeServiceAccoun
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections.abc import Mapping
@@ -31,6 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 MAX_LIFETIME = 3600  # seconds an assertion may cover
 SKEW = 300  # seconds of clock difference allowed
@@ -88,6 +92,12 @@ def make_account(email: str = EMAIL) -> FakeServiceAccount:
         serialization.NoEncryption(),
     ).decode()
     return FakeServiceAccount(email, secrets.token_hex(20), pem, key.public_key())
+
+
+@functools.cache
+def default_account() -> FakeServiceAccount:
+    """The process's test service account, made once (``FakeUpstream.service_account``)."""
+    return make_account()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +168,7 @@ class TokenIssuer:
                 assertion,
                 account.public_key,
                 algorithms=["RS256"],
-                audience=audience,
+                audience=[GOOGLE_TOKEN_URI, audience],
                 # the times are checked below, against the ``now`` given
                 options={
                     "require": ["iss", "aud", "iat", "exp"],
@@ -168,7 +178,9 @@ class TokenIssuer:
                 },
             )
         except jwt.InvalidAudienceError:
-            return _invalid(f"Invalid JWT: Failed audience check. The right audience is {audience}")
+            return _invalid(
+                f"Invalid JWT: Failed audience check. The right audience is {GOOGLE_TOKEN_URI}"
+            )
         except (jwt.InvalidSignatureError, jwt.DecodeError):
             return _invalid(BAD_SIGNATURE)
         except jwt.PyJWTError:
