@@ -20,7 +20,14 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from bench.fake.google_auth import GRANT_TYPE, SCOPE, FakeServiceAccount, TokenIssuer, make_account
+from bench.fake.google_auth import (
+    GOOGLE_TOKEN_URI,
+    GRANT_TYPE,
+    SCOPE,
+    FakeServiceAccount,
+    TokenIssuer,
+    make_account,
+)
 from gateway.errors import UpstreamError
 from gateway.upstream.google_token import (
     RETRY_WAIT,
@@ -167,13 +174,13 @@ def test_the_assertion_verifies_as_google_auth_and_pyjwt_read_it(
         assertion,
         made.public_key,
         algorithms=["RS256"],
-        audience=TOKEN_URI,
+        audience=GOOGLE_TOKEN_URI,
         options={"verify_exp": False, "verify_iat": False},
     )
     assert claims == {
         "iss": made.email,
         "scope": SCOPE,
-        "aud": TOKEN_URI,
+        "aud": GOOGLE_TOKEN_URI,  # whatever token_uri says, as google-auth writes it
         "iat": int(T0),
         "exp": int(T0) + 3600,
     }
@@ -196,9 +203,16 @@ def test_the_fake_endpoint_refuses_a_forged_or_stale_assertion(
     good = account.assertion(T0)
     assert issuer.grant({"grant_type": GRANT_TYPE, "assertion": good}, TOKEN_URI, T0)[0] == 200
     other = ServiceAccount.from_info(make_account(made.email).info(TOKEN_URI))
+    claims = jwt.decode(good, options={"verify_signature": False})
+    elsewhere = jwt.encode(
+        {**claims, "aud": "https://elsewhere.test/token"},
+        made.private_pem,
+        algorithm="RS256",
+        headers={"kid": made.key_id},
+    )
     cases = {
         "signed by another key": (other.assertion(T0), TOKEN_URI, T0),
-        "for another endpoint": (good, "https://elsewhere.test/token", T0),
+        "for another endpoint": (elsewhere, TOKEN_URI, T0),
         "expired": (good, TOKEN_URI, T0 + 3600 + 301),
         "issued in the future": (good, TOKEN_URI, T0 - 301),
     }

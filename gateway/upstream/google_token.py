@@ -2,9 +2,11 @@
 
 A service account's key file (its JSON, or the path of the file) holds an RSA private key.
 A token is got with the JWT bearer grant (RFC 7523), as Google's own libraries get it: an
-assertion ``{iss: client_email, scope, aud: token_uri, iat, exp: iat + 1 h}`` signed RS256
-(``kid``: the key's ``private_key_id``) is posted form-encoded to the key file's ``token_uri``
-with ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer``; the reply is
+assertion ``{iss: client_email, scope, aud, iat, exp: iat + 1 h}`` signed RS256 (``kid``: the
+key's ``private_key_id``) is posted form-encoded to the key file's ``token_uri`` with
+``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer``. ``aud`` is Google's token endpoint
+(``https://oauth2.googleapis.com/token``) whatever ``token_uri`` says, as google-auth's
+service-account credentials write it (the endpoint checks its own name there). The reply is
 ``{"access_token", "expires_in", "token_type": "Bearer"}``. Requests then carry
 ``Authorization: Bearer <access_token>``.
 
@@ -47,6 +49,7 @@ from gateway.errors import GatewayError, UpstreamError
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 GRANT_TYPE = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 DEFAULT_TOKEN_URI = "https://oauth2.googleapis.com/token"
+AUDIENCE = DEFAULT_TOKEN_URI  # the assertion's aud, as google-auth writes it
 ASSERTION_LIFETIME = 3600  # seconds; Google takes no longer
 RENEW_EARLY = 300.0  # seconds before expiry a token is renewed
 RETRY_WAIT = 10.0  # seconds between refresh attempts while the old token still works
@@ -131,7 +134,7 @@ class ServiceAccount:
         claims = {
             "iss": self.client_email,
             "scope": scope,
-            "aud": self.token_uri,
+            "aud": AUDIENCE,
             "iat": issued,
             "exp": issued + ASSERTION_LIFETIME,
         }
