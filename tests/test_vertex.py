@@ -68,6 +68,7 @@ def body(call: UpstreamCall) -> Any:
 def test_the_root_is_the_regions_endpoint_or_the_global_one() -> None:
     assert default_base_url("europe-west4") == "https://europe-west4-aiplatform.googleapis.com"
     assert default_base_url("global") == "https://aiplatform.googleapis.com"
+    assert default_base_url("eu") == "https://aiplatform.eu.rep.googleapis.com"  # as the SDKs
     assert VertexSite("p", "global").root == "https://aiplatform.googleapis.com"
     assert VertexSite("p", "us-east5", "http://127.0.0.1:9/").root == "http://127.0.0.1:9"
 

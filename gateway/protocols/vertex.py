@@ -4,7 +4,8 @@ and what of its body and headers Vertex wants otherwise. Pure: the token is the 
 
 A channel is a ``VertexSite``: project, region and the root URL, by default
 ``https://{region}-aiplatform.googleapis.com`` (``https://aiplatform.googleapis.com`` for the
-``global`` region). Models live under
+``global`` region, ``https://aiplatform.{us,eu}.rep.googleapis.com`` for the multi-regions
+``us`` and ``eu``, as Anthropic's and Google's SDKs address them). Models live under
 ``{root}/v1/projects/{project}/locations/{region}/publishers/{publisher}/models/{model}``;
 the publisher is ``anthropic`` for upstream names starting ``claude``, else ``google``.
 
@@ -49,6 +50,7 @@ from gateway.protocols.gemini.reply import error_from_payload
 from gateway.types import JSON
 
 GLOBAL_REGION = "global"
+MULTI_REGIONS = frozenset({"us", "eu"})
 API_VERSION = "v1"
 ANTHROPIC_VERSION = "vertex-2023-10-16"
 SEGMENT_SAFE = "-._~!$&'()*+,=:@"  # a path segment's characters left unquoted (not ';')
@@ -61,6 +63,8 @@ DROPPED_HEADERS = frozenset({"authorization", "x-goog-api-key", "x-api-key", "an
 def default_base_url(region: str) -> str:
     if region == GLOBAL_REGION:
         return "https://aiplatform.googleapis.com"
+    if region in MULTI_REGIONS:
+        return f"https://aiplatform.{region}.rep.googleapis.com"
     return f"https://{region}-aiplatform.googleapis.com"
 
 
