@@ -19,6 +19,7 @@ from gateway.config.values import (
     string,
     strings,
 )
+from gateway.policy.prices import TablePrice
 
 CHANNEL_TYPES = ("openai", "anthropic", "gemini")
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
@@ -60,6 +61,11 @@ class Model:
     capabilities: frozenset[str]
     price: Price
     default_max_tokens: int = 4096
+    # False: no ``price`` was given, and ``price`` is the price table's (``config.pricing``)
+    priced: bool = True
+    # the price table's row for the model's upstream name, when it has one: its prices when
+    # the model has none, its cache ratios when the model leaves them unset
+    table: TablePrice | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +149,7 @@ def parse_model(v: Any, where: str = "") -> Model:
         if c not in CAPABILITIES:
             raise ConfigError(f"{at(where, 'capabilities')}[{i}]: unknown capability {c!r}")
     price_at = at(where, "price")
+    priced = d.get("price") is not None  # absent or null: the price table's (config.pricing)
     price_raw = mapping(d.get("price") or {}, price_at)
     no_unknown(price_raw, set(PRICE_FIELDS), price_at)
     price = Price(
@@ -156,7 +163,9 @@ def parse_model(v: Any, where: str = "") -> Model:
     dmt = integer(d.get("default_max_tokens", 4096), dmt_at, minimum=1)
     if dmt > MAX_DEFAULT_TOKENS:
         raise ConfigError(f"{dmt_at}: must be at most {MAX_DEFAULT_TOKENS}")
-    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
+    return Model(
+        name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt, priced=priced
+    )
 
 
 def parse_channel(v: Any, where: str, groups: Collection[str], models: Collection[str]) -> Channel:

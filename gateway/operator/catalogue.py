@@ -30,6 +30,7 @@ from gateway.config import (
     parse_channel,
     parse_model,
 )
+from gateway.config.pricing import priced_model
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
 from gateway.protocols import ADAPTERS
@@ -96,7 +97,13 @@ def channel_out(ch: Channel, v: View) -> dict[str, JSON]:
 
 
 def model_out(m: Model, v: View) -> dict[str, JSON]:
-    return {**model_json(m), "origin": v.origin(MODEL, m.name)}
+    """A model as the admin API shows it: its price is the price table's when it was given
+    none (``price_source``: ``table``, with the row's upstream name and date)."""
+    out = {**model_json(m), "origin": v.origin(MODEL, m.name)}
+    out["price_source"] = "config" if m.priced else "table"
+    if m.table is not None:
+        out["price_table"] = {"model": m.table.model, "date": m.table.date}
+    return out
 
 
 def group_out(name: str, v: View) -> dict[str, JSON]:
@@ -176,6 +183,15 @@ def _parse_model(body: Mapping[str, object]) -> Model:
         raise InvalidRequestError(str(exc)) from None
 
 
+def _priced(model: Model, v: View, settings: Settings) -> Model:
+    """The model with the price table applied (``config.pricing``): 400 when it has no price
+    and the table none for it either."""
+    try:
+        return priced_model(model, v.channels, settings.prices, "")
+    except ConfigError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
 def _body(body: object) -> Mapping[str, object]:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("request body: must be a JSON object")
@@ -235,16 +251,20 @@ async def create_model(store: Store, settings: Settings, body: object) -> Model:
     fields = _body(body)
     only_fields(fields, MODEL_FIELDS)
     name = _new_name(fields.get("name"))
-    model = _parse_model(fields)
+    parsed = _parse_model(fields)
+    made: list[Model] = []
 
     def edit(records: CatalogueRecords) -> CatalogueEdit:
-        if view(records, settings).model(name) is not None:
+        v = view(records, settings)
+        if v.model(name) is not None:
             raise AlreadyExistsError(f"model {name!r} already exists")
+        model = _priced(parsed, v, settings)
+        made[:] = [model]
         rec = model_record(model, API, records.next_seq(MODEL))
         return CatalogueEdit(put={(MODEL, name): rec})
 
     await store.edit_catalogue(edit)
-    return model
+    return made[0]
 
 
 async def update_model(store: Store, settings: Settings, name: str, body: object) -> Model:
@@ -259,7 +279,7 @@ async def update_model(store: Store, settings: Settings, name: str, body: object
         _not_the_files(v, MODEL, name)
         record = records.get(MODEL, name)
         assert record is not None
-        model = _parse_model(_merged(record, fields))
+        model = _priced(_parse_model(_merged(record, fields)), v, settings)
         made[:] = [model]
         return CatalogueEdit(put={(MODEL, name): model_record(model, API, record["seq"])})
 
