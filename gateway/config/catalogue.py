@@ -99,6 +99,13 @@ class Channel:
     speaks: frozenset[str] = frozenset()
     timeouts: ChannelTimeouts = ChannelTimeouts()
     status: str = "enabled"  # enabled | disabled: a disabled channel is never chosen
+    # ``api_keys``: several upstream credentials, one chosen per request
+    # (``policy/upstream_keys.py``); ``api_key`` is the one a request uses (the first, unless
+    # the relay chose another); empty for a channel of one key
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # ``prompt_cache: auto``: cache breakpoints added to requests converted to the messages
+    # protocol that carry none (default on for anthropic channels; ``off`` to leave them out)
+    prompt_cache: bool = False
 
     def __post_init__(self) -> None:
         if not self.speaks:
@@ -134,8 +141,13 @@ CHANNEL_FIELDS = frozenset(
         "responses",
         "timeouts",
         "status",
+        "api_keys",
+        "prompt_cache",
     }
 )
+PROMPT_CACHE_VALUES = ("auto", "off")
+# the channel types whose requests carry cache breakpoints (the messages protocol)
+PROMPT_CACHE_TYPES = frozenset({"anthropic"})
 
 
 def parse_model(v: Any, where: str = "") -> Model:
@@ -181,7 +193,7 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{at(where, 'base_url')}: not a URL")
-    api_key = string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True)
+    api_key, api_keys = parse_keys(d, where)
     groups_at = at(where, "groups")
     ch_groups = strings(d.get("groups", ["default"]), groups_at)
     for i, g in enumerate(ch_groups):
@@ -222,7 +234,38 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
         speaks=frozenset({ctype, "responses"} if responses else {ctype}),
         timeouts=parse_timeouts(d.get("timeouts") or {}, at(where, "timeouts")),
         status=status,
+        api_keys=api_keys,
+        prompt_cache=parse_prompt_cache(d.get("prompt_cache"), ctype, where),
     )
+
+
+def parse_keys(d: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """``api_key`` (one credential) or ``api_keys`` (several, each used for a share of the
+    requests), not both: (the first key, every key when there are several)."""
+    keys_at = at(where, "api_keys")
+    if d.get("api_keys") is None:
+        return string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True), ()
+    if d.get("api_key"):
+        raise ConfigError(f"{keys_at}: give api_key or api_keys, not both")
+    keys = strings(d["api_keys"], keys_at)
+    if not keys:
+        raise ConfigError(f"{keys_at}: at least one key is needed")
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{keys_at}: a key is listed twice")  # never echo a credential
+    return keys[0], tuple(keys) if len(keys) > 1 else ()
+
+
+def parse_prompt_cache(v: Any, ctype: str, where: str) -> bool:
+    """``prompt_cache``: ``auto`` (the default for the types in ``PROMPT_CACHE_TYPES``) or
+    ``off``."""
+    if v is None:
+        return ctype in PROMPT_CACHE_TYPES
+    if v not in PROMPT_CACHE_VALUES:
+        raise ConfigError(f"{at(where, 'prompt_cache')}: must be auto or off")
+    if v == "auto" and ctype not in PROMPT_CACHE_TYPES:
+        kinds = ", ".join(sorted(PROMPT_CACHE_TYPES))
+        raise ConfigError(f"{at(where, 'prompt_cache')}: only {kinds} channels take breakpoints")
+    return bool(v == "auto")
 
 
 def parse_timeouts(v: Any, where: str) -> ChannelTimeouts:

@@ -89,11 +89,14 @@ def secret_hint(secret: str) -> str:
 
 
 def channel_out(ch: Channel, v: View) -> dict[str, JSON]:
-    return {
+    out: dict[str, JSON] = {
         **channel_json(ch),
         "api_key_hint": secret_hint(ch.api_key),
         "origin": v.origin(CHANNEL, ch.name),
     }
+    if ch.api_keys:  # several keys: a hint of each, never a key
+        out["api_key_hints"] = [secret_hint(k) for k in ch.api_keys]
+    return out
 
 
 def model_out(m: Model, v: View) -> dict[str, JSON]:
@@ -229,6 +232,8 @@ async def update_channel(store: Store, settings: Settings, name: str, body: obje
         _not_the_files(v, CHANNEL, name)
         record = records.get(CHANNEL, name)
         assert record is not None  # in the view and not the file's: the store's
+        if "api_key" in fields or "api_keys" in fields:  # one replaces the other
+            record = {k: x for k, x in record.items() if k not in ("api_key", "api_keys")}
         ch = _parse_channel(_merged(record, fields), v)
         made[:] = [ch]
         return CatalogueEdit(put={(CHANNEL, name): channel_record(ch, API, record["seq"])})
@@ -338,8 +343,11 @@ async def delete_group(store: Store, settings: Settings, name: str) -> None:
 # ---- channel test --------------------------------------------------------------------------
 
 
-def _redacted(message: str, secret: str) -> str:
-    return message.replace(secret, secret_hint(secret)) if secret else message
+def _redacted(message: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, secret_hint(secret))
+    return message
 
 
 async def try_channel(
@@ -396,5 +404,5 @@ async def try_channel(
         "latency_ms": round((time.monotonic() - started) * 1000),
     }
     if error is not None:
-        out["error"] = _redacted(error, ch.api_key)
+        out["error"] = _redacted(error, ch.api_keys or (ch.api_key,))
     return out

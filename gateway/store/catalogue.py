@@ -82,6 +82,7 @@ def channel_json(ch: Channel) -> dict[str, JSON]:
         "responses": "responses" in ch.speaks,
         "timeouts": timeouts,
         "status": ch.status,
+        "prompt_cache": "auto" if ch.prompt_cache else "off",
     }
 
 
@@ -89,7 +90,10 @@ def channel_record(ch: Channel, origin: str, seq: int) -> dict[str, JSON]:
     """What the store keeps of a channel: its api_key only when made through the API."""
     out = channel_json(ch)
     if origin == API:
-        out["api_key"] = ch.api_key
+        if ch.api_keys:
+            out["api_keys"] = list(ch.api_keys)
+        else:
+            out["api_key"] = ch.api_key
     return {**out, "origin": origin, "seq": seq}
 
 
