@@ -40,6 +40,7 @@ from gateway.observe.metrics import OWN_PROTOCOL, Metrics, channel_states, regis
 from gateway.observe.observers import Observers
 from gateway.observe.tracing import PROVIDERS
 from gateway.operator.console.session import Signer
+from gateway.policy.affinity import Affinity
 from gateway.policy.gate import Gate
 from gateway.policy.health import ChannelHealth
 from gateway.policy.routing import LiveCatalogue
@@ -352,6 +353,8 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
         observers.metrics.known = frozenset(served.models)  # metrics label these by name
 
     cache.on_catalogue(use_catalogue)
+    affinity = Affinity(services.health, store)  # session pins, written behind with health
+    observers.metrics.sessions = affinity.counts
     _observe_state(services)
     return services
 

@@ -89,6 +89,7 @@ class Case:
             default_max_tokens=meta.get("default_max_tokens", 4096),
             stream=self.stream,
             client_headers=meta.get("client_headers", {}),
+            prompt_cache=meta.get("prompt_cache", False),  # a channel's prompt_cache: auto
         )
 
     def ctx(self) -> Ctx:

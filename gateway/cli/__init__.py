@@ -2,7 +2,8 @@
 for keys, accounts, usage, and the catalogue's channels, models and groups.
 
 One module per command group, each registering its own subcommands: ``serve``, ``keys``,
-``accounts``, ``catalogue`` (channels, models, groups) and ``usage``; ``output`` is what a
+``accounts``, ``catalogue`` (channels, models, groups), ``usage`` and ``prices`` (the price
+table, and the catalogue against it); ``output`` is what a
 command returns and how it is printed, ``arguments`` the flags' value types.
 
 The operator commands open the store the config names and go through the same service
@@ -25,7 +26,7 @@ import sqlite3
 
 from redis.exceptions import RedisError
 
-from gateway.cli import accounts, catalogue, keys, serve, usage
+from gateway.cli import accounts, catalogue, keys, prices, serve, usage
 from gateway.cli.output import PROG, Command, Output, fail, show
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.errors import GatewayError
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     accounts.register(sub, leaf)
     catalogue.register(sub, leaf)
     usage.register(sub, leaf)
+    prices.register(sub, leaf)
     return parser
 
 

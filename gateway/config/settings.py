@@ -19,6 +19,7 @@ from gateway.config.catalogue import (
     parse_channel,
     parse_model,
 )
+from gateway.config.pricing import priced_models
 from gateway.config.sections import (
     Limits,
     LoggingSettings,
@@ -42,6 +43,7 @@ from gateway.config.values import (
     strings,
     unique,
 )
+from gateway.policy.prices import PriceTable, PriceTableError, builtin
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,9 @@ class Settings:
     # data/journal
     journal: str = ""
     path: str = ""
+    # the price table (``policy/prices.py``): the built-in one, or ``prices_file``'s
+    prices_file: str = ""
+    prices: PriceTable = field(default_factory=builtin, repr=False)
 
     def model(self, name: str) -> Model | None:
         for m in self.models:
@@ -127,6 +132,7 @@ TOP_LEVEL = frozenset(
     {
         "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
         "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
+        "prices_file",
     }
 )  # fmt: skip
 
@@ -150,6 +156,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         for i, c in enumerate(list_of(raw, "channels"))
     )
     unique([c.name for c in channels], "channels", "name")
+    prices_file, prices = price_table(raw.get("prices_file"), path)
+    models = priced_models(models, channels, prices, lambda i, m: f"models[{i}]")
     accounts = tuple(
         parse_account(a, f"accounts[{i}]") for i, a in enumerate(list_of(raw, "accounts"))
     )
@@ -186,7 +194,24 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         tracing=tracing,
         journal=journal,
         path=path,
+        prices_file=prices_file,
+        prices=prices,
     )
+
+
+def price_table(value: Any, config_path: str) -> tuple[str, PriceTable]:
+    """``prices_file``: a newer price table than the built-in one (a relative path is the
+    configuration file's neighbour); none: the built-in table."""
+    if value is None or value == "":
+        return "", builtin()
+    name = string(value, "prices_file")
+    path = Path(name)
+    if not path.is_absolute() and config_path:
+        path = Path(config_path).parent / path
+    try:
+        return str(path), PriceTable.load(path)
+    except PriceTableError as exc:
+        raise ConfigError(f"prices_file: {exc}") from None
 
 
 def trusted_proxies(v: Any) -> tuple[str, ...]:

@@ -29,6 +29,8 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 # request id, for its log lines (set by ``app.GatewayApp``)
 REQUEST_ID = "gateway.request_id"
 CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
+# the headers that name a session (``policy/affinity.session_of`` reads them in its order)
+SESSION_HEADERS = (b"x-session-id", b"x-claude-code-session-id", b"session_id")
 RELAY_HEADERS = frozenset(
     {
         b"x-request-id",
@@ -38,6 +40,7 @@ RELAY_HEADERS = frozenset(
         b"content-length",
         b"x-forwarded-for",
         *CLIENT_HEADERS_FORWARDED,
+        *SESSION_HEADERS,
     }
 )
 Headers = dict[bytes, bytes]

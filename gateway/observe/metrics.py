@@ -36,8 +36,11 @@ where streams run longer (a 10-minute stream would otherwise only count in ``+In
   ``gateway_open_streams``,
   ``gateway_usage_writer_backlog`` (records not yet in the store),
   ``gateway_usage_parked_records`` (records the store refused, retried alone),
-  ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``) and
-  ``gateway_channel_failures_total{channel}``.
+  ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``),
+  ``gateway_channel_failures_total{channel}``, ``gateway_session_pins{model,channel}`` (the
+  sessions pinned to each channel: ``policy/affinity.py``) and
+  ``gateway_prompt_cache_hit_ratio{model,channel}`` (the prompt tokens read from the provider's
+  cache over all prompt tokens, since the start).
 
 The hot path pays one ``observe()`` per request into one row of plain numbers per label set
 (no metric objects, no locks); ``prometheus-client`` builds the exposition at scrape time
@@ -168,6 +171,8 @@ class Metrics:
         self.gauges: Callable[[], dict[str, float]] = dict
         self.channels: Callable[[], tuple[dict[str, str], dict[str, int]]] = lambda: ({}, {})
         self.providers: Callable[[], dict[str, str]] = dict
+        # the session pins by (model, channel), read at scrape time (``Affinity.counts``)
+        self.sessions: Callable[[], dict[tuple[str, str], int]] = dict
 
     def _row(self, labels: Labels) -> list[Any]:
         row = self.rows.get(labels)
@@ -268,7 +273,18 @@ class Metrics:
             "providers": self.providers(),
             "channels": states,
             "gauges": {"open_streams": self.open_streams, **self.gauges()},
+            "pins": [[model, channel, n] for (model, channel), n in self.sessions().items()],
         }
+
+    def cache_use(self) -> list[dict[str, Any]]:
+        """Per model and channel, every worker's: sessions pinned, prompt tokens, those read
+        from the provider's cache and their share (the console's overview)."""
+        snaps = _snapshots(self.snapshot(), os.environ.get(DIR_ENV))
+        return [
+            {"model": model, "channel": channel, "pins": pins, "prompt_tokens": prompt,
+             "cache_read_tokens": read, "cache_hit_rate": round(read / prompt, 4) if prompt else 0}
+            for (model, channel), (pins, prompt, read) in sorted(_cache_use(snaps).items())
+        ]  # fmt: skip
 
     async def write_snapshots(self, directory: str) -> None:
         """Every ``SNAPSHOT_EVERY`` seconds (and once more when cancelled), this worker's
@@ -378,6 +394,7 @@ class Exposition(Collector):
 
         yield from self._histograms(snaps, rows, providers)
         yield from self._gauges(snaps)
+        yield from _session_gauges(snaps)
 
     @staticmethod
     def _histograms(
@@ -437,6 +454,46 @@ class Exposition(Collector):
         for channel in sorted(set(worst) | set(failures)):
             failed.add_metric([channel], failures.get(channel, 0))
         yield failed
+
+
+def _cache_use(snaps: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(pins, prompt tokens, cache reads) by (model, channel) over the snapshots: pins of live
+    workers only (a gone worker's snapshot has its gauges emptied: ``_snapshots``)."""
+    out: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for snap in snaps:
+        live = bool(snap.get("gauges"))
+        for model, channel, n in snap.get("pins", ()) if live else ():
+            pins, prompt, read = out.get((model, channel), (0, 0, 0))
+            out[(model, channel)] = (pins + n, prompt, read)
+        for row in snap.get("rows", ()):
+            model, channel, values = row[0], row[3], row[5:]
+            if not channel or not values[TOKENS_IN_SUM]:
+                continue
+            pins, prompt, read = out.get((model, channel), (0, 0, 0))
+            out[(model, channel)] = (pins, prompt + values[TOKENS_IN_SUM],
+                                     read + values[TOKENS_READ_SUM])  # fmt: skip
+    return out
+
+
+def _session_gauges(snaps: list[dict[str, Any]]) -> Iterator[Metric]:
+    use = _cache_use(snaps)
+    pins = GaugeMetricFamily(
+        "gateway_session_pins",
+        "Sessions pinned to each channel, by model (session affinity; every live worker's).",
+        labels=["model", "channel"],
+    )
+    ratio = GaugeMetricFamily(
+        "gateway_prompt_cache_hit_ratio",
+        "Prompt tokens read from the provider's prompt cache over all prompt tokens, by model "
+        "and channel, since the start.",
+        labels=["model", "channel"],
+    )
+    for (model, channel), (n, prompt, read) in sorted(use.items()):
+        pins.add_metric([model, channel], n)
+        if prompt:
+            ratio.add_metric([model, channel], read / prompt)
+    yield pins
+    yield ratio
 
 
 def _add(

@@ -315,7 +315,11 @@ async def usage_daily(request: Request, state: AdminState) -> Response:
         since.isoformat(), until.isoformat(), params.get("account") or None
     )
     rows.sort(key=lambda d: (d.day, d.account, d.key_id, d.model))
-    return json_response({"data": [accounts.daily_json(d) for d in rows]})
+    # the console's overview also shows the sessions pinned and the prompt cache's hit rate,
+    # per model and channel, as this instance's metrics count them
+    observers = getattr(state, "observers", None)  # an instance's: none in a bare admin API
+    sessions = observers.metrics.cache_use() if observers is not None else []
+    return json_response({"data": [accounts.daily_json(d) for d in rows], "sessions": sessions})
 
 
 def _day(value: str | None, name: str, default: date) -> date:

@@ -65,7 +65,9 @@ class Catalogue:
         self.groups: tuple[str, ...] = tuple(settings.groups)
         self.every_channel: tuple[Channel, ...] = tuple(settings.channels)  # disabled too
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
-        self.rates: dict[str, Rate] = {m.name: Rate.from_price(m.price) for m in settings.models}
+        self.rates: dict[str, Rate] = {
+            m.name: Rate.from_price(m.price, m.table) for m in settings.models
+        }
         by: dict[tuple[str, str], list[Channel]] = {}
         for ch in settings.channels:
             if ch.status != "enabled":

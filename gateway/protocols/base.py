@@ -45,6 +45,11 @@ class RouteMatch:
     include_usage: bool = False  # chat-completions stream_options.include_usage
     action: str = ""  # a generate-content path's action ("embedContent", ...); else ""
     tool_namespaces: tuple[str, ...] = ()  # a Responses request's namespace tools
+    # the session the body names (``prompt_cache_key``, the messages protocol's
+    # ``metadata.user_id``), "" for none; ``session_late``: it ranks after Codex's
+    # ``session_id`` header (``policy/affinity.session_of`` has the whole order)
+    session: str = ""
+    session_late: bool = False
 
 
 @dataclass(slots=True)
@@ -58,6 +63,9 @@ class UpstreamTarget:
     default_max_tokens: int  # from the catalogue, for protocols that require max tokens
     stream: bool
     client_headers: dict[str, str] = field(default_factory=dict)  # anthropic-version/-beta
+    # the channel's ``prompt_cache: auto``: a messages-protocol request converted from a
+    # protocol without cache markers gets breakpoints (``anthropic/cache.py``)
+    prompt_cache: bool = False
 
 
 @dataclass(slots=True)
@@ -285,6 +293,13 @@ def count(value: object) -> int:
     if type(value) is int and -COUNT_MAX <= value <= COUNT_MAX:
         return value
     return 0
+
+
+def text_field(obj: object, key: str) -> str:
+    """``obj[key]`` if ``obj`` is a JSON object and that is a string, else "" (a session's
+    name in a body: never a reason to refuse it)."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def field_of(obj: object, key: str) -> object:

@@ -153,7 +153,8 @@ class Attempts:
         timeout = self.first_byte_timeout
         if channel.timeouts.first_byte is not None:
             timeout = channel.timeouts.first_byte
-        health, rid = self.health, req.request_id
+        # a channel of several keys: the attempt's key keeps its own health (upstream_keys)
+        health, rid = self.health.of(channel), req.request_id
         try:
             if timeout is None:
                 answer = await _answer(self.upstream, exchange, channel, health, req)
@@ -166,7 +167,7 @@ class Attempts:
             )
             health.failed(channel.name, failure, rid)
             raise failure from None
-        health.succeeded(channel.name)
+        health.succeeded(channel.name, answer.resp.headers)  # rate-limit headers: keys only
         return answer
 
 

@@ -46,6 +46,7 @@ from gateway.errors import (
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind, Reply
 from gateway.observe.observers import Observers
+from gateway.policy.affinity import pin_id, session_of
 from gateway.policy.billing import Metered, Rate
 from gateway.policy.gate import Gate
 from gateway.policy.routing import LiveCatalogue, candidates
@@ -126,7 +127,7 @@ class Relay:
             )  # fmt: skip
             job = await kind.read(incoming)
             read = True
-            req, channels = self._admit(kind, job, call, headers, interrupt, receive, send)
+            req, channels = await self._admit(kind, job, call, headers, interrupt, receive, send)
             await self._attempts(req, channels)
         except GatewayError as err:
             call.set_status(err.status)
@@ -161,7 +162,7 @@ class Relay:
             if call.span is not None:
                 observers.tracing.finish(call.span, call)  # type: ignore[union-attr]
 
-    def _admit(
+    async def _admit(
         self,
         kind: Kind[Any],
         job: Any,
@@ -187,6 +188,7 @@ class Relay:
                 "Your account balance is exhausted; top it up to continue."
             )
         catalogue = self.catalogue.current  # once: the whole request sees one catalogue
+        now = time.monotonic()
         channels = candidates(
             catalogue,
             key.group,
@@ -195,8 +197,19 @@ class Relay:
             kind.channel_types(call.protocol),
             self.rng,
             self.health.cooling,
-            time.monotonic(),
-        )[: 1 + self.retries]
+            now,
+        )
+        # -- session affinity and upstream keys (policy/affinity.py, policy/upstream_keys.py)
+        affinity = self.health.affinity
+        if affinity is not None:
+            session = session_of(headers, job.route)
+            if session:
+                pid = pin_id(key.account, call.model, session)
+                channels = await affinity.place(pid, call.model, channels, now)
+            else:
+                channels = affinity.with_keys(channels, now)
+        channels = channels[: 1 + self.retries]
+        # --
         model = catalogue.models[call.model]
         rate = catalogue.rates.get(call.model) if kind.billed else None
         if rate is not None:
@@ -338,4 +351,5 @@ def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:
         default_max_tokens=req.model.default_max_tokens,
         stream=req.stream,
         client_headers=req.client_headers,
+        prompt_cache=channel.prompt_cache,
     )
