@@ -8,8 +8,9 @@ once: tests/fixtures/README.md) and gives what the path says (``path_model``, ``
 what its config entry adds, such as ``responses: true``; ``upstream_model``,
 ``default_max_tokens``, ``client_headers``) and, for a stream in a protocol the gateway has no
 decoder of, the usage it reports (``stream_usage``); ``record``: the token classes the usage
-record keeps (tests/test_token_classes.py). Beside it are the golden files:
-upstream_request.json, and client_response.{json,sse} or client_error.json.
+record keeps (tests/test_token_classes.py); ``prompt_cache``: the channel places cache
+breakpoints. Beside it are the golden files: upstream_request.json, and
+client_response.{json,sse} or client_error.json.
 
 The runner drives the objects the relay drives: the client adapter's ``match`` reads the
 request's facts, and the kind's ``exchange`` makes each attempt on the case's channel, so the
@@ -226,7 +227,7 @@ def test_stream_split_at_every_offset(path: Path) -> None:
 MANIFEST_KEYS = {
     "request", "upstream_response", "upstream_error", "path_model", "path_stream", "sse",
     "capability", "channel", "upstream_model", "default_max_tokens", "client_headers",
-    "stream_usage", "record",
+    "stream_usage", "record", "prompt_cache",
 }  # fmt: skip
 
 
