@@ -32,6 +32,7 @@ from gateway.config import (
 )
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
+from gateway.policy.redaction import channel_secrets, redact
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import UpstreamTarget
 from gateway.store import Store
@@ -318,10 +319,6 @@ async def delete_group(store: Store, settings: Settings, name: str) -> None:
 # ---- channel test --------------------------------------------------------------------------
 
 
-def _redacted(message: str, secret: str) -> str:
-    return message.replace(secret, secret_hint(secret)) if secret else message
-
-
 async def try_channel(
     store: Store, settings: Settings, upstream: UpstreamPool, name: str
 ) -> dict[str, JSON]:
@@ -376,5 +373,5 @@ async def try_channel(
         "latency_ms": round((time.monotonic() - started) * 1000),
     }
     if error is not None:
-        out["error"] = _redacted(error, ch.api_key)
+        out["error"] = redact(error, channel_secrets(ch))
     return out
