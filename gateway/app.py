@@ -325,7 +325,7 @@ def create_app(
     )
     app = Starlette(routes=own_routes(services), lifespan=Lifespan(services))
     app.state.gateway = services
-    app.state.console = Signer(settings.admin_token)
+    app.state.console = Signer(services.cache, settings.admin_token)
     return GatewayApp(app, relay, services)
 
 

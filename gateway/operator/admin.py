@@ -442,6 +442,14 @@ async def delete_group(request: Request, state: AdminState) -> Response:
     return json_response({"name": name, "deleted": True})
 
 
+async def rotate_sessions(request: Request, state: AdminState) -> Response:
+    """A new console session secret: every console session (the caller's too) ends, here at
+    once and on every instance within a second; the service goes on."""
+    await state.store.rotate_session_secret()
+    await state.cache.refresh()
+    return json_response({"rotated": True})
+
+
 async def not_found(request: Request, state: AdminState) -> Response:
     raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
 
@@ -484,6 +492,7 @@ def admin_routes() -> list[BaseRoute]:
         r("/models/{name:path}", delete_model, "DELETE"),
         r("/groups", create_group, "POST"),
         r("/groups/{name:path}", delete_group, "DELETE"),
+        r("/sessions/rotate", rotate_sessions, "POST"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]

@@ -39,7 +39,14 @@ from gateway.edge.small_body import read_small_body
 from gateway.errors import AuthenticationError, GatewayError
 from gateway.operator import usage_query
 from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
-from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.operator.console.session import (
+    COOKIE,
+    CSRF_HEADER,
+    LIFETIME,
+    NoSecretError,
+    Session,
+    Signer,
+)
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
@@ -77,6 +84,7 @@ USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for 
 STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SIGN_IN_MAX_BODY = 8 * 1024  # bytes of a sign-in body: a token and little else
+NO_STORE = "store_unavailable"
 
 
 def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -199,14 +207,17 @@ async def sign_in(request: Request) -> Response:
     token = token.strip()
     admin_token: str = state.settings.admin_token
     signer = signer_of(request)
-    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
-        cookie, session = signer.issue("admin")
-    else:
-        try:
-            key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
-        except AuthenticationError as err:
-            return _error(401, err.message, "invalid_credentials")
-        cookie, session = signer.issue("key", key.key_hash)
+    try:
+        if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+            cookie, session = signer.issue("admin")
+        else:
+            try:
+                key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
+            except AuthenticationError as err:
+                return _error(401, err.message, "invalid_credentials")
+            cookie, session = signer.issue("key", key.key_hash)
+    except NoSecretError:
+        return _error(503, "the store has not answered yet; sign in again shortly", NO_STORE)
     resp = _json({"role": session.role, "csrf": session.csrf(signer)})
     resp.set_cookie(
         COOKIE,
@@ -235,7 +246,7 @@ async def sign_out(request: Request) -> Response:
                     await store.revoke_session(session.nonce, session.expires, int(time.time()))
             except Exception as exc:  # noqa: BLE001 - the store failed or did not answer
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
-                return _error(503, "the store does not answer; sign out again", "store_unavailable")
+                return _error(503, "the store does not answer; sign out again", NO_STORE)
             cache.revoke(session.nonce, session.expires)
     resp = _json({"signed_in": False})
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
