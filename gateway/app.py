@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from gateway import __version__
 from gateway.config import Settings, load_settings
-from gateway.edge.asgi import REQUEST_ID, send_error
+from gateway.edge.asgi import REQUEST_ID, request_headers, send_error
 from gateway.edge.request_ids import request_ids
 from gateway.edge.routes import Router, protocol_of_path
 from gateway.errors import GatewayError, UnknownURLError
@@ -251,19 +251,13 @@ class GatewayApp:
     ) -> None:
         """A request served outside the relay: ``serve(send)`` with x-request-id added to its
         response, then its count in the metrics and its access-log line."""
-        forwarded = None
-        given = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id" and given is None:
-                given = value
-            elif name == b"x-forwarded-for" and forwarded is None:
-                forwarded = value
+        headers = request_headers(scope)
         call = Call.arriving(
             datetime.now(UTC),
-            request_ids(given),
+            request_ids(headers.get(b"x-request-id")),
             protocol,
             endpoint,
-            self.address.range_of(scope.get("client"), forwarded),
+            self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
         scope[REQUEST_ID] = call.request_id
         header = (b"x-request-id", call.reply_id.encode())
