@@ -40,6 +40,7 @@ from gateway.observe.metrics import OWN_PROTOCOL, Metrics, channel_states, regis
 from gateway.observe.observers import Observers
 from gateway.observe.tracing import PROVIDERS
 from gateway.operator.console.session import Signer
+from gateway.operator.lockout import Lockout
 from gateway.policy.gate import Gate
 from gateway.policy.health import ChannelHealth
 from gateway.policy.routing import LiveCatalogue
@@ -77,6 +78,7 @@ class Services:
     gate: Gate  # authenticates client requests; ``ready`` once the store answered
     health: ChannelHealth  # this instance's view of each channel, shared through the store
     observers: Observers  # metrics, access log, tracing
+    lockout: Lockout  # failed sign-ins and admin-token attempts, counted in the store
 
 
 READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
@@ -110,9 +112,12 @@ def metrics_endpoint(
     return endpoint
 
 
-def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+def openapi_endpoint(
+    settings: Settings, lockout: Lockout | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """``GET /openapi.json``: the client surface to anyone, the admin API too with the admin
-    token."""
+    token. A wrong token counts as a failed attempt (``lockout``), and past the limit even
+    the right one gets the public part, so this is no way around the admin API's limit."""
     from gateway.operator.admin import authorized
     from gateway.operator.openapi import document
 
@@ -120,7 +125,15 @@ def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Respon
     whole = orjson.dumps(document(with_admin=True))
 
     async def endpoint(request: Request) -> Response:
-        admin = authorized(request.headers.get("authorization", ""), settings.admin_token)
+        header = request.headers.get("authorization", "")
+        if not header:
+            return Response(public, media_type="application/json")
+        names = lockout.names(request.scope) if lockout is not None else []
+        admin = authorized(header, settings.admin_token)
+        if lockout is not None and lockout.wait(names):
+            admin = False
+        elif lockout is not None and not admin:
+            await lockout.failed(names)
         return Response(whole if admin else public, media_type="application/json")
 
     return endpoint
@@ -328,6 +341,7 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
     cache = Cache(store)
     observers = Observers.configured(settings)
     catalogue = LiveCatalogue(settings)
+    gate = Gate(settings, cache)
     services = Services(
         settings,
         store,
@@ -335,9 +349,10 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
         UsageWriter(store, cache, journal=Journal(settings.journal, settings.store)),
         upstream,
         catalogue,
-        Gate(settings, cache),
+        gate,
         ChannelHealth(settings.upstream.cooldown_seconds),
         observers,
+        Lockout(store, gate.address),
     )
 
     def use_catalogue(records: CatalogueRecords) -> None:
@@ -384,7 +399,7 @@ def own_routes(services: Services) -> list[BaseRoute]:
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/openapi.json", openapi_endpoint(settings), methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint(settings, services.lockout), methods=["GET"]),
     ]
     if settings.metrics.enabled:
         metrics = services.observers.metrics

@@ -229,6 +229,16 @@ class Store(Protocol):
         console session signed until now ends, on every instance within a second."""
         ...
 
+    async def count_failure(
+        self, names: Sequence[str], window: int, now: int
+    ) -> list[tuple[int, int]]:
+        """One more failed sign-in (or admin-token attempt) against each of ``names`` (a
+        client's address range, an account name): a counter shared by every instance that
+        starts at a name's first failure and is forgotten ``window`` seconds later. Returns
+        each name's (failures in its window, the unix second the window ends); ``now``: unix
+        seconds."""
+        ...
+
     async def create_account(self, account_id: str, balance: int) -> Account: ...
     async def get_account(self, account_id: str) -> Account | None: ...
     async def topup(self, account_id: str, amount: int) -> Account: ...

@@ -5,13 +5,16 @@ from ``SignInTables``; the tables are in ``sqlite_schema.py``).
   ``console_session``: random, made by the first that asks (``INSERT OR IGNORE``, so two
   starting at once agree), replaced by a rotation, which bumps the version so that every
   cache loads the new one.
+- ``sign_in_failures`` counts the failed sign-ins (and admin-token attempts) of one client
+  address range or account name in a window that starts at its first failure; a window that
+  is over is forgotten at the next failure of any name.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from gateway.store.sqlite_schema import BUMP_VERSION
@@ -22,7 +25,8 @@ SECRET_BYTES = 32
 
 
 class SignInTables:
-    """The session secret of ``SQLiteStore`` (see the module docstring)."""
+    """The session secret and the sign-in failures of ``SQLiteStore`` (see the module
+    docstring)."""
 
     if TYPE_CHECKING:
 
@@ -58,3 +62,23 @@ class SignInTables:
             conn.execute(BUMP_VERSION)
 
         await self._tx(run)
+
+    async def count_failure(
+        self, names: Sequence[str], window: int, now: int
+    ) -> list[tuple[int, int]]:
+        def run(conn: sqlite3.Connection) -> list[tuple[int, int]]:
+            conn.execute("DELETE FROM sign_in_failures WHERE until <= ?", (now,))
+            out: list[tuple[int, int]] = []
+            for name in names:
+                conn.execute(
+                    "INSERT INTO sign_in_failures (name, failures, until) VALUES (?, 1, ?) "
+                    "ON CONFLICT (name) DO UPDATE SET failures = failures + 1",
+                    (name, now + window),
+                )
+                row = conn.execute(
+                    "SELECT failures, until FROM sign_in_failures WHERE name = ?", (name,)
+                ).fetchone()
+                out.append((int(row[0]), int(row[1])))
+            return out
+
+        return await self._tx(run)

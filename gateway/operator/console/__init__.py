@@ -14,7 +14,9 @@ this origin's script and style, no inline code, no framing).
 Sign-in takes only ``application/json`` (a form on another site can post only form types or
 ``text/plain`` without a preflight) and refuses a request another site's page made (its
 ``Origin`` is not this host, or ``Sec-Fetch-Site: cross-site``) with 403: otherwise such a
-form could sign the victim's browser in as the attacker's key (login CSRF). Sign-out ends the
+form could sign the victim's browser in as the attacker's key (login CSRF). Failed sign-ins
+are limited per client address and per key hint (``lockout.py``: 429 past the limit). Sign-out
+ends the
 session on the server, on every instance: its nonce goes to the store's revoked sessions,
 which every cache loads with the keys (``store/cache.py``), so checking a session never waits
 for the store.
@@ -47,6 +49,7 @@ from gateway.operator.console.session import (
     Session,
     Signer,
 )
+from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
@@ -204,7 +207,18 @@ async def sign_in(request: Request) -> Response:
         token = None
     if not isinstance(token, str) or not token.strip():
         return _error(400, "token: give the admin token or an sk- key", "invalid_request")
-    token = token.strip()
+    return await _signed_in_with(request, token.strip())
+
+
+async def _signed_in_with(request: Request, token: str) -> Response:
+    """The session of a token that is the admin token or a usable key; 401 for anything
+    else, counted against the client's address and the key's hint (``lockout``): past the
+    limit, 429 with Retry-After, whatever the token."""
+    state = request.app.state.gateway
+    lockout: Lockout = state.lockout
+    names = lockout.names(request.scope, token)
+    if wait := lockout.wait(names):
+        return _locked_out(lockout, wait)
     admin_token: str = state.settings.admin_token
     signer = signer_of(request)
     try:
@@ -214,6 +228,8 @@ async def sign_in(request: Request) -> Response:
             try:
                 key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
             except AuthenticationError as err:
+                if wait := await lockout.failed(names):
+                    return _locked_out(lockout, wait)
                 return _error(401, err.message, "invalid_credentials")
             cookie, session = signer.issue("key", key.key_hash)
     except NoSecretError:
@@ -228,6 +244,12 @@ async def sign_in(request: Request) -> Response:
         samesite="strict",
         secure=request.url.scheme == "https",
     )
+    return resp
+
+
+def _locked_out(lockout: Lockout, wait: int) -> Response:
+    resp = _error(429, lockout.message(wait), "too_many_attempts")
+    resp.headers["retry-after"] = str(wait)
     return resp
 
 
