@@ -249,3 +249,34 @@ async def test_a_key_on_a_busy_account_sees_its_own_records_a_page_at_a_time(
         async with s.get(gateway.url + "/console/usage?cursor=zz") as r:
             assert r.status == 400
             assert (await r.json())["error"]["message"].startswith("cursor:")
+
+
+async def test_a_key_fenced_by_allowed_ips_signs_in_and_reads_only_from_inside(
+    gateway: ServedGateway,
+) -> None:
+    """The key's ``allowed_ips`` hold for its console too: its sign-in, and every request of
+    its session, from outside its range get 403 (the client's address as the trusted proxy,
+    127.0.0.1, forwards it)."""
+    inside, outside = {"x-forwarded-for": "198.51.100.5"}, {"x-forwarded-for": "203.0.113.9"}
+    async with aiohttp.ClientSession() as s:
+        body = {"account": "alice", "group": "default", "allowed_ips": ["198.51.100.0/24"]}
+        async with s.post(gateway.url + "/admin/keys", json=body, headers=ADMIN) as r:
+            key = (await r.json())["key"]
+    async with session() as s:
+        async with s.post(
+            gateway.url + "/console/session", json={"token": key}, headers=outside
+        ) as r:
+            assert r.status == 403
+            assert (await r.json())["error"]["code"] == "address_not_allowed"
+        assert not any(c.key == "gw_console" for c in s.cookie_jar)
+        async with s.post(
+            gateway.url + "/console/session", json={"token": key}, headers=inside
+        ) as r:
+            assert r.status == 200
+        for path in ("/console/me", "/console/usage", "/console/square"):
+            async with s.get(gateway.url + path, headers=inside) as r:
+                assert r.status == 200, path
+            async with s.get(gateway.url + path, headers=outside) as r:
+                assert r.status == 403, path
+                body = await r.json()
+                assert "balance" not in body and "records" not in body

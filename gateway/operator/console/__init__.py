@@ -37,8 +37,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.edge.asgi import request_headers
 from gateway.edge.small_body import read_small_body
-from gateway.errors import AuthenticationError, GatewayError
+from gateway.errors import AuthenticationError, GatewayError, PermissionDeniedError
 from gateway.operator import usage_query
 from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
 from gateway.operator.console.session import (
@@ -130,9 +131,19 @@ def csrf_ok(request: Request, session: Session) -> bool:
 
 
 def _key_of(request: Request, session: Session) -> KeyRecord:
-    """The signed-in key, still usable now (its session ends when it no longer is)."""
+    """The signed-in key, still usable now (its session ends when it no longer is; 401) and
+    from here (403 from outside its ``allowed_ips``)."""
     state = request.app.state.gateway
-    return check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    key = check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    _from_allowed_address(request, key)
+    return key
+
+
+def _from_allowed_address(request: Request, key: KeyRecord) -> None:
+    """PermissionDeniedError (403) from an address the key's ``allowed_ips`` do not hold."""
+    if key.allowed_ips is not None:
+        gate = request.app.state.gateway.gate
+        gate.check_address(key, request.scope, request_headers(request.scope))
 
 
 # ---- the page ------------------------------------------------------------------------------
@@ -231,6 +242,10 @@ async def _signed_in_with(request: Request, token: str) -> Response:
                 if wait := await lockout.failed(names):
                     return _locked_out(lockout, wait)
                 return _error(401, err.message, "invalid_credentials")
+            try:
+                _from_allowed_address(request, key)
+            except PermissionDeniedError as err:
+                return _error(403, err.message, "address_not_allowed")
             cookie, session = signer.issue("key", key.key_hash)
     except NoSecretError:
         return _error(503, "the store has not answered yet; sign in again shortly", NO_STORE)
@@ -286,6 +301,8 @@ def _signed_in(request: Request) -> tuple[Session, KeyRecord | None] | Response:
         return session, None
     try:
         return session, _key_of(request, session)
+    except PermissionDeniedError as err:
+        return _error(403, err.message, "address_not_allowed")
     except GatewayError as err:
         return _error(401, err.message, "not_signed_in")
 
