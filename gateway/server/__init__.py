@@ -138,6 +138,10 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
         log_level="warning",
         timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
         limit_concurrency=limit,  # past it, uvicorn answers 503 itself
+        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
+        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees it:
+        # off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
+        proxy_headers=False,
     )
 
 
@@ -155,6 +159,9 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     # (granian's default: waited for without end; it takes whole seconds, at least 1)
     grace = max(1, math.ceil(settings.server.graceful_seconds))
 
+    # granian's proxy handling is a wrapper one applies oneself
+    # (granian.utils.proxies.wrap_asgi_with_proxy_headers): not applied, so the ASGI client is
+    # the socket's and ``trusted_proxies`` alone decides what X-Forwarded-For is believed
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
         APP_FACTORY,
