@@ -198,6 +198,10 @@ class Cache:
         """Whether the console session of this nonce was signed out (here or elsewhere)."""
         return nonce in self._revoked
 
+    def revoked_until(self, name: str) -> int:
+        """When the revocation entry ``name`` ends (unix seconds; 0: there is none)."""
+        return self._revoked.get(name, 0)
+
     def revoke(self, nonce: str, expires: int) -> None:
         """A session signed out on this instance: refused here at once (the store tells the
         other instances)."""

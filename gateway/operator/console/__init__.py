@@ -49,6 +49,7 @@ from gateway.operator.console.session import (
     NoSecretError,
     Session,
     Signer,
+    key_sessions,
 )
 from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
@@ -117,8 +118,15 @@ def session_of(request: Request) -> Session | None:
     if signer is None:
         return None
     session = signer.read(request.cookies.get(COOKIE))
-    if session is None or request.app.state.gateway.cache.revoked(session.nonce):
+    if session is None:
         return None
+    cache = request.app.state.gateway.cache
+    if cache.revoked(session.nonce):
+        return None
+    if session.role == "key" and session.expires <= cache.revoked_until(
+        key_sessions(session.key_hash)
+    ):
+        return None  # signed in before its key was disabled: over for good
     return session
 
 

@@ -18,7 +18,10 @@ session's CSRF token in ``x-console-csrf``: a form on another site cannot set th
 A key session is checked against the key cache on every request, so a key disabled, expired
 or deleted ends its sessions within a second. A cookie stays valid by its signature alone, so
 signing out also revokes the session's nonce on the server (``console.sign_out``, kept by
-the store and loaded into every cache) until the session would have ended anyway.
+the store and loaded into every cache) until the session would have ended anyway. A key
+disabled or deleted revokes every session it signed in until then the same way, under one
+entry (``key_sessions``, kept until the last of them would have ended): those never come
+back, even when the key is enabled again (or made again with its secret).
 """
 
 from __future__ import annotations
@@ -36,6 +39,13 @@ import orjson
 COOKIE = "gw_console"
 CSRF_HEADER = "x-console-csrf"
 LIFETIME = 12 * 3600  # seconds a sign-in lasts
+
+
+def key_sessions(key_hash: str) -> str:
+    """The revocation entry of a key's sessions: kept until ``LIFETIME`` after the key was
+    disabled, it ends every session of the key issued up to then (those whose end is not
+    after the entry's)."""
+    return "key:" + key_hash
 
 
 @dataclass(frozen=True, slots=True)
