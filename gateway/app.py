@@ -51,7 +51,7 @@ from gateway.relay.call import CLIENT_GONE, Call
 from gateway.server import accept_errors
 from gateway.server.gc_tuning import collect_periodically, tune_gc
 from gateway.store import Store
-from gateway.store.backends import open_store
+from gateway.store.backends import open_store, permanent_problem
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.catalogue import CatalogueRecords, view
@@ -438,7 +438,7 @@ class Lifespan:
         log.info("gateway.started store=%s", self.scheme)
 
     async def connect_later(self) -> None:
-        """Until the store answers: retry, then serve."""
+        """Until the store answers: retry, then serve; not when it never will."""
         delay = STORE_RETRY_FIRST
         while True:
             await asyncio.sleep(delay)
@@ -446,11 +446,21 @@ class Lifespan:
                 await self.connect()
             except Exception as exc:
                 raise_if_cancelled()
+                if self.misconfigured(exc):
+                    return
                 log.warning("gateway.store_unavailable error=%s", type(exc).__name__)
                 delay = min(delay * 2, STORE_RETRY_MAX)
             else:
                 self.serve()
                 return
+
+    def misconfigured(self, exc: BaseException) -> bool:
+        """Whether the store can never work as configured (``backends.permanent_problem``),
+        said in one line: the gateway stays up, answering 503, and stops retrying."""
+        problem = permanent_problem(exc, self.services.settings.store)
+        if problem is not None:
+            log.error("gateway.store_misconfigured store=%s: %s", self.scheme, problem)
+        return problem is not None
 
     def start_observers(self) -> None:
         observers, tasks = self.services.observers, self.tasks
@@ -472,12 +482,14 @@ class Lifespan:
             try:
                 await self.connect()
             except Exception as exc:
-                log.error(
-                    "gateway.store_unavailable store=%s error=%s: not ready, retrying",
-                    self.scheme,
-                    type(exc).__name__,
-                )
-                self.tasks.append(asyncio.create_task(self.connect_later(), name="gw.connect"))
+                if not self.misconfigured(exc):
+                    log.error(
+                        "gateway.store_unavailable store=%s error=%s: not ready, retrying",
+                        self.scheme,
+                        type(exc).__name__,
+                    )
+                    task = asyncio.create_task(self.connect_later(), name="gw.connect")
+                    self.tasks.append(task)
             else:
                 self.serve()
             yield

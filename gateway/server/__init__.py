@@ -14,6 +14,7 @@ import importlib
 import math
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import cast
@@ -28,6 +29,7 @@ from gateway.server.hypercorn_mend import (
     limit_connections,
     mend_hypercorn,
 )
+from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
@@ -43,8 +45,15 @@ def serve(
     settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
-    snapshots for the run (``gateway.observe.metrics``), removed when the server stops."""
+    snapshots for the run (``gateway.observe.metrics``), removed when the server stops. A
+    store that can never work as configured (a Redis database that does not exist) ends
+    start-up first with one line and exit code 2 (SystemExit); one that does not answer yet
+    is the workers' to retry."""
     configure_logging(settings)
+    problem = asyncio.run(store_problem(settings.store))
+    if problem is not None:  # retrying would never help: a configuration error
+        print(f"gateway: config error: store: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     os.environ["GATEWAY_CONFIG"] = settings.path
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
