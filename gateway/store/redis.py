@@ -187,8 +187,8 @@ class _Scan:
 
 
 class RedisStore(SignInKeys):
-    """The ``Store`` over Redis (see the module docstring; the session secret:
-    ``redis_signin.py``)."""
+    """The ``Store`` over Redis (see the module docstring; the session secret and sign-in
+    failures, with their key names: ``redis_signin.py``)."""
 
     _scripts: Scripts
 

@@ -183,8 +183,8 @@ def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
 
 
 class SQLiteStore(SignInTables):
-    """The ``Store`` over one SQLite file (see the module docstring; the session secret:
-    ``sqlite_signin.py``)."""
+    """The ``Store`` over one SQLite file (see the module docstring; the session secret and
+    sign-in failures: ``sqlite_signin.py``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
