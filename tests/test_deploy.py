@@ -428,3 +428,29 @@ def test_the_dashboard_queries_metrics_the_gateway_serves() -> None:
             queried |= set(re.findall(r"\b(?:gateway|gen_ai)_[a-z_]+", expr))
     assert len(queried) > 10 and queried <= served, queried - served
     assert any(name.startswith("gen_ai_client_operation") for name in queried)  # upstreams
+
+
+def directives(text: str, name: str) -> list[list[str]]:
+    """The arguments of each ``name`` directive of an nginx file (comments left out)."""
+    found = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].replace(";", " ;").split()
+        if words and words[0] == name:
+            found.append(words[1 : words.index(";")])
+    return found
+
+
+def test_nginx_never_resends_a_post_an_instance_received() -> None:
+    """``proxy_next_upstream`` without ``non_idempotent``: a POST an instance received (and
+    may have passed to the provider) is never sent to another instance as well; with a bound
+    on the tries. The compose site takes the block as it is (tests/test_load_balancer.py
+    checks the same behaviour live)."""
+    block = (DEPLOY / "nginx" / "gateway-proxy.conf").read_text()
+    [retry] = directives(block, "proxy_next_upstream")
+    assert "non_idempotent" not in retry
+    assert {"error", "timeout"} <= set(retry) and "http_503" not in retry
+    [[tries]] = directives(block, "proxy_next_upstream_tries")
+    assert 1 < int(tries) <= 3
+    site = (COMPOSE / "nginx.conf").read_text()
+    assert directives(site, "include") == [["/etc/nginx/gateway-proxy.conf"]]
+    assert not directives(site, "proxy_next_upstream")

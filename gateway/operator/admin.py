@@ -44,9 +44,11 @@ from gateway.errors import (
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
+    RateLimitError,
     UpstreamUnavailableError,
 )
 from gateway.operator import accounts, catalogue, console, usage_query
+from gateway.operator.lockout import Lockout
 from gateway.store import Store, StoreError
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
@@ -65,6 +67,7 @@ ERROR_CODES = {
     408: "request_timeout",
     409: "already_exists",
     413: "request_too_large",
+    429: "too_many_attempts",
     500: "internal_error",
     503: "store_unavailable",
 }
@@ -142,16 +145,41 @@ def _console_admin(request: Request) -> bool | None:
     return True if console.csrf_ok(request, session) else None
 
 
+async def _refused(request: Request, state: AdminState) -> Response | None:
+    """Why the request may not go on (401, 403, 429), or None: the admin token, or the
+    console's admin session (with its CSRF token on a change). A bearer token is limited
+    (``lockout.Lockout``): past the failures a window allows, 429 whatever it says."""
+    header = request.headers.get("authorization", "")
+    lockout: Lockout | None = getattr(state, "lockout", None)  # none in a bare admin API
+    limited = lockout if header else None  # a bearer token is an attempt, a cookie is not
+    names = limited.names(request.scope) if limited is not None else []
+    if limited is not None and (wait := limited.wait(names)):
+        return _locked_out(limited, wait)
+    if authorized(header, state.settings.admin_token):
+        return None
+    signed_in = _console_admin(request)
+    if signed_in is None:
+        return error_response(PermissionDeniedError("missing x-console-csrf header"))
+    if signed_in:
+        return None
+    if limited is not None and (wait := await limited.failed(names)):
+        return _locked_out(limited, wait)
+    return error_response(AuthenticationError("missing or invalid admin token"))
+
+
+def _locked_out(lockout: Lockout, wait: int) -> Response:
+    resp = error_response(RateLimitError(lockout.message(wait)))
+    resp.headers["retry-after"] = str(wait)
+    return resp
+
+
 def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
-        if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
-            signed_in = _console_admin(request)
-            if signed_in is None:
-                return error_response(PermissionDeniedError("missing x-console-csrf header"))
-            if not signed_in:
-                return error_response(AuthenticationError("missing or invalid admin token"))
+        refused = await _refused(request, state)
+        if refused is not None:
+            return refused
         try:
             request.state.body = await read_small_body(
                 request, MAX_BODY, state.settings.server.body_timeout_seconds
@@ -446,6 +474,14 @@ async def delete_group(request: Request, state: AdminState) -> Response:
     return json_response({"name": name, "deleted": True})
 
 
+async def rotate_sessions(request: Request, state: AdminState) -> Response:
+    """A new console session secret: every console session (the caller's too) ends, here at
+    once and on every instance within a second; the service goes on."""
+    await state.store.rotate_session_secret()
+    await state.cache.refresh()
+    return json_response({"rotated": True})
+
+
 async def not_found(request: Request, state: AdminState) -> Response:
     raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
 
@@ -488,6 +524,7 @@ def admin_routes() -> list[BaseRoute]:
         r("/models/{name:path}", delete_model, "DELETE"),
         r("/groups", create_group, "POST"),
         r("/groups/{name:path}", delete_group, "DELETE"),
+        r("/sessions/rotate", rotate_sessions, "POST"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]

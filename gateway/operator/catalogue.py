@@ -33,6 +33,7 @@ from gateway.config import (
 from gateway.config.pricing import priced_model
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
+from gateway.policy.redaction import channel_secrets, redact
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import UpstreamTarget
 from gateway.store import Store
@@ -343,13 +344,6 @@ async def delete_group(store: Store, settings: Settings, name: str) -> None:
 # ---- channel test --------------------------------------------------------------------------
 
 
-def _redacted(message: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, secret_hint(secret))
-    return message
-
-
 async def try_channel(
     store: Store, settings: Settings, upstream: UpstreamPool, name: str
 ) -> dict[str, JSON]:
@@ -404,5 +398,5 @@ async def try_channel(
         "latency_ms": round((time.monotonic() - started) * 1000),
     }
     if error is not None:
-        out["error"] = _redacted(error, ch.api_keys or (ch.api_key,))
+        out["error"] = redact(error, channel_secrets(ch))
     return out

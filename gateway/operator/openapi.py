@@ -318,6 +318,9 @@ def admin_paths() -> JSONObject:
         "/admin/groups/{name}": {
             "delete": _admin("delete a group (409 while in use)", params=("name",))
         },
+        "/admin/sessions/rotate": {
+            "post": _admin("a new console session secret: every console session ends")
+        },
     }
 
 

@@ -267,7 +267,11 @@ RANGE_CACHE_SIZE = 4096
 
 
 class ClientAddress:
-    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy.
+    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy
+    (every line of it, joined in order, or Forwarded's ``for=`` nodes in its form when there
+    is none: ``edge.asgi.request_headers``); of its addresses, the right-most that is not a
+    trusted proxy itself, so that what a client wrote in front of a proxy's own is never
+    believed.
 
     ``range_of`` is on the hot path: the standard library's address parsing costs tens of
     microseconds, so ranges are remembered per (peer, X-Forwarded-For) in memory only.
@@ -280,8 +284,8 @@ class ClientAddress:
         self._ranges: dict[tuple[object, bytes | None], str] = {}
 
     def range_of(self, client: Sequence[object] | None, forwarded: bytes | None) -> str:
-        """The client's /24 or /48 (see ``ip_range``), from the ASGI ``client`` and the first
-        X-Forwarded-For header."""
+        """The client's /24 or /48 (see ``ip_range``), from the ASGI ``client`` and the
+        X-Forwarded-For list (``edge.asgi.request_headers``)."""
         cache_key = (client[0] if client else None, forwarded)
         found = self._ranges.get(cache_key)
         if found is None:

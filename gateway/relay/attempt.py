@@ -21,6 +21,7 @@ from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.kinds.base import Exchange, Reply
 from gateway.observe.observers import Observers
 from gateway.policy.health import ChannelHealth
+from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.protocols.base import RelayStream
 from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
@@ -38,6 +39,7 @@ class Answer:
     first: bytes = b""  # the stream's first output for the client
     ended: bool = False  # the stream ended with it
     failure: GatewayError | None = None  # the error the stream ended with, in ``first``
+    channel: Channel | None = None  # whose credentials a later error's message may not hold
 
 
 async def open_attempt(
@@ -57,7 +59,7 @@ async def open_attempt(
         raw = await resp.read()
     finally:
         resp.close()
-    failure = exchange.decode_error(resp.status, raw)
+    failure = redact_error(exchange.decode_error(resp.status, raw), channel_secrets(target))
     log.warning(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
@@ -72,11 +74,12 @@ async def open_attempt(
 
 
 async def first_output(
-    resp: UpstreamReply, exchange: Exchange, stream: RelayStream
+    resp: UpstreamReply, exchange: Exchange, stream: RelayStream, channel: Channel | None = None
 ) -> tuple[bytes, bool, GatewayError | None]:
     """Read the upstream's stream until it gives the client something: (bytes, ended, the
     error it ended with). An error before any output raises; one that came after output in
-    the same read is part of the stream: the output, then the error in the stream."""
+    the same read is part of the stream: the output, then the error in the stream (its
+    message without the ``channel``'s credentials)."""
     while True:
         try:
             raw = await resp.chunk()
@@ -84,7 +87,7 @@ async def first_output(
                 return stream.finish(), True, None
             out = stream.feed(raw)
         except GatewayError as err:
-            tail = stream.error(err)
+            tail = stream.error(redact_error(err, channel_secrets(channel)))
             if tail == exchange.stream(resp.headers).error(err):
                 raise  # nothing came before it
             return tail, True, err
@@ -186,19 +189,20 @@ async def _answer(
             return Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
         relay_stream = exchange.stream(resp.headers)
         if quiet is None:
-            found = await first_output(resp, exchange, relay_stream)
-            return Answer(resp, None, relay_stream, *found)
+            found = await first_output(resp, exchange, relay_stream, target)
+            return Answer(resp, None, relay_stream, *found, channel=target)
         quiet.wait()
         try:
-            found = await first_output(resp, exchange, relay_stream)
+            found = await first_output(resp, exchange, relay_stream, target)
         except asyncio.CancelledError:
             quiet.stop_waiting()
             if req.interrupt.absorb(UPSTREAM_QUIET):
-                return Answer(resp, stream=relay_stream)  # quiet, not failed
+                return Answer(resp, stream=relay_stream, channel=target)  # quiet, not failed
             raise
         quiet.stop_waiting()
-        return Answer(resp, None, relay_stream, *found)
+        return Answer(resp, None, relay_stream, *found, channel=target)
     except GatewayError as err:
+        redact_error(err, channel_secrets(target))
         resp.close()
         if err.status >= 500:
             err.retryable = True  # nothing reached the client yet

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
 from gateway.errors import GatewayError
+from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
@@ -131,6 +132,11 @@ class Opened(Protocol):
     ended: bool  # the stream ended with it
     failure: GatewayError | None  # the error it ended with, in ``first``
 
+    @property
+    def channel(self) -> object:
+        """The channel, whose credentials an error's message may not hold."""
+        ...
+
 
 async def pump(
     opened: Opened,
@@ -187,7 +193,9 @@ async def pump(
         durable = settle(err.status)
         if durable is not None:
             await durable
-        tail = stream.error(err) if err is not failure else b""  # in ``first`` already
+        tail = b""  # in ``first`` already, or sent now without the channel's credentials
+        if err is not failure:
+            tail = stream.error(redact_error(err, channel_secrets(opened.channel)))
         await _send_last(send, quiet, out + tail)
         return err
     durable = settle(200)

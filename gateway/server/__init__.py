@@ -17,6 +17,7 @@ import importlib
 import math
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import cast
@@ -35,6 +36,7 @@ from gateway.server.hypercorn_mend import (
     ServerConfig,
     default_connection_limit,
 )
+from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
@@ -50,8 +52,15 @@ def serve(
     settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
-    snapshots for the run (``gateway.observe.metrics``), removed when the server stops."""
+    snapshots for the run (``gateway.observe.metrics``), removed when the server stops. A
+    store that can never work as configured (a Redis database that does not exist) ends
+    start-up first with one line and exit code 2 (SystemExit); one that does not answer yet
+    is the workers' to retry."""
     configure_logging(settings)
+    problem = asyncio.run(store_problem(settings.store))
+    if problem is not None:  # retrying would never help: a configuration error
+        print(f"gateway: config error: store: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     os.environ["GATEWAY_CONFIG"] = settings.path
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
@@ -156,6 +165,10 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
         log_level="warning",
         timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
         limit_concurrency=limit,  # past it, uvicorn answers 503 itself
+        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
+        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees it:
+        # off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
+        proxy_headers=False,
     )
 
 
@@ -173,6 +186,9 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     # (granian's default: waited for without end; it takes whole seconds, at least 1)
     grace = max(1, math.ceil(settings.server.graceful_seconds))
 
+    # granian's proxy handling is a wrapper one applies oneself
+    # (granian.utils.proxies.wrap_asgi_with_proxy_headers): not applied, so the ASGI client is
+    # the socket's and ``trusted_proxies`` alone decides what X-Forwarded-For is believed
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
         APP_FACTORY,

@@ -197,7 +197,7 @@ class Store(Protocol):
 
     async def version(self) -> int:
         """A number that changes whenever a key, an account (other than by a debit) or the
-        catalogue changes, or a console session is signed out."""
+        catalogue changes, a console session is signed out or the session secret rotated."""
         ...
 
     async def load_keys(self) -> list[KeyRecord]: ...
@@ -217,6 +217,26 @@ class Store(Protocol):
 
     async def load_revoked(self, now: int) -> dict[str, int]:
         """The nonces of the sessions signed out and not over at ``now`` -> when they end."""
+        ...
+
+    async def session_secret(self) -> bytes:
+        """The secret console sessions are signed with, the same for every instance: made at
+        random by the first call on a new store, then kept (never derived from anything)."""
+        ...
+
+    async def rotate_session_secret(self) -> None:
+        """Replace the session secret with a new random one and change the version: every
+        console session signed until now ends, on every instance within a second."""
+        ...
+
+    async def count_failure(
+        self, names: Sequence[str], window: int, now: int
+    ) -> list[tuple[int, int]]:
+        """One more failed sign-in (or admin-token attempt) against each of ``names`` (a
+        client's address range, an account name): a counter shared by every instance that
+        starts at a name's first failure and is forgotten ``window`` seconds later. Returns
+        each name's (failures in its window, the unix second the window ends); ``now``: unix
+        seconds."""
         ...
 
     async def create_account(self, account_id: str, balance: int) -> Account: ...

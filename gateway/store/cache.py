@@ -37,6 +37,10 @@ instance that signs a session out adds it at once (``revoke()``). Nothing is eve
 so a reload adds to what is known and only drops what is over (a session ends by itself
 after its lifetime: the store forgets it then too).
 
+The console's session secret (``Store.session_secret``) is loaded with the keys too, so a
+rotation (``Store.rotate_session_secret``) ends every session on every instance within a
+second; until the store first answered there is none (``session_secret`` is None).
+
 The catalogue (groups, models, channels) changes the version too: when it changed, its records
 are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
 which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
@@ -78,6 +82,7 @@ class Cache:
         self._balances: dict[str, int] = {}
         self._spent: dict[str, int] = {}  # key id -> what it spent, as the store last said
         self._revoked: dict[str, int] = {}  # signed-out session nonce -> when it ends (unix s)
+        self.session_secret: bytes | None = None  # what console sessions are signed with
         self._pending: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
@@ -143,11 +148,12 @@ class Cache:
             version = await self._store.version()
             changed = force or version != self._version
             listener = self._catalogue_listener
-            keys = records = revoked = None
+            keys = records = revoked = secret = None
             if changed:
                 keys = await self._store.load_keys()
                 records = await self._store.load_catalogue() if listener is not None else None
                 revoked = await self._store.load_revoked(int(time.time()))
+                secret = await self._store.session_secret()
             balances = await self._store.load_balances()
             spent = await self._store.load_spent()
             # everything read, then swapped in together with no await between: a request never
@@ -158,6 +164,7 @@ class Cache:
                     listener(records)
                 self._keys = {k.key_hash: k for k in keys}
                 self._version = version
+                self.session_secret = secret
             if revoked is not None:
                 now = int(time.time())
                 # what this process revoked while the store was read is kept
@@ -190,6 +197,10 @@ class Cache:
     def revoked(self, nonce: str) -> bool:
         """Whether the console session of this nonce was signed out (here or elsewhere)."""
         return nonce in self._revoked
+
+    def revoked_until(self, name: str) -> int:
+        """When the revocation entry ``name`` ends (unix seconds; 0: there is none)."""
+        return self._revoked.get(name, 0)
 
     def revoke(self, nonce: str, expires: int) -> None:
         """A session signed out on this instance: refused here at once (the store tells the

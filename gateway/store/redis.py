@@ -12,8 +12,8 @@ path reads them from the cache, never from here).
   account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
   is new, so re-sending a batch after a failure (the writer retries) never debits twice.
 - ``gw:version`` is INCR'd after every key change, account creation, top-up, catalogue
-  change and console sign-out (never by a debit), and the new value is PUBLISHed on
-  ``gw:changes``; caches poll the version.
+  change, console sign-out and session-secret rotation (never by a debit), and the new value
+  is PUBLISHed on ``gw:changes``; caches poll the version.
 - Console sessions signed out are one sorted set (nonce scored by when the session ends),
   trimmed of those over at each sign-out and expiring with the last of them.
 - The catalogue (groups, models, channels) is one hash, ``gw:catalogue``: a field per entry
@@ -64,6 +64,7 @@ from gateway.store.records import (
     to_micros,
 )
 from gateway.store.redis_scripts import Scripts
+from gateway.store.redis_signin import SignInKeys
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -185,8 +186,9 @@ class _Scan:
     stopped: Position | None = None
 
 
-class RedisStore:
-    """The ``Store`` over Redis (see the module docstring)."""
+class RedisStore(SignInKeys):
+    """The ``Store`` over Redis (see the module docstring; the session secret and sign-in
+    failures, with their key names: ``redis_signin.py``)."""
 
     _scripts: Scripts
 

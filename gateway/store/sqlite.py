@@ -10,8 +10,9 @@ Schema (its text and the upgrade of older files: ``store/sqlite_schema.py``): ``
 ``keys`` (by SHA-256 of the secret, never the secret), ``usage`` (newest first through indexes
 by account, by key and by time), ``catalogue_entries`` (groups, models and channels, one row per
 entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions signed out, until they
-would have ended) and ``meta`` (the ``version`` the caches poll: bumped by every key change,
-account creation, top-up, catalogue change and sign-out, never by a debit).
+would have ended), ``secrets`` (the console's session-signing secret) and ``meta`` (the
+``version`` the caches poll: bumped by every key change, account creation, top-up, catalogue
+change, sign-out and session-secret rotation, never by a debit).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from gateway.store.records import (
     usage_from_row,
     usage_row,
 )
-from gateway.store.sqlite_schema import create_schema
+from gateway.store.sqlite_schema import BUMP_VERSION, create_schema
+from gateway.store.sqlite_signin import SignInTables
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -78,7 +80,6 @@ ON CONFLICT (day, account, key_id, model) DO UPDATE SET
 KEY_COLUMNS = ", ".join("grp" if name == "group" else name for name in KEY_FIELDS)
 KEY_VALUES = ", ".join("?" for _ in KEY_FIELDS)
 USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
-BUMP_VERSION = "UPDATE meta SET version = version + 1 WHERE id = 1"
 # usage rows per INSERT statement: 55 x 18 values stays under SQLite's oldest limit of 999
 # variables. A batch goes in as a few statements of many rows, not through executemany, which
 # steps and resets a statement once per row
@@ -181,8 +182,9 @@ def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
-class SQLiteStore:
-    """The ``Store`` over one SQLite file (see the module docstring)."""
+class SQLiteStore(SignInTables):
+    """The ``Store`` over one SQLite file (see the module docstring; the session secret and
+    sign-in failures: ``sqlite_signin.py``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

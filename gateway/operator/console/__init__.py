@@ -14,7 +14,9 @@ this origin's script and style, no inline code, no framing).
 Sign-in takes only ``application/json`` (a form on another site can post only form types or
 ``text/plain`` without a preflight) and refuses a request another site's page made (its
 ``Origin`` is not this host, or ``Sec-Fetch-Site: cross-site``) with 403: otherwise such a
-form could sign the victim's browser in as the attacker's key (login CSRF). Sign-out ends the
+form could sign the victim's browser in as the attacker's key (login CSRF). Failed sign-ins
+are limited per client address and per key hint (``lockout.py``: 429 past the limit). Sign-out
+ends the
 session on the server, on every instance: its nonce goes to the store's revoked sessions,
 which every cache loads with the keys (``store/cache.py``), so checking a session never waits
 for the store.
@@ -35,11 +37,21 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.edge.asgi import request_headers
 from gateway.edge.small_body import read_small_body
-from gateway.errors import AuthenticationError, GatewayError
+from gateway.errors import AuthenticationError, GatewayError, PermissionDeniedError
 from gateway.operator import usage_query
 from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
-from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.operator.console.session import (
+    COOKIE,
+    CSRF_HEADER,
+    LIFETIME,
+    NoSecretError,
+    Session,
+    Signer,
+    key_sessions,
+)
+from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
@@ -77,6 +89,7 @@ USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for 
 STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SIGN_IN_MAX_BODY = 8 * 1024  # bytes of a sign-in body: a token and little else
+NO_STORE = "store_unavailable"
 
 
 def _json(payload: JSON, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -105,8 +118,15 @@ def session_of(request: Request) -> Session | None:
     if signer is None:
         return None
     session = signer.read(request.cookies.get(COOKIE))
-    if session is None or request.app.state.gateway.cache.revoked(session.nonce):
+    if session is None:
         return None
+    cache = request.app.state.gateway.cache
+    if cache.revoked(session.nonce):
+        return None
+    if session.role == "key" and session.expires <= cache.revoked_until(
+        key_sessions(session.key_hash)
+    ):
+        return None  # signed in before its key was disabled: over for good
     return session
 
 
@@ -119,9 +139,19 @@ def csrf_ok(request: Request, session: Session) -> bool:
 
 
 def _key_of(request: Request, session: Session) -> KeyRecord:
-    """The signed-in key, still usable now (its session ends when it no longer is)."""
+    """The signed-in key, still usable now (its session ends when it no longer is; 401) and
+    from here (403 from outside its ``allowed_ips``)."""
     state = request.app.state.gateway
-    return check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    key = check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    _from_allowed_address(request, key)
+    return key
+
+
+def _from_allowed_address(request: Request, key: KeyRecord) -> None:
+    """PermissionDeniedError (403) from an address the key's ``allowed_ips`` do not hold."""
+    if key.allowed_ips is not None:
+        gate = request.app.state.gateway.gate
+        gate.check_address(key, request.scope, request_headers(request.scope))
 
 
 # ---- the page ------------------------------------------------------------------------------
@@ -196,17 +226,38 @@ async def sign_in(request: Request) -> Response:
         token = None
     if not isinstance(token, str) or not token.strip():
         return _error(400, "token: give the admin token or an sk- key", "invalid_request")
-    token = token.strip()
+    return await _signed_in_with(request, token.strip())
+
+
+async def _signed_in_with(request: Request, token: str) -> Response:
+    """The session of a token that is the admin token or a usable key; 401 for anything
+    else, counted against the client's address and the key's hint (``lockout``): past the
+    limit, 429 with Retry-After, whatever the token."""
+    state = request.app.state.gateway
+    lockout: Lockout = state.lockout
+    names = lockout.names(request.scope, token)
+    if wait := lockout.wait(names):
+        return _locked_out(lockout, wait)
     admin_token: str = state.settings.admin_token
     signer = signer_of(request)
-    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
-        cookie, session = signer.issue("admin")
-    else:
-        try:
-            key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
-        except AuthenticationError as err:
-            return _error(401, err.message, "invalid_credentials")
-        cookie, session = signer.issue("key", key.key_hash)
+    try:
+        if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+            cookie, session = signer.issue("admin")
+        else:
+            try:
+                key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
+            except AuthenticationError as err:
+                if wait := await lockout.failed(names):
+                    return _locked_out(lockout, wait)
+                return _error(401, err.message, "invalid_credentials")
+            try:
+                _from_allowed_address(request, key)
+            except PermissionDeniedError as err:
+                return _error(403, err.message, "address_not_allowed")
+            ended = state.cache.revoked_until(key_sessions(key.key_hash))
+            cookie, session = signer.issue("key", key.key_hash, after=ended)
+    except NoSecretError:
+        return _error(503, "the store has not answered yet; sign in again shortly", NO_STORE)
     resp = _json({"role": session.role, "csrf": session.csrf(signer)})
     resp.set_cookie(
         COOKIE,
@@ -217,6 +268,12 @@ async def sign_in(request: Request) -> Response:
         samesite="strict",
         secure=request.url.scheme == "https",
     )
+    return resp
+
+
+def _locked_out(lockout: Lockout, wait: int) -> Response:
+    resp = _error(429, lockout.message(wait), "too_many_attempts")
+    resp.headers["retry-after"] = str(wait)
     return resp
 
 
@@ -235,7 +292,7 @@ async def sign_out(request: Request) -> Response:
                     await store.revoke_session(session.nonce, session.expires, int(time.time()))
             except Exception as exc:  # noqa: BLE001 - the store failed or did not answer
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
-                return _error(503, "the store does not answer; sign out again", "store_unavailable")
+                return _error(503, "the store does not answer; sign out again", NO_STORE)
             cache.revoke(session.nonce, session.expires)
     resp = _json({"signed_in": False})
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
@@ -253,6 +310,8 @@ def _signed_in(request: Request) -> tuple[Session, KeyRecord | None] | Response:
         return session, None
     try:
         return session, _key_of(request, session)
+    except PermissionDeniedError as err:
+        return _error(403, err.message, "address_not_allowed")
     except GatewayError as err:
         return _error(401, err.message, "not_signed_in")
 

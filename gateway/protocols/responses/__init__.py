@@ -70,4 +70,4 @@ class ResponsesAdapter:
     def passthrough_stream(
         self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
     ) -> ResponsesPassthrough:
-        return ResponsesPassthrough(ctx)
+        return ResponsesPassthrough(ctx, target)
