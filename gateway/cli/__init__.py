@@ -26,7 +26,7 @@ import sqlite3
 
 from redis.exceptions import RedisError
 
-from gateway.cli import accounts, catalogue, keys, prices, serve, usage
+from gateway.cli import accounts, catalogue, keys, prices, serve, sessions, usage
 from gateway.cli.output import PROG, Command, Output, fail, show
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.errors import GatewayError
@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalogue.register(sub, leaf)
     usage.register(sub, leaf)
     prices.register(sub, leaf)
+    sessions.register(sub, leaf)
     return parser
 
 
