@@ -11,9 +11,11 @@ the upstream reports (a 4xx) is not, and is not retried.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from gateway.config import Channel
 from gateway.edge.interrupt import UPSTREAM_QUIET
@@ -26,6 +28,11 @@ from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
 
 log = logging.getLogger("gateway.relay")
+
+# the failures whose upstream wait (``Retry-After``) the client is told: rate limited (429),
+# overloaded or unavailable (503, and Anthropic's 529, which the client gets as 503)
+WAIT_STATUSES = frozenset({429, 503})
+MAX_RETRY_AFTER = 86_400.0  # a longer wait is no wait the client could use
 
 
 @dataclass(slots=True)
@@ -62,13 +69,29 @@ async def open_attempt(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
     health.failed(channel, failure, rid)
-    retry_after = resp.headers.get("retry-after")
-    if failure.status == 429 and failure.retry_after is None and retry_after:
-        try:
-            failure.retry_after = float(retry_after)
-        except ValueError:
-            pass
+    if failure.status in WAIT_STATUSES and failure.retry_after is None:
+        failure.retry_after = retry_after(resp.headers.get("retry-after"))
     raise failure
+
+
+def retry_after(value: str | None) -> float | None:
+    """An upstream's ``Retry-After`` as seconds: a number of them, or an HTTP date (from
+    now); None for anything else (an empty, negative, infinite or unreadable value)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    if not 0 <= seconds <= MAX_RETRY_AFTER:  # NaN compares False
+        return None
+    return seconds
 
 
 async def first_output(
