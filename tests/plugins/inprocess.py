@@ -34,7 +34,9 @@ HOSTS = {
     "oa": "http://oa.test",
     "ob": "http://ob.test",
     "an": "http://an.test",
+    "ab": "http://ab.test",
     "gm": "http://gm.test",
+    "gb": "http://gb.test",
 }
 
 

@@ -1,0 +1,132 @@
+"""Upstreams that misbehave, in process (``tests/plugins/inprocess.py``): what the client gets,
+what is billed, and what the channel's health makes of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.plugins.inprocess import InProcess, Scripted, inprocess_config, running
+from tests.test_pipeline import CHAT, openai_reply
+
+MESSAGES = {"model": "claude-small", "max_tokens": 50, "messages": CHAT["messages"]}
+GEMINI = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+
+def with_second(store_url: str) -> list[dict[str, Any]]:
+    """The test config's channels, each model with a second channel of its type behind the
+    first (priority 1): ``ob`` for chat-small, ``ab`` for claude-small, ``gb`` for
+    gemini-small."""
+    channels = list(inprocess_config(store_url)["channels"])
+    second = []
+    for name, first in (("ob", "oa"), ("ab", "an"), ("gb", "gm")):
+        base = next(c for c in channels if c["name"] == first)
+        host = f"http://{name}.test"
+        url = host + "/v1" if base["type"] == "openai" else host
+        second.append({**base, "name": name, "base_url": url, "priority": 1})
+    return channels + second
+
+
+def anthropic_message(text: str) -> dict[str, Any]:
+    return {
+        "id": "msg_up",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-up",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 7, "output_tokens": 3},
+    }
+
+
+def gemini_reply(text: str) -> dict[str, Any]:
+    return {
+        "candidates": [
+            {"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP"}
+        ],
+        "usageMetadata": {"promptTokenCount": 7, "candidatesTokenCount": 3},
+    }
+
+
+SHAPELESS = [
+    ("/v1/chat/completions", CHAT, "oa", "ob", {}, openai_reply("fine")),
+    ("/v1/chat/completions", CHAT, "oa", "ob", {"id": "x", "object": "chat.completion"},
+     openai_reply("fine")),
+    ("/v1/messages", MESSAGES, "an", "ab", {}, anthropic_message("fine")),
+    ("/v1/messages", MESSAGES, "an", "ab", {"type": "message", "usage": {}},
+     anthropic_message("fine")),
+    ("/v1beta/models/gemini-small:generateContent", GEMINI, "gm", "gb", {},
+     gemini_reply("fine")),
+    ("/v1/chat/completions", {**CHAT, "model": "gemini-small"}, "gm", "gb", {},
+     gemini_reply("fine")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "first", "second", "shapeless", "good"),
+    SHAPELESS,
+    ids=["openai-empty", "openai-no-choices", "anthropic-empty", "anthropic-no-content",
+         "gemini-empty", "gemini-converted-empty"],
+)  # fmt: skip
+async def test_a_shapeless_200_fails_over_and_counts_against_its_channel(
+    store_url: str,
+    path: str,
+    body: dict[str, Any],
+    first: str,
+    second: str,
+    shapeless: dict[str, Any],
+    good: dict[str, Any],
+) -> None:
+    async with running(store_url, channels=with_second(store_url)) as app:
+        app.upstream.answer(first, Scripted.json(shapeless))
+        app.upstream.answer(second, Scripted.json(good))
+        reply = await app.post(path, body, **{"anthropic-version": "2023-06-01"})
+        assert reply.status == 200, reply.body
+        assert b"fine" in reply.body
+        hosts = [s.url.split("/")[2] for s in app.upstream.sent]
+        assert hosts == [f"{first}.test", f"{second}.test"]
+        assert app.services.health.failures_total.get(first) == 1
+        await app.settled()
+        [record] = await app.services.store.usage("alice", 10)
+        assert (record.channel, record.status) == (second, 200)
+        assert (record.prompt_tokens, record.completion_tokens) == (7, 3)
+
+
+async def test_a_shapeless_200_from_the_only_channel_is_a_502_billed_nothing(
+    inproc: InProcess,
+) -> None:
+    inproc.upstream.answer("oa", Scripted.json({}), Scripted.json({}), Scripted.json({}))
+    reply = await inproc.post("/v1/chat/completions", CHAT)
+    assert reply.status == 502
+    assert reply.json()["error"]["type"] == "upstream_error"
+    await inproc.settled()
+    [record] = await inproc.services.store.usage("alice", 10)
+    assert (record.status, record.cost) == (502, 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "shapeless"),
+    [
+        ("/v1/embeddings", {"model": "emb-small", "input": "hi"}, {"object": "list"}),
+        ("/v1beta/models/emb-small:embedContent",
+         {"content": {"parts": [{"text": "hi"}]}}, {}),
+    ],
+    ids=["openai", "gemini"],
+)  # fmt: skip
+async def test_a_shapeless_embeddings_200_is_a_502_not_a_billed_estimate(
+    store_url: str, path: str, body: dict[str, Any], shapeless: dict[str, Any]
+) -> None:
+    cfg = inprocess_config(store_url)
+    models = [*cfg["models"], {"name": "emb-small", "capabilities": ["embeddings"],
+                                "price": {"input": 1.0}}]  # fmt: skip
+    channel = "oa" if path.startswith("/v1/") else "gm"  # the one channel that serves it
+    channels = [{**c, "models": [*c["models"], "emb-small"]} if c["name"] == channel else c
+                for c in cfg["channels"]]  # fmt: skip
+    async with running(store_url, models=models, channels=channels) as app:
+        app.upstream.answer(channel, *[Scripted.json(shapeless)] * 3)
+        reply = await app.post(path, body)
+        assert reply.status == 502, reply.body
+        await app.settled()
+        [record] = await app.services.store.usage("alice", 10)
+        assert (record.status, record.cost) == (502, 0)
