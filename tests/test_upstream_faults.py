@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import UpstreamError
 from tests.plugins.inprocess import InProcess, Scripted, inprocess_config, running
 from tests.test_pipeline import CHAT, openai_reply
 
@@ -130,3 +131,65 @@ async def test_a_shapeless_embeddings_200_is_a_502_not_a_billed_estimate(
         await app.settled()
         [record] = await app.services.store.usage("alice", 10)
         assert (record.status, record.cost) == (502, 0)
+
+
+# a stream cut short: billed from the upstream's own prompt count where it sent one ---------
+UPSTREAM_PROMPT = 1234  # far from the local estimate of a two-letter prompt
+
+
+def anthropic_start(prompt: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_up", "type": "message", "role": "assistant", "model": "claude-up",
+                "content": [], "stop_reason": None,
+                "usage": {"input_tokens": prompt, "output_tokens": 1},
+            },
+        },
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "text_delta", "text": "a few words before the cut"}},
+    ]  # fmt: skip
+
+
+def gemini_start(prompt: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "candidates": [{"content": {"role": "model", "parts": [{"text": "a few words"}]}}],
+            "usageMetadata": {"promptTokenCount": prompt, "candidatesTokenCount": 3},
+        }
+    ]
+
+
+CUT_STREAMS = [
+    ("/v1/chat/completions", {**CHAT, "model": "claude-small", "stream": True}, "an",
+     Scripted.sse(anthropic_start(UPSTREAM_PROMPT), False, True)),
+    ("/v1/responses", {"model": "claude-small", "input": "hi", "stream": True}, "an",
+     Scripted.sse(anthropic_start(UPSTREAM_PROMPT), False, True)),
+    ("/v1/chat/completions", {**CHAT, "model": "gemini-small", "stream": True}, "gm",
+     Scripted.sse(gemini_start(UPSTREAM_PROMPT), False)),
+    ("/v1/messages", {**MESSAGES, "model": "gemini-small", "stream": True}, "gm",
+     Scripted.sse(gemini_start(UPSTREAM_PROMPT), False)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "channel", "scripted"),
+    CUT_STREAMS,
+    ids=["anthropic-to-openai", "anthropic-to-responses", "gemini-to-openai",
+         "gemini-to-anthropic"],
+)  # fmt: skip
+async def test_a_converted_stream_cut_short_bills_the_prompt_the_upstream_reported(
+    inproc: InProcess, path: str, body: dict[str, Any], channel: str, scripted: Scripted
+) -> None:
+    scripted.cut = UpstreamError("the upstream connection failed: ServerDisconnectedError")
+    inproc.upstream.answer(channel, scripted)
+    reply = await inproc.post(path, body, **{"anthropic-version": "2023-06-01"})
+    assert reply.status == 200  # the stream had started; the failure is inside it
+    assert b"a few words" in reply.body
+    await inproc.settled()
+    [record] = await inproc.services.store.usage("alice", 10)
+    assert record.status == 502
+    assert record.prompt_tokens == UPSTREAM_PROMPT  # not the local estimate
+    assert record.completion_tokens >= 1

@@ -101,10 +101,12 @@ class ChatJob:
 
 
 def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
-    """What a stream used: the upstream's counts; where it never sent one (a stream cut
-    short), the local estimate of the prompt; and for a stream that did not complete, at
-    least what passed (the upstream's count so far may be a first, partial one)."""
-    usage = stream.usage
+    """What a stream used: the upstream's counts, those it reported before a cut too (a
+    converted stream's decoder holds them for the stream's end: ``ConvertedStream.reported``);
+    where it never sent one (a stream cut short before the upstream counted), the local
+    estimate of the prompt; and for a stream that did not complete, at least what passed
+    (the upstream's count so far may be a first, partial one)."""
+    usage = stream.reported() if isinstance(stream, ConvertedStream) else stream.usage
     used = chat_used(usage)
     # a count, even an odd one, is the upstream's; a usage that is no object counts nothing
     if not isinstance(usage, dict) or "prompt_tokens" not in usage:

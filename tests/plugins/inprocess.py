@@ -43,13 +43,16 @@ HOSTS = {
 @dataclass
 class Scripted:
     """One scripted upstream answer: a whole body, or ``chunks`` streamed one per read; or
-    ``fail`` raised when the call is sent (the upstream unreachable)."""
+    ``fail`` raised when the call is sent (the upstream unreachable); ``cut`` raised by the
+    read after the last chunk (the connection lost, or silent past its idle timeout, as the
+    pool reports them: ``upstream.pool.read_error``)."""
 
     status: int = 200
     body: bytes = b""
     chunks: list[bytes] | None = None
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
     fail: GatewayError | None = None
+    cut: GatewayError | None = None
 
     @classmethod
     def json(cls, payload: Any, status: int = 200, **headers: str) -> Scripted:
@@ -80,6 +83,7 @@ class ScriptedReply:
         self.status = scripted.status
         self.headers: Mapping[str, str] = scripted.headers
         self._chunks = deque(scripted.chunks if scripted.chunks is not None else [scripted.body])
+        self._cut = scripted.cut
         self.closed = False
 
     async def read(self) -> bytes:
@@ -89,10 +93,14 @@ class ScriptedReply:
 
     async def chunk(self) -> bytes:
         await asyncio.sleep(0)  # a read is an await, as on a socket
-        return self._chunks.popleft() if self._chunks else b""
+        if self._chunks:
+            return self._chunks.popleft()
+        if self._cut is not None:
+            raise self._cut
+        return b""
 
     def at_eof(self) -> bool:
-        return not self._chunks
+        return not self._chunks and self._cut is None
 
     def close(self) -> None:
         self.closed = True
