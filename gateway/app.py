@@ -307,7 +307,9 @@ def create_app(
         built = create_app(settings)
         tune_gc()
         return built
-    services = build_services(settings, upstream or Upstream(settings.upstream))
+    if upstream is None:
+        upstream = Upstream(settings.upstream, settings.limits.max_response_bytes)
+    services = build_services(settings, upstream)
     attempts = Attempts(
         services.upstream,
         services.health,

@@ -19,6 +19,11 @@ from gateway.config.values import (
 class Limits:
     max_request_bytes: int = 20 * 1024 * 1024
     max_upload_bytes: int = 100 * 1024 * 1024
+    # the largest whole (not streamed) upstream reply read, decompressed: past it the client
+    # gets 502. 64 MiB holds any whole reply a model API gives (ten large images in base64,
+    # a batch of embeddings in base64, as the SDKs ask for them) with room to spare, and keeps
+    # one misbehaving upstream from taking the process's memory (a 300 MB reply: 1 GB)
+    max_response_bytes: int = 64 * 1024 * 1024
     # the least a request holds against its balance while it runs (balance units; its
     # estimate when that is more)
     hold_floor: float = 0.0
@@ -106,8 +111,9 @@ class TracingSettings:
 
 def parse_limits(v: Any) -> Limits:
     d = mapping(v, "limits")
-    no_unknown(d, {"max_request_bytes", "max_upload_bytes", "hold_floor", "store_grace"}, "limits")
+    no_unknown(d, set(Limits.__dataclass_fields__), "limits")
     out = Limits()
+    responses = d.get("max_response_bytes", out.max_response_bytes)
     return Limits(
         max_request_bytes=integer(
             d.get("max_request_bytes", out.max_request_bytes), "limits.max_request_bytes", minimum=1
@@ -115,6 +121,7 @@ def parse_limits(v: Any) -> Limits:
         max_upload_bytes=integer(
             d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
         ),
+        max_response_bytes=integer(responses, "limits.max_response_bytes", minimum=1),
         hold_floor=number(d.get("hold_floor", out.hold_floor), "limits.hold_floor", minimum=0.0),
         store_grace=number(
             d.get("store_grace", out.store_grace), "limits.store_grace", minimum=0.0
