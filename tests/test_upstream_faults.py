@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 
+from gateway.config import UpstreamSettings
 from gateway.errors import UpstreamError
+from gateway.policy.health import FAILURES_BEFORE_COOLDOWN
+from gateway.upstream.pool import read_error
 from tests.plugins.inprocess import InProcess, Scripted, inprocess_config, running
 from tests.test_pipeline import CHAT, openai_reply
 
@@ -193,3 +196,69 @@ async def test_a_converted_stream_cut_short_bills_the_prompt_the_upstream_report
     assert record.status == 502
     assert record.prompt_tokens == UPSTREAM_PROMPT  # not the local estimate
     assert record.completion_tokens >= 1
+
+
+# a stream that stalls mid-way counts against its channel ------------------------------------
+def stalling() -> Scripted:
+    """Headers and a first chunk, then silence past the channel's idle timeout, as the pool
+    reports it (aiohttp's sock_read: ``read_error(TimeoutError())``)."""
+    events = [openai_chunk("first words")]
+    stalled = Scripted.sse(events, done=False)
+    stalled.cut = read_error(TimeoutError())
+    return stalled
+
+
+def openai_chunk(text: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-up",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "up-small",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+
+
+def openai_stream(text: str) -> Scripted:
+    end = {**openai_chunk(""), "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = {**openai_chunk(""), "choices": [],
+             "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}  # fmt: skip
+    return Scripted.sse([openai_chunk(text), end, usage])
+
+
+async def test_streams_that_stall_mid_way_cool_their_channel(store_url: str) -> None:
+    """Three streams in a row stall after their first words: each client gets its words and
+    a timeout inside the stream, and the channel cools down, so the next stream goes to the
+    healthy channel behind it instead of stalling too."""
+    async with running(store_url, channels=with_second(store_url)) as app:
+        app.upstream.answer("oa", *[stalling() for _ in range(4)])
+        app.upstream.answer("ob", openai_stream("from the healthy one"))
+        for _ in range(FAILURES_BEFORE_COOLDOWN):
+            reply = await app.post("/v1/chat/completions", {**CHAT, "stream": True})
+            assert reply.status == 200
+            assert b"first words" in reply.body
+            assert b"the upstream stopped sending" in reply.body  # inside the stream
+        assert "oa" in app.services.health.cooling
+        assert app.services.health.failures_total.get("oa") == FAILURES_BEFORE_COOLDOWN
+        reply = await app.post("/v1/chat/completions", {**CHAT, "stream": True})
+        assert b"from the healthy one" in reply.body
+        await app.settled()
+        records = await app.services.store.usage("alice", 10)
+        assert [r.status for r in reversed(records)] == [504, 504, 504, 200]
+
+
+async def test_a_stream_that_completes_clears_its_channels_failures(store_url: str) -> None:
+    """The count is of failures in a row: a stream that ends well between two stalls clears
+    it, as a whole reply does."""
+    async with running(store_url, channels=with_second(store_url)) as app:
+        app.upstream.answer("oa", stalling(), stalling(), openai_stream("fine"), stalling())
+        for _ in range(4):
+            reply = await app.post("/v1/chat/completions", {**CHAT, "stream": True})
+            assert reply.status == 200
+        assert "oa" not in app.services.health.cooling
+        assert app.services.health.failures_total.get("oa") == 3
+
+
+def test_the_default_idle_timeout_outlasts_a_model_thinking() -> None:
+    """A live model's longest silence (a reasoning model thinking before its first token) must
+    never count as a stall: the default is what the providers' own SDKs wait, 600 s."""
+    assert UpstreamSettings().read_timeout >= 600

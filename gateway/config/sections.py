@@ -37,7 +37,14 @@ class UpstreamSettings:
     """Pool and timeouts of the one client session (optional ``upstream:`` section)."""
 
     connect_timeout: float = 10.0
-    read_timeout: float = 300.0  # the longest silence allowed between two upstream bytes
+    # the longest silence allowed between two upstream bytes (a channel's ``timeouts.idle``
+    # in its place): a stream silent longer has stalled, ends with a timeout inside it and
+    # counts toward its channel's cooldown, so no live model may ever reach it. A reasoning
+    # model may think for minutes before its first token (OpenAI's Responses stream says
+    # nothing between ``response.in_progress`` and its output while o3-pro thinks); 600 s is
+    # what the providers' own SDKs wait between two bytes (openai-python and anthropic-sdk:
+    # 10 minutes), so a model silent longer fails its own provider's clients too
+    read_timeout: float = 600.0
     pool_size: int = 0  # upstream connections at once; 0: no limit (each stream holds one)
     pool_size_per_host: int = 0  # 0: no per-host cap beyond pool_size
     retries: int = 2  # further channels tried after the first fails (before any byte is sent)

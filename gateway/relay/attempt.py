@@ -5,7 +5,10 @@ be tried: the upstream unreachable or answering an error status, no first byte w
 first-byte timeout, a reply that is not what its protocol says (not JSON, empty, malformed),
 a stream that is garbage, ends, or reports an error before its first output. Each such failure
 is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
-the upstream reports (a 4xx) is not, and is not retried.
+the upstream reports (a 4xx) is not, and is not retried. A whole reply is the channel's
+success here; a stream's success or failure is known only at its end (``Relay._stream``):
+one that stalls past its idle timeout, breaks off or reports an error after its first output
+counts against the channel as one before it would, though no other channel can be tried.
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ class Attempts:
             )
             health.failed(channel.name, failure, rid)
             raise failure from None
-        health.succeeded(channel.name)
+        if answer.reply is not None:  # a stream's outcome is told at its end
+            health.succeeded(channel.name)
         return answer
 
 

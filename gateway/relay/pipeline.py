@@ -245,7 +245,7 @@ class Relay:
                     if answer.reply is not None:
                         await self._send_reply(answer.reply, req)
                     else:
-                        await self._stream(answer, exchange, req)
+                        await self._stream(answer, exchange, req, channel.name)
                 finally:
                     answer.resp.close()
                 return
@@ -297,7 +297,14 @@ class Relay:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _stream(self, answer: Answer, exchange: Exchange, req: RelayRequest) -> None:
+    async def _stream(
+        self, answer: Answer, exchange: Exchange, req: RelayRequest, channel: str
+    ) -> None:
+        """Relay a stream to its end. Its end tells the channel's health: a stream that ended
+        well is a success; one the upstream failed (silent past the channel's idle timeout,
+        the connection lost, an error event) counts toward the channel's cooldown as a
+        failure before the first byte does, so that a channel whose streams stall is left
+        for the others; a stream its client left tells nothing."""
         stream = answer.stream
         assert stream is not None
         call, rate, observers = req.call, req.rate, self.observers
@@ -320,13 +327,16 @@ class Relay:
             raise
         finally:
             metrics.open_streams -= 1
-        if err is not None:
-            log.warning(
-                "relay.stream_error request_id=%s channel=%s status=%d",
-                call.request_id,
-                call.channel,
-                err.status,
-            )
+        if err is None:
+            self.health.succeeded(channel)
+            return
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d",
+            call.request_id,
+            channel,
+            err.status,
+        )
+        self.health.failed(channel, err, call.request_id)
 
 
 def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:
