@@ -54,6 +54,12 @@ class UpstreamSettings:
     first_byte_timeout: float | None = None
     # a stream quiet this long gets its protocol's keep-alive (SSE comment, messages ping)
     stream_keepalive_seconds: float = 15.0
+    # a stream whose upstream has not sent its status line this long after the request began
+    # is committed: its response starts (headers and a keep-alive) so that a load balancer's
+    # idle timeout (30-60 s) does not cut it, and no other channel can be tried from then on
+    # (a later failure of the upstream goes inside the stream). 10 s leaves failures that
+    # come quickly (refused connections, 5xx) to fail over first. 0: never
+    stream_commit_seconds: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,5 +221,10 @@ def parse_upstream(v: Any) -> UpstreamSettings:
             d.get("stream_keepalive_seconds", base.stream_keepalive_seconds),
             "upstream.stream_keepalive_seconds",
             minimum=0.01,
+        ),
+        stream_commit_seconds=number(
+            d.get("stream_commit_seconds", base.stream_commit_seconds),
+            "upstream.stream_commit_seconds",
+            minimum=0.0,
         ),
     )

@@ -174,8 +174,9 @@ class Attempts:
         A stream whose upstream answered but stays quiet for the keep-alive interval
         (``req.quiet``, woken by the keep-alive timer) is taken as it is, with nothing to send
         yet: its client then gets keep-alives instead of a load balancer cutting it, and no
-        other channel is tried. Only a ``first_byte_timeout`` (the channel's own, else the
-        gateway's) costs a timer of its own."""
+        other channel is tried. So is one the timer committed while its upstream withheld
+        its status line (``stream.KeepAlive``). Only a ``first_byte_timeout`` (the
+        channel's own, else the gateway's) costs a timer of its own."""
         timeout = self.first_byte_timeout
         if channel.timeouts.first_byte is not None:
             timeout = channel.timeouts.first_byte
@@ -205,7 +206,14 @@ async def _answer(
     req: RelayRequest,
 ) -> Answer:
     rid, quiet = req.request_id, req.quiet
-    resp = await open_attempt(upstream, exchange, target, health, rid)
+    if quiet is None:
+        resp = await open_attempt(upstream, exchange, target, health, rid)
+    else:
+        quiet.opening = True  # the keep-alive timer may commit the stream meanwhile
+        try:
+            resp = await open_attempt(upstream, exchange, target, health, rid)
+        finally:
+            quiet.opening = False
     channel = target.name
     try:
         if not req.stream:
@@ -214,6 +222,8 @@ async def _answer(
         if quiet is None:
             found = await first_output(resp, exchange, relay_stream)
             return Answer(resp, None, relay_stream, *found)
+        if quiet.started:  # committed while the upstream withheld its status: taken as it is
+            return Answer(resp, stream=relay_stream)
         quiet.wait()
         try:
             found = await first_output(resp, exchange, relay_stream)

@@ -55,7 +55,7 @@ from gateway.relay.attempt import Answer, Attempts
 from gateway.relay.call import CLIENT_GONE as CLIENT_GONE_STATUS
 from gateway.relay.call import Call
 from gateway.relay.request import RelayRequest
-from gateway.relay.stream import KeepAlive, pump
+from gateway.relay.stream import KeepAlive, pump, send_last
 from gateway.store import MICRO
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
@@ -96,7 +96,10 @@ class Relay:
         self.watchlist = Watchlist()
         self.retries = settings.upstream.retries
         self.hold_floor = round(settings.limits.hold_floor * MICRO)
-        self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
+        upstream = settings.upstream
+        self.keepalive = KeepAlive(
+            upstream.stream_keepalive_seconds, upstream.stream_commit_seconds
+        )
         self.bodies = BodyDeadlines(settings.server.body_timeout_seconds)
 
     async def handle(
@@ -231,12 +234,20 @@ class Relay:
                 if exchange.call is None:  # answered without the upstream
                     await self._reply_local(exchange, req)
                     return
-                if req.stream and req.quiet is None:
-                    req.quiet = self.keepalive.open(req.send, exchange.keepalive, req.interrupt)
+                quiet = req.quiet
+                if req.stream and quiet is None:
+                    quiet = req.quiet = self.keepalive.open(
+                        req.send, exchange.keepalive, req.interrupt, call
+                    )
+                if quiet is not None:
+                    quiet.exchange = exchange
                 try:
                     answer = await self.attempts.run(req, exchange, channel)
                 except GatewayError as err:
                     last = err
+                    if quiet is not None and quiet.started:  # committed: nowhere else to go
+                        await self._fail_committed(err, exchange, req)
+                        return
                     if err.retryable and exchange.replayable:
                         continue
                     raise
@@ -253,6 +264,26 @@ class Relay:
         finally:
             self.keepalive.close(req.quiet)
             watch.stop()
+
+    async def _fail_committed(
+        self, err: GatewayError, exchange: Exchange, req: RelayRequest
+    ) -> None:
+        """A stream committed while its upstream withheld its status (``stream.KeepAlive``)
+        whose upstream then failed: the error goes inside the stream, in the client's
+        protocol, as one after the first byte would; nothing was generated, nothing is
+        billed."""
+        call = req.call
+        call.set_status(err.status)
+        durable = call.record(self.writer, self.observers.observed, self.observers.access)
+        if durable is not None:
+            await durable
+        await send_last(req.send, req.quiet, exchange.stream({}).error(err))
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d committed=1",
+            call.request_id,
+            call.channel,
+            err.status,
+        )
 
     def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
         """Hold what the request is expected to cost until its record replaces the hold;
