@@ -78,6 +78,7 @@ class Refreshable(Protocol):
 
 class Flushable(Protocol):
     async def flush(self) -> None: ...
+    def journal_writable(self) -> bool: ...
 
 
 class AdminState(Protocol):
@@ -315,7 +316,9 @@ async def usage_daily(request: Request, state: AdminState) -> Response:
         since.isoformat(), until.isoformat(), params.get("account") or None
     )
     rows.sort(key=lambda d: (d.day, d.account, d.key_id, d.model))
-    return json_response({"data": [accounts.daily_json(d) for d in rows]})
+    # the console's overview reads this: it shows the instance's settlement journal too
+    journal = {"writable": state.writer.journal_writable()}
+    return json_response({"data": [accounts.daily_json(d) for d in rows], "journal": journal})
 
 
 def _day(value: str | None, name: str, default: date) -> date:
