@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gateway.config import Channel, Settings
@@ -49,6 +50,7 @@ from gateway.observe.observers import Observers
 from gateway.policy.billing import Metered, Rate
 from gateway.policy.gate import Gate
 from gateway.policy.routing import LiveCatalogue, candidates
+from gateway.policy.spend import Meter, allowance, micro_for, tokens_for
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, Attempts
@@ -202,8 +204,11 @@ class Relay:
         )[: 1 + self.retries]
         model = catalogue.models[call.model]
         rate = catalogue.rates.get(call.model) if kind.billed else None
+        allowed = None
         if rate is not None:
-            self._hold(call, job.expected(model.default_max_tokens), rate, balance)
+            expected = job.expected(model.default_max_tokens)
+            spendable = self._hold(call, expected, rate, balance)
+            allowed = allowance(spendable, expected.completion_tokens, rate, job.output_ceiling())
         route = job.route
         ctx = Ctx(
             request_id=call.request_id.rpartition("/")[2],  # the gateway's own: reply ids
@@ -214,7 +219,7 @@ class Relay:
         )
         req = RelayRequest(
             kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,
-            send, bool(route.stream),
+            send, bool(route.stream), None, allowed,
         )  # fmt: skip
         return req, channels
 
@@ -285,22 +290,48 @@ class Relay:
             err.status,
         )
 
-    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
+    def _extend(self, req: RelayRequest, needed: int, covered: int) -> int:
+        """A metered stream past what it was covered for: its hold grows by ``needed`` output
+        tokens, or doubles if that is more, within what its account (and key) has unheld,
+        as an admission would see it; the tokens granted (0: nothing left: it is cut)."""
+        rate, call = req.rate, req.call
+        key = call.key
+        assert rate is not None and key is not None
+        cache = self.cache
+        left = (cache.balance(key.account) or 0) - cache.held(key.account)
+        if key.quota is not None:
+            left = min(left, cache.quota_left(key))
+        granted = min(max(needed, covered), tokens_for(left, rate))
+        if granted <= 0:
+            return 0
+        amount = micro_for(granted, rate)
+        call.held += amount
+        cache.hold(key.account, key.id, amount)
+        return granted
+
+    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> int:
         """Hold what the request is expected to cost until its record replaces the hold;
         402 when the balance, less what the account's requests in flight hold, is not above
         zero (a request may overdraw by its own cost, never by how many run at once), and
-        likewise for a key's ``quota``."""
+        likewise for a key's ``quota``. Returns what the request could spend (its share of
+        the balance and quota: what the others do not hold), which bounds a stream's cost
+        (``policy.spend``)."""
         key = call.key
         assert key is not None
         account = key.account
-        if balance - self.cache.held(account) <= 0:
+        spendable = balance - self.cache.held(account)
+        if spendable <= 0:
             raise InsufficientBalanceError(
                 "Your account balance is held by requests in flight; wait for them or top up."
             )
-        if key.quota is not None and self.cache.quota_left(key) <= 0:
-            raise InsufficientBalanceError("This API key has spent its quota.")
+        if key.quota is not None:
+            left = self.cache.quota_left(key)
+            if left <= 0:
+                raise InsufficientBalanceError("This API key has spent its quota.")
+            spendable = min(spendable, left)
         call.held = max(rate.cost_of(expected), self.hold_floor)
         self.cache.hold(account, key.id, call.held)
+        return spendable
 
     async def _reply_local(self, exchange: Exchange, req: RelayRequest) -> None:
         req.call.channel = None
@@ -339,10 +370,17 @@ class Relay:
         stream = answer.stream
         assert stream is not None
         call, rate, observers = req.call, req.rate, self.observers
+        meter = None
+        if req.allowance is not None:
+            meter = Meter(req.allowance, partial(self._extend, req), req.job.output_ceiling())
+
+        def used(complete: bool) -> Metered:
+            spent = exchange.used(stream, complete)
+            return spent if meter is None else meter.bound(spent)
 
         def settle(status: int) -> Awaitable[None] | None:
             # what was generated, even when the stream ended on an error
-            call.bill(exchange.used(stream, status == 200), rate)
+            call.bill(used(status == 200), rate)
             call.set_status(status)
             return call.record(self.writer, observers.observed, observers.access)
 
@@ -351,10 +389,10 @@ class Relay:
         metrics = observers.metrics
         metrics.open_streams += 1
         try:
-            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode())
+            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode(), meter)
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(exchange.used(stream, False), rate)
+            call.bill(used(False), rate)
             raise
         finally:
             metrics.open_streams -= 1

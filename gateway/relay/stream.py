@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
 from gateway.errors import GatewayError
+from gateway.policy.spend import Meter
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
@@ -198,12 +199,15 @@ async def pump(
     settle: Callable[[int], Awaitable[None] | None],
     quiet: Quiet | None = None,
     request_id: bytes = b"",
+    meter: Meter | None = None,
 ) -> GatewayError | None:
     """Relay the upstream's stream to the client through ``opened.stream``, whose first
     output was read already; ``settle(status)`` is called once, and what it returns awaited,
     before the last bytes are sent. Returns the error that ended the stream early (already
     sent to the client in its protocol's form), or None. ``quiet``: the stream's entry in the
-    keep-alive timer, if it has one; ``request_id`` goes out as ``x-request-id``."""
+    keep-alive timer, if it has one; ``request_id`` goes out as ``x-request-id``; ``meter``:
+    what the stream's account can pay, looked at after each read (``policy.spend``: past it,
+    the stream ends with a 402 inside it)."""
     resp, stream, failure, ended = opened.resp, opened.stream, opened.failure, opened.ended
     assert stream is not None
     if quiet is None:
@@ -237,6 +241,8 @@ async def pump(
                 out += stream.finish()
                 break
             out += stream.feed(raw)
+            if meter is not None and meter.over(stream):
+                raise meter.exceeded()
     except GatewayError as err:
         durable = settle(err.status)
         if durable is not None:
