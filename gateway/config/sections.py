@@ -88,6 +88,10 @@ class ServerSettings:
     # its accept, a later one's from its first byte), else 408 and the connection is closed
     # (hypercorn; ``gateway.server.header_timeout``). 0: no limit
     header_timeout_seconds: float = 5.0
+    # GET /healthz and /readyz also on this port, a listener of their own that floods of the
+    # client port and its connection cap cannot starve (``gateway.server.probes``); for
+    # Kubernetes' probes, reachable by the kubelet only. 0: none
+    probe_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,12 +155,16 @@ def parse_server(v: Any) -> ServerSettings:
     connections = d.get("max_connections", base.max_connections)
     graceful = d.get("graceful_seconds", base.graceful_seconds)
     header = d.get("header_timeout_seconds", base.header_timeout_seconds)
+    probe_port = integer(d.get("probe_port", base.probe_port), "server.probe_port", minimum=0)
+    if probe_port > 65535:
+        raise ConfigError("server.probe_port: must be a port number (1-65535), or 0 for none")
     return ServerSettings(
         keep_alive_seconds=number(keep_alive, "server.keep_alive_seconds", minimum=1.0),
         body_timeout_seconds=number(body, "server.body_timeout_seconds", minimum=0.0),
         max_connections=integer(connections, "server.max_connections", minimum=0),
         graceful_seconds=number(graceful, "server.graceful_seconds", minimum=0.0),
         header_timeout_seconds=number(header, "server.header_timeout_seconds", minimum=0.0),
+        probe_port=probe_port,
     )
 
 

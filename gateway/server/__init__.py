@@ -3,7 +3,9 @@ options. The app is plain ASGI, so the server is a choice, not a ceiling.
 
 With one worker the app is built here and served in this process; with several, each worker
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
-hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
+hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
+``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
+under uvicorn and granian through ``probed_app()``), on the host named by ``GATEWAY_HOST``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gateway.server.hypercorn_mend import (
     limit_connections,
     mend_hypercorn,
 )
+from gateway.server.probes import Probed
 from gateway.types import ASGIApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
@@ -37,6 +40,8 @@ BACKLOG = 2048
 GRANIAN_MAX_CONCURRENT = 65536
 APP_FACTORY = "gateway.app:create_app"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
+PROBED_FACTORY = "gateway.server:probed_app"  # uvicorn's and granian's, with a probe port
+HOST_ENV = "GATEWAY_HOST"  # the host the workers bind their probe port on
 
 
 def serve(
@@ -46,6 +51,7 @@ def serve(
     snapshots for the run (``gateway.observe.metrics``), removed when the server stops."""
     configure_logging(settings)
     os.environ["GATEWAY_CONFIG"] = settings.path
+    os.environ[HOST_ENV] = host
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
             snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
@@ -82,7 +88,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     mend_hypercorn()
     limit_connections(settings.server.max_connections or default_connection_limit())
     time_headers(settings.server.header_timeout_seconds)
-    app = app_factory()(settings)
+    app = probed(app_factory()(settings), settings.server.probe_port)
     tune_gc()  # as every other server's worker does in create_app()
 
     async def main() -> None:
@@ -103,6 +109,18 @@ def app_factory() -> Callable[..., ASGIApp]:
     return cast(Callable[..., ASGIApp], getattr(importlib.import_module(module), name))
 
 
+def probed(app: ASGIApp, port: int) -> ASGIApp:
+    """The app, serving the probes on ``port`` too when there is one."""
+    if not port:
+        return app
+    return Probed(app, os.environ.get(HOST_ENV, "0.0.0.0"), port)
+
+
+def probed_app() -> ASGIApp:
+    """A uvicorn or granian worker's app when ``server.probe_port`` is set."""
+    return probed(app_factory()(), load_settings().server.probe_port)
+
+
 def hypercorn_worker_app() -> ASGIApp:
     """The app of one of several hypercorn workers, each its own process (``mend_hypercorn``
     must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it.
@@ -117,7 +135,7 @@ def hypercorn_worker_app() -> ASGIApp:
     server = load_settings().server
     limit_connections(server.max_connections or default_connection_limit())
     time_headers(server.header_timeout_seconds)
-    return app
+    return probed(app, server.probe_port)
 
 
 def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int) -> None:
@@ -125,7 +143,7 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
     uvicorn.run(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         factory=True,
         host=host,
         port=port,
@@ -157,7 +175,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
 
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         address=host,
         port=port,
         interface=Interfaces.ASGI,
