@@ -22,8 +22,6 @@ from gateway.server.probes import ProbeListener
 from tests.plugins.inprocess import InProcess
 from tests.plugins.processes import Gateway, free_port, write_config
 
-pytestmark = pytest.mark.served
-
 
 async def ask(port: int, raw: bytes, within: float = 10.0) -> bytes:
     """What a prober gets for ``raw`` on 127.0.0.1:``port``, up to the connection's end
