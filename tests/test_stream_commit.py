@@ -6,10 +6,13 @@ failure in the client's protocol, with no other channel tried (in process)."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from gateway.edge.interrupt import Interrupt
+from gateway.relay.stream import KeepAlive, send_last
 from tests.plugins.inprocess import InProcess, Scripted, running
 from tests.test_pipeline import CHAT
 from tests.test_upstream_faults import MESSAGES, openai_stream, with_second
@@ -112,3 +115,29 @@ async def test_a_quick_failure_still_fails_over_before_the_commit(store_url: str
         reply = await app.post("/v1/chat/completions", {**CHAT, "stream": True})
         assert b"from the second" in reply.body
         assert not reply.body.startswith(b": keep-alive")
+
+
+async def test_a_commit_under_way_still_starts_the_response_before_the_last_bytes() -> None:
+    """The timer commits a stream (its task not run yet) as its attempt fails: the failure's
+    last bytes wait for the commit's start; no keep-alive goes between them."""
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    keepalive = KeepAlive(15.0, 0.01)
+    call = SimpleNamespace(responded=False, reply_id="rid-1")
+    quiet = keepalive.open(send, b": keep-alive\n\n", Interrupt(None), call)
+    assert quiet is not None
+    quiet.exchange = SimpleNamespace(stream=lambda headers: SimpleNamespace(content_type="x/y"))
+    quiet.opening = True
+    quiet.began -= 1.0  # the client has waited past the commit
+    keepalive._tick()
+    assert quiet.started and call.responded  # the request knows at once
+    await send_last(send, quiet, b"the error")
+    keepalive.close(quiet)
+    assert [(m["type"], m.get("more_body")) for m in sent] == [
+        ("http.response.start", None),
+        ("http.response.body", False),
+    ]
+    assert (b"x-request-id", b"rid-1") in sent[0]["headers"]

@@ -126,9 +126,11 @@ class KeepAlive:
         return quiet
 
     def close(self, quiet: Quiet | None) -> None:
+        """The request is over: nothing more is sent for it."""
         if quiet is not None:
             quiet.done = True
             quiet.interrupt = None
+            quiet.exchange = None
             self._open.discard(quiet)
 
     def _tick(self) -> None:
@@ -157,13 +159,17 @@ class KeepAlive:
 
     @staticmethod
     async def _ping(quiet: Quiet, commit: bool = False) -> None:
-        """One keep-alive; ``commit``: the response's start before it."""
+        """One keep-alive; ``commit``: the response's start before it, which goes out even if
+        the stream's last bytes are already waiting (``send_last`` awaits this), unless the
+        request is over (``close``)."""
         try:
+            if commit:
+                exchange = quiet.exchange
+                if exchange is None:
+                    return
+                content_type = exchange.stream({}).content_type
+                await quiet.send(stream_start(content_type, quiet.call.reply_id.encode()))
             if not quiet.done:
-                if commit:
-                    assert quiet.exchange is not None
-                    content_type = quiet.exchange.stream({}).content_type
-                    await quiet.send(stream_start(content_type, quiet.call.reply_id.encode()))
                 await quiet.send(
                     {"type": "http.response.body", "body": quiet.data, "more_body": True}
                 )
