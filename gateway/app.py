@@ -146,12 +146,15 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Readiness: 200 only while the store answers, so a load balancer drains an instance
-    that lost it."""
+    """Readiness: 200 only while the store answers and the settlement journal can be written,
+    so a load balancer drains an instance that lost its store, or whose full or read-only
+    disk would lose the records of what it serves at a crash."""
     state: Services = request.app.state.gateway
     store = state.store
     if not state.gate.ready:
         return JSONResponse({"status": "starting", "store": "not answering"}, status_code=503)
+    if not state.writer.journal_writable():
+        return JSONResponse({"status": "unavailable", "journal": "not writable"}, status_code=503)
     try:
         await asyncio.wait_for(store.version(), READY_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - any failure of the store means not ready
@@ -315,7 +318,9 @@ def create_app(
         built = create_app(settings)
         tune_gc()
         return built
-    services = build_services(settings, upstream or Upstream(settings.upstream))
+    if upstream is None:
+        upstream = Upstream(settings.upstream, settings.limits.max_response_bytes)
+    services = build_services(settings, upstream)
     attempts = Attempts(
         services.upstream,
         services.health,
@@ -376,6 +381,7 @@ def _observe_state(services: Services) -> None:
     metrics.gauges = lambda: {
         "usage_writer_backlog": writer.pending,
         "usage_parked_records": writer.parked,
+        "journal_writable": 1 if writer.journal_writable() else 0,
     }
 
     def channels_now() -> tuple[dict[str, str], dict[str, int]]:

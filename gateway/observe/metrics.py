@@ -36,6 +36,8 @@ where streams run longer (a 10-minute stream would otherwise only count in ``+In
   ``gateway_open_streams``,
   ``gateway_usage_writer_backlog`` (records not yet in the store),
   ``gateway_usage_parked_records`` (records the store refused, retried alone),
+  ``gateway_journal_writable`` (1 while every worker can write its settlement journal, 0
+  when one cannot: its records would not survive a crash),
   ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``),
   ``gateway_channel_failures_total{channel}``, ``gateway_session_pins{model,channel}`` (the
   sessions pinned to each channel: ``policy/affinity.py``) and
@@ -54,7 +56,8 @@ worker that exited keeps its counts, as Prometheus expects of counters) and neve
 from one scrape to the next, whichever worker answers each (another worker's counts are at
 most a second old). Gauges come from live workers only: open streams,
 backlog and parked records are summed; a channel's state is the worst any worker sees
-(``disabled`` over ``cooling`` over ``healthy``).
+(``disabled`` over ``cooling`` over ``healthy``), and so is the journal's (0 when any
+worker's cannot be written).
 """
 
 from __future__ import annotations
@@ -424,9 +427,11 @@ class Exposition(Collector):
         gauges: dict[str, float] = {}
         worst: dict[str, int] = {}
         failures: dict[str, int] = {}
+        writable = 1.0
         for snap in snaps:
             for name, value in snap["gauges"].items():
                 gauges[name] = gauges.get(name, 0) + value
+            writable = min(writable, snap["gauges"].get("journal_writable", 1))
             for channel, now in snap.get("channels", {}).items():
                 worst[channel] = max(worst.get(channel, 0), STATES.index(now))
             for channel, n in snap.get("failures", {}).items():
@@ -437,6 +442,12 @@ class Exposition(Collector):
             ("usage_parked_records", "Usage records the store refused, retried alone."),
         ):
             yield GaugeMetricFamily(f"gateway_{name}", text, value=gauges.get(name, 0))
+        yield GaugeMetricFamily(
+            "gateway_journal_writable",
+            "1 while every worker can write its settlement journal; 0 when one cannot (a full "
+            "or read-only disk: its usage records would not survive a crash).",
+            value=writable,
+        )
         state = GaugeMetricFamily(
             "gateway_channel_state",
             "1 for each channel's state: healthy, cooling or disabled (the worst any worker sees).",

@@ -81,6 +81,7 @@ class Refreshable(Protocol):
 
 class Flushable(Protocol):
     async def flush(self) -> None: ...
+    def journal_writable(self) -> bool: ...
 
 
 class AdminState(Protocol):
@@ -343,11 +344,14 @@ async def usage_daily(request: Request, state: AdminState) -> Response:
         since.isoformat(), until.isoformat(), params.get("account") or None
     )
     rows.sort(key=lambda d: (d.day, d.account, d.key_id, d.model))
-    # the console's overview also shows the sessions pinned and the prompt cache's hit rate,
-    # per model and channel, as this instance's metrics count them
+    # the console's overview reads this: it also shows the sessions pinned and the prompt
+    # cache's hit rate per model and channel, as this instance's metrics count them, and the
+    # instance's settlement journal
     observers = getattr(state, "observers", None)  # an instance's: none in a bare admin API
     sessions = observers.metrics.cache_use() if observers is not None else []
-    return json_response({"data": [accounts.daily_json(d) for d in rows], "sessions": sessions})
+    journal = {"writable": state.writer.journal_writable()}
+    days = [accounts.daily_json(d) for d in rows]
+    return json_response({"data": days, "sessions": sessions, "journal": journal})
 
 
 def _day(value: str | None, name: str, default: date) -> date:

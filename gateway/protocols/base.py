@@ -245,6 +245,15 @@ class Counter(Protocol):
 
 
 @runtime_checkable
+class HoldsUsage(Protocol):
+    """Upstream side, a stream decoder's option: it reads usage before it passes it on (in the
+    stream's last chunk) and can say what it read so far: for a stream cut short, the
+    upstream's own prompt count instead of the local estimate."""
+
+    def usage_so_far(self) -> Usage | None: ...
+
+
+@runtime_checkable
 class Passthrough(Protocol):
     """Client protocol == channel type: the body goes through with only the model renamed."""
 
@@ -372,6 +381,15 @@ class ConvertedStream:
 
     def error(self, err: GatewayError) -> bytes:
         return self._before_error + self._encoder.error(err)
+
+    def reported(self) -> Usage | None:
+        """The usage as the upstream reported it so far: the last a chunk carried, else what
+        the decoder read and holds for the stream's end (``HoldsUsage``). Read once, when a
+        stream is billed."""
+        if self.usage is not None:
+            return self.usage
+        decoder = self._decoder
+        return decoder.usage_so_far() if isinstance(decoder, HoldsUsage) else None
 
     def _convert(self, events: list[SSEEvent], last: bool) -> bytes:
         out: list[bytes] = []

@@ -5,15 +5,20 @@ be tried: the upstream unreachable or answering an error status, no first byte w
 first-byte timeout, a reply that is not what its protocol says (not JSON, empty, malformed),
 a stream that is garbage, ends, or reports an error before its first output. Each such failure
 is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
-the upstream reports (a 4xx) is not, and is not retried.
+the upstream reports (a 4xx) is not, and is not retried. A whole reply is the channel's
+success here; a stream's success or failure is known only at its end (``Relay._stream``):
+one that stalls past its idle timeout, breaks off or reports an error after its first output
+counts against the channel as one before it would, though no other channel can be tried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from gateway.config import Channel
 from gateway.edge.interrupt import UPSTREAM_QUIET
@@ -27,6 +32,11 @@ from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
 
 log = logging.getLogger("gateway.relay")
+
+# the failures whose upstream wait (``Retry-After``) the client is told: rate limited (429),
+# overloaded or unavailable (503, and Anthropic's 529, which the client gets as 503)
+WAIT_STATUSES = frozenset({429, 503})
+MAX_RETRY_AFTER = 86_400.0  # a longer wait is no wait the client could use
 
 
 @dataclass(slots=True)
@@ -64,13 +74,29 @@ async def open_attempt(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
     health.failed(channel, failure, rid)
-    retry_after = resp.headers.get("retry-after")
-    if failure.status == 429 and failure.retry_after is None and retry_after:
-        try:
-            failure.retry_after = float(retry_after)
-        except ValueError:
-            pass
+    if failure.status in WAIT_STATUSES and failure.retry_after is None:
+        failure.retry_after = retry_after(resp.headers.get("retry-after"))
     raise failure
+
+
+def retry_after(value: str | None) -> float | None:
+    """An upstream's ``Retry-After`` as seconds: a number of them, or an HTTP date (from
+    now); None for anything else (an empty, negative, infinite or unreadable value)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    if not 0 <= seconds <= MAX_RETRY_AFTER:  # NaN compares False
+        return None
+    return seconds
 
 
 async def first_output(
@@ -151,8 +177,9 @@ class Attempts:
         A stream whose upstream answered but stays quiet for the keep-alive interval
         (``req.quiet``, woken by the keep-alive timer) is taken as it is, with nothing to send
         yet: its client then gets keep-alives instead of a load balancer cutting it, and no
-        other channel is tried. Only a ``first_byte_timeout`` (the channel's own, else the
-        gateway's) costs a timer of its own."""
+        other channel is tried. So is one the timer committed while its upstream withheld
+        its status line (``stream.KeepAlive``). Only a ``first_byte_timeout`` (the
+        channel's own, else the gateway's) costs a timer of its own."""
         timeout = self.first_byte_timeout
         if channel.timeouts.first_byte is not None:
             timeout = channel.timeouts.first_byte
@@ -170,7 +197,8 @@ class Attempts:
             )
             health.failed(channel.name, failure, rid)
             raise failure from None
-        health.succeeded(channel.name, answer.resp.headers)  # rate-limit headers: keys only
+        if answer.reply is not None:  # a stream's outcome is told at its end (the pipeline)
+            health.succeeded(channel.name, answer.resp.headers)  # rate-limit headers: keys
         return answer
 
 
@@ -182,7 +210,14 @@ async def _answer(
     req: RelayRequest,
 ) -> Answer:
     rid, quiet = req.request_id, req.quiet
-    resp = await open_attempt(upstream, exchange, target, health, rid)
+    if quiet is None:
+        resp = await open_attempt(upstream, exchange, target, health, rid)
+    else:
+        quiet.opening = True  # the keep-alive timer may commit the stream meanwhile
+        try:
+            resp = await open_attempt(upstream, exchange, target, health, rid)
+        finally:
+            quiet.opening = False
     channel = target.name
     try:
         if not req.stream:
@@ -191,6 +226,8 @@ async def _answer(
         if quiet is None:
             found = await first_output(resp, exchange, relay_stream, target)
             return Answer(resp, None, relay_stream, *found, channel=target)
+        if quiet.started:  # committed while the upstream withheld its status: taken as it is
+            return Answer(resp, stream=relay_stream, channel=target)
         quiet.wait()
         try:
             found = await first_output(resp, exchange, relay_stream, target)

@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gateway.config import Channel, Settings
@@ -50,13 +51,14 @@ from gateway.policy.affinity import pin_id, session_of
 from gateway.policy.billing import Metered, Rate
 from gateway.policy.gate import Gate
 from gateway.policy.routing import LiveCatalogue, candidates
+from gateway.policy.spend import Meter, allowance, micro_for, tokens_for
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, Attempts
 from gateway.relay.call import CLIENT_GONE as CLIENT_GONE_STATUS
 from gateway.relay.call import Call
 from gateway.relay.request import RelayRequest
-from gateway.relay.stream import KeepAlive, pump
+from gateway.relay.stream import KeepAlive, pump, send_last
 from gateway.store import MICRO
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
@@ -97,7 +99,10 @@ class Relay:
         self.watchlist = Watchlist()
         self.retries = settings.upstream.retries
         self.hold_floor = round(settings.limits.hold_floor * MICRO)
-        self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
+        upstream = settings.upstream
+        self.keepalive = KeepAlive(
+            upstream.stream_keepalive_seconds, upstream.stream_commit_seconds
+        )
         self.bodies = BodyDeadlines(settings.server.body_timeout_seconds)
 
     async def handle(
@@ -212,8 +217,11 @@ class Relay:
         # --
         model = catalogue.models[call.model]
         rate = catalogue.rates.get(call.model) if kind.billed else None
+        allowed = None
         if rate is not None:
-            self._hold(call, job.expected(model.default_max_tokens), rate, balance)
+            expected = job.expected(model.default_max_tokens)
+            spendable = self._hold(call, expected, rate, balance)
+            allowed = allowance(spendable, expected.completion_tokens, rate, job.output_ceiling())
         route = job.route
         ctx = Ctx(
             request_id=call.request_id.rpartition("/")[2],  # the gateway's own: reply ids
@@ -224,7 +232,7 @@ class Relay:
         )
         req = RelayRequest(
             kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,
-            send, bool(route.stream),
+            send, bool(route.stream), None, allowed,
         )  # fmt: skip
         return req, channels
 
@@ -244,12 +252,20 @@ class Relay:
                 if exchange.call is None:  # answered without the upstream
                     await self._reply_local(exchange, req)
                     return
-                if req.stream and req.quiet is None:
-                    req.quiet = self.keepalive.open(req.send, exchange.keepalive, req.interrupt)
+                quiet = req.quiet
+                if req.stream and quiet is None:
+                    quiet = req.quiet = self.keepalive.open(
+                        req.send, exchange.keepalive, req.interrupt, call
+                    )
+                if quiet is not None:
+                    quiet.exchange = exchange
                 try:
                     answer = await self.attempts.run(req, exchange, channel)
                 except GatewayError as err:
                     last = err
+                    if quiet is not None and quiet.started:  # committed: nowhere else to go
+                        await self._fail_committed(err, exchange, req)
+                        return
                     if err.retryable and exchange.replayable:
                         continue
                     raise
@@ -258,7 +274,7 @@ class Relay:
                     if answer.reply is not None:
                         await self._send_reply(answer.reply, req)
                     else:
-                        await self._stream(answer, exchange, req)
+                        await self._stream(answer, exchange, req, channel.name)
                 finally:
                     answer.resp.close()
                 return
@@ -267,22 +283,68 @@ class Relay:
             self.keepalive.close(req.quiet)
             watch.stop()
 
-    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> None:
+    async def _fail_committed(
+        self, err: GatewayError, exchange: Exchange, req: RelayRequest
+    ) -> None:
+        """A stream committed while its upstream withheld its status (``stream.KeepAlive``)
+        whose upstream then failed: the error goes inside the stream, in the client's
+        protocol, as one after the first byte would; nothing was generated, nothing is
+        billed."""
+        call = req.call
+        call.set_status(err.status)
+        durable = call.record(self.writer, self.observers.observed, self.observers.access)
+        if durable is not None:
+            await durable
+        await send_last(req.send, req.quiet, exchange.stream({}).error(err))
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d committed=1",
+            call.request_id,
+            call.channel,
+            err.status,
+        )
+
+    def _extend(self, req: RelayRequest, needed: int, covered: int) -> int:
+        """A metered stream past what it was covered for: its hold grows by ``needed`` output
+        tokens, or doubles if that is more, within what its account (and key) has unheld,
+        as an admission would see it; the tokens granted (0: nothing left: it is cut)."""
+        rate, call = req.rate, req.call
+        key = call.key
+        assert rate is not None and key is not None
+        cache = self.cache
+        left = (cache.balance(key.account) or 0) - cache.held(key.account)
+        if key.quota is not None:
+            left = min(left, cache.quota_left(key))
+        granted = min(max(needed, covered), tokens_for(left, rate))
+        if granted <= 0:
+            return 0
+        amount = micro_for(granted, rate)
+        call.held += amount
+        cache.hold(key.account, key.id, amount)
+        return granted
+
+    def _hold(self, call: Call, expected: Metered, rate: Rate, balance: int) -> int:
         """Hold what the request is expected to cost until its record replaces the hold;
         402 when the balance, less what the account's requests in flight hold, is not above
         zero (a request may overdraw by its own cost, never by how many run at once), and
-        likewise for a key's ``quota``."""
+        likewise for a key's ``quota``. Returns what the request could spend (its share of
+        the balance and quota: what the others do not hold), which bounds a stream's cost
+        (``policy.spend``)."""
         key = call.key
         assert key is not None
         account = key.account
-        if balance - self.cache.held(account) <= 0:
+        spendable = balance - self.cache.held(account)
+        if spendable <= 0:
             raise InsufficientBalanceError(
                 "Your account balance is held by requests in flight; wait for them or top up."
             )
-        if key.quota is not None and self.cache.quota_left(key) <= 0:
-            raise InsufficientBalanceError("This API key has spent its quota.")
+        if key.quota is not None:
+            left = self.cache.quota_left(key)
+            if left <= 0:
+                raise InsufficientBalanceError("This API key has spent its quota.")
+            spendable = min(spendable, left)
         call.held = max(rate.cost_of(expected), self.hold_floor)
         self.cache.hold(account, key.id, call.held)
+        return spendable
 
     async def _reply_local(self, exchange: Exchange, req: RelayRequest) -> None:
         req.call.channel = None
@@ -310,14 +372,28 @@ class Relay:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _stream(self, answer: Answer, exchange: Exchange, req: RelayRequest) -> None:
+    async def _stream(
+        self, answer: Answer, exchange: Exchange, req: RelayRequest, channel: str
+    ) -> None:
+        """Relay a stream to its end. Its end tells the channel's health: a stream that ended
+        well is a success; one the upstream failed (silent past the channel's idle timeout,
+        the connection lost, an error event) counts toward the channel's cooldown as a
+        failure before the first byte does, so that a channel whose streams stall is left
+        for the others; a stream its client left tells nothing."""
         stream = answer.stream
         assert stream is not None
         call, rate, observers = req.call, req.rate, self.observers
+        meter = None
+        if req.allowance is not None:
+            meter = Meter(req.allowance, partial(self._extend, req), req.job.output_ceiling())
+
+        def used(complete: bool) -> Metered:
+            spent = exchange.used(stream, complete)
+            return spent if meter is None else meter.bound(spent)
 
         def settle(status: int) -> Awaitable[None] | None:
             # what was generated, even when the stream ended on an error
-            call.bill(exchange.used(stream, status == 200), rate)
+            call.bill(used(status == 200), rate)
             call.set_status(status)
             return call.record(self.writer, observers.observed, observers.access)
 
@@ -326,20 +402,26 @@ class Relay:
         metrics = observers.metrics
         metrics.open_streams += 1
         try:
-            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode())
+            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode(), meter)
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(exchange.used(stream, False), rate)
+            call.bill(used(False), rate)
             raise
         finally:
             metrics.open_streams -= 1
-        if err is not None:
-            log.warning(
-                "relay.stream_error request_id=%s channel=%s status=%d",
-                call.request_id,
-                call.channel,
-                err.status,
-            )
+        if err is None:  # the stream ended well: its channel (or key) answered
+            if answer.channel is not None:
+                self.health.of(answer.channel).succeeded(channel, answer.resp.headers)
+            else:
+                self.health.succeeded(channel)
+            return
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d",
+            call.request_id,
+            channel,
+            err.status,
+        )
+        self.health.failed(channel, err, call.request_id)
 
 
 def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:

@@ -35,6 +35,9 @@ class RelayRequest:
     send: Send = field(repr=False)
     stream: bool = False
     quiet: Quiet | None = None  # a stream's entry in the keep-alive timer, once it has one
+    # the output tokens a stream may produce before its hold must grow (``policy.spend``);
+    # None: not metered
+    allowance: int | None = None
 
     @property
     def request_id(self) -> str:

@@ -3,7 +3,9 @@ options. The app is plain ASGI, so the server is a choice, not a ceiling.
 
 With one worker the app is built here and served in this process; with several, each worker
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
-hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
+hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
+``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
+under uvicorn and granian through ``probed_app()``), on the host named by ``GATEWAY_HOST``.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
 does not fit the installed hypercorn or h11: ``gateway.server.mends``).
@@ -36,6 +38,7 @@ from gateway.server.hypercorn_mend import (
     ServerConfig,
     default_connection_limit,
 )
+from gateway.server.probes import Probed
 from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
 
@@ -46,6 +49,8 @@ BACKLOG = 2048
 GRANIAN_MAX_CONCURRENT = 65536
 APP_FACTORY = "gateway.app:create_app"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
+PROBED_FACTORY = "gateway.server:probed_app"  # uvicorn's and granian's, with a probe port
+HOST_ENV = "GATEWAY_HOST"  # the host the workers bind their probe port on
 
 
 def serve(
@@ -62,6 +67,7 @@ def serve(
         print(f"gateway: config error: store: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
     os.environ["GATEWAY_CONFIG"] = settings.path
+    os.environ[HOST_ENV] = host
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
             snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
@@ -97,7 +103,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     from gateway.server.gc_tuning import tune_gc
 
     mend_hypercorn(settings.server)
-    app = app_factory()(settings)
+    app = probed(app_factory()(settings), settings.server.probe_port)
     tune_gc()  # as every other server's worker does in create_app()
 
     async def main() -> None:
@@ -132,6 +138,18 @@ def app_factory() -> Callable[..., ASGIApp]:
     return cast(Callable[..., ASGIApp], getattr(importlib.import_module(module), name))
 
 
+def probed(app: ASGIApp, port: int) -> ASGIApp:
+    """The app, serving the probes on ``port`` too when there is one."""
+    if not port:
+        return app
+    return Probed(app, os.environ.get(HOST_ENV, "0.0.0.0"), port)
+
+
+def probed_app() -> ASGIApp:
+    """A uvicorn or granian worker's app when ``server.probe_port`` is set."""
+    return probed(app_factory()(), load_settings().server.probe_port)
+
+
 def hypercorn_worker_app() -> ASGIApp:
     """The app of one of several hypercorn workers, each its own process (``mend_hypercorn``
     must run in it): built from ``GATEWAY_CONFIG`` as ``create_app()`` builds it.
@@ -144,7 +162,8 @@ def hypercorn_worker_app() -> ASGIApp:
     settings = load_settings()
     configure_logging(settings)  # before create_app() does: a mend's log line is formatted
     mend_hypercorn(settings.server)
-    return app_factory()()  # built as every worker's app is (its gc tuned)
+    app = app_factory()()  # built as every worker's app is (its gc tuned)
+    return probed(app, settings.server.probe_port)
 
 
 def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int) -> None:
@@ -152,7 +171,7 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
     uvicorn.run(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         factory=True,
         host=host,
         port=port,
@@ -191,7 +210,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     # the socket's and ``trusted_proxies`` alone decides what X-Forwarded-For is believed
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         address=host,
         port=port,
         interface=Interfaces.ASGI,

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from gateway import __version__
-from gateway.config import ChannelTimeouts, UpstreamSettings
+from gateway.config import ChannelTimeouts, Limits, UpstreamSettings
 from gateway.errors import (
     GatewayError,
     GatewayOverloadedError,
@@ -116,8 +116,14 @@ MENDS = (RECENT_FIRST,)
 
 
 class Upstream:
-    def __init__(self, settings: UpstreamSettings) -> None:
+    """The pool. ``max_response_bytes``: the most a whole reply's body may hold
+    (``limits.max_response_bytes``); its reads past it fail (``UpstreamResponse.read``)."""
+
+    def __init__(self, settings: UpstreamSettings, max_response_bytes: int | None = None) -> None:
         self._settings = settings
+        if max_response_bytes is None:
+            max_response_bytes = Limits().max_response_bytes
+        self._max_response_bytes = max_response_bytes
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[ChannelTimeouts, aiohttp.ClientTimeout] = {}
 
@@ -185,7 +191,7 @@ class Upstream:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        return UpstreamResponse(resp)
+        return UpstreamResponse(resp, self._max_response_bytes)
 
     def _timeout(self, timeouts: ChannelTimeouts) -> aiohttp.ClientTimeout:
         """The client timeout of a channel with timeouts of its own (made once per channel)."""
@@ -204,19 +210,33 @@ class UpstreamResponse:
     """An upstream reply whose status and headers arrived. Its reads raise only
     ``GatewayError`` (a failure after the status is never retried elsewhere)."""
 
-    __slots__ = ("status", "headers", "_resp")
+    __slots__ = ("status", "headers", "_resp", "_limit")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, limit: int) -> None:
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
         self._resp = resp
+        self._limit = limit  # the most ``read()`` takes
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body, of at most ``limit`` bytes (decompressed: a compressed bomb stops
+        there too); a larger one fails as soon as it is known to be larger (its
+        Content-Length, else the read that passes the limit), and what was read goes."""
+        resp, limit = self._resp, self._limit
+        length = resp.content_length
+        if length is not None and length > limit and not resp.headers.get("content-encoding"):
+            raise too_large(limit)
+        parts: list[bytes] = []
+        size = 0
         try:
-            return await self._resp.read()
+            while part := await resp.content.readany():
+                size += len(part)
+                if size > limit:
+                    raise too_large(limit)
+                parts.append(part)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise read_error(exc) from None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunk(self) -> bytes:
         """The next piece of the body as the socket delivered it; b"" at its end."""
@@ -233,6 +253,14 @@ class UpstreamResponse:
         """Let go of the connection: back to the pool when the body was read to its end,
         else closed (an upstream still sending is stopped)."""
         self._resp.close()
+
+
+def too_large(limit: int) -> GatewayError:
+    """A whole reply past ``limits.max_response_bytes``: a bad reply, as one that is not
+    JSON (another channel is tried while nothing reached the client)."""
+    return UpstreamError(
+        f"the upstream's reply is larger than limits.max_response_bytes ({limit} bytes)"
+    )
 
 
 def read_error(exc: BaseException) -> GatewayError:

@@ -40,7 +40,9 @@ def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget
 
 
 def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-    if not isinstance(payload, dict):
+    # a chat completion has its choices: an object without them (``{}``) is no reply, and
+    # fails over like any garbage instead of reaching the client billed nothing
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
         raise UpstreamError("upstream sent a malformed chat completion")
     if "model" in payload:
         payload["model"] = ctx.model
