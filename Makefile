@@ -7,15 +7,35 @@ CONFIG  ?= config/gateway.yaml
 # tests use a Redis database number of their own
 TEST_REDIS ?= redis://127.0.0.1:6379/13
 
-.PHONY: install run test test-fast lint typecheck bench bench-peers soak fixtures clean
+# `make lock` moves every pin to the newest release pyproject allows; to move one package:
+#   make lock LOCK_UPGRADE='--upgrade-package aiohttp'   (docs/upgrading.md)
+LOCK_UPGRADE ?= --upgrade
+COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' $(LOCK_UPGRADE)
+
+.PHONY: install lock run test test-fast lint typecheck bench bench-peers soak fixtures clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# installs exactly the lock (pip refuses any file whose hash it does not hold): the pinned pip
+# first, then dev.txt, then the project itself without dependencies
+$(VENV)/.installed: pyproject.toml requirements/pip.txt requirements/dev.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes -r requirements/pip.txt
+	$(PY) -m pip install -q --require-hashes -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps -e .
 	touch $@
+
+# regenerates the lock from pyproject.toml on purpose: dev.txt (every extra: what the suite
+# runs on), runtime.txt (what the image ships: the dependencies and the uvicorn, otel and
+# granian extras, held to dev.txt's versions), sbom.txt (the image build's SBOM tool) and
+# pip.txt (the pip that installs the lock)
+lock: install
+	$(COMPILE) pyproject.toml --all-extras -o requirements/dev.txt
+	$(COMPILE) pyproject.toml --extra uvicorn --extra otel --extra granian \
+	  -c requirements/dev.txt -o requirements/runtime.txt
+	$(COMPILE) requirements/sbom.in -o requirements/sbom.txt
+	$(COMPILE) requirements/pip.in -o requirements/pip.txt
 
 # the gateway on the embedded store with the example config; the demo channel is served by
 # the bundled fake upstream on 127.0.0.1:9001, started here and stopped with the gateway
@@ -31,7 +51,8 @@ run: install
 test: install
 	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m serial
 
 # the inner loop: everything that runs in process (conversions, adapters, the pipeline with a
 # scripted upstream, both stores, the pure modules); no served gateway, process or browser

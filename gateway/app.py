@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from gateway import __version__
 from gateway.config import Settings, load_settings
-from gateway.edge.asgi import REQUEST_ID, send_error
+from gateway.edge.asgi import REQUEST_ID, request_headers, send_error
 from gateway.edge.request_ids import request_ids
 from gateway.edge.routes import Router, protocol_of_path
 from gateway.errors import GatewayError, UnknownURLError
@@ -40,6 +40,8 @@ from gateway.observe.metrics import OWN_PROTOCOL, Metrics, channel_states, regis
 from gateway.observe.observers import Observers
 from gateway.observe.tracing import PROVIDERS
 from gateway.operator.console.session import Signer
+from gateway.operator.lockout import Lockout
+from gateway.policy.affinity import Affinity
 from gateway.policy.gate import Gate
 from gateway.policy.health import ChannelHealth
 from gateway.policy.routing import LiveCatalogue
@@ -50,7 +52,7 @@ from gateway.relay.call import CLIENT_GONE, Call
 from gateway.server import accept_errors
 from gateway.server.gc_tuning import collect_periodically, tune_gc
 from gateway.store import Store
-from gateway.store.backends import open_store
+from gateway.store.backends import open_store, permanent_problem
 from gateway.store.cache import Cache
 from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.catalogue import CatalogueRecords, view
@@ -77,6 +79,7 @@ class Services:
     gate: Gate  # authenticates client requests; ``ready`` once the store answered
     health: ChannelHealth  # this instance's view of each channel, shared through the store
     observers: Observers  # metrics, access log, tracing
+    lockout: Lockout  # failed sign-ins and admin-token attempts, counted in the store
 
 
 READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
@@ -110,9 +113,12 @@ def metrics_endpoint(
     return endpoint
 
 
-def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Response]]:
+def openapi_endpoint(
+    settings: Settings, lockout: Lockout | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """``GET /openapi.json``: the client surface to anyone, the admin API too with the admin
-    token."""
+    token. A wrong token counts as a failed attempt (``lockout``), and past the limit even
+    the right one gets the public part, so this is no way around the admin API's limit."""
     from gateway.operator.admin import authorized
     from gateway.operator.openapi import document
 
@@ -120,7 +126,15 @@ def openapi_endpoint(settings: Settings) -> Callable[[Request], Awaitable[Respon
     whole = orjson.dumps(document(with_admin=True))
 
     async def endpoint(request: Request) -> Response:
-        admin = authorized(request.headers.get("authorization", ""), settings.admin_token)
+        header = request.headers.get("authorization", "")
+        if not header:
+            return Response(public, media_type="application/json")
+        names = lockout.names(request.scope) if lockout is not None else []
+        admin = authorized(header, settings.admin_token)
+        if lockout is not None and lockout.wait(names):
+            admin = False
+        elif lockout is not None and not admin:
+            await lockout.failed(names)
         return Response(whole if admin else public, media_type="application/json")
 
     return endpoint
@@ -132,12 +146,15 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Readiness: 200 only while the store answers, so a load balancer drains an instance
-    that lost it."""
+    """Readiness: 200 only while the store answers and the settlement journal can be written,
+    so a load balancer drains an instance that lost its store, or whose full or read-only
+    disk would lose the records of what it serves at a crash."""
     state: Services = request.app.state.gateway
     store = state.store
     if not state.gate.ready:
         return JSONResponse({"status": "starting", "store": "not answering"}, status_code=503)
+    if not state.writer.journal_writable():
+        return JSONResponse({"status": "unavailable", "journal": "not writable"}, status_code=503)
     try:
         await asyncio.wait_for(store.version(), READY_TIMEOUT)
     except Exception as exc:  # noqa: BLE001 - any failure of the store means not ready
@@ -251,19 +268,13 @@ class GatewayApp:
     ) -> None:
         """A request served outside the relay: ``serve(send)`` with x-request-id added to its
         response, then its count in the metrics and its access-log line."""
-        forwarded = None
-        given = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id" and given is None:
-                given = value
-            elif name == b"x-forwarded-for" and forwarded is None:
-                forwarded = value
+        headers = request_headers(scope)
         call = Call.arriving(
             datetime.now(UTC),
-            request_ids(given),
+            request_ids(headers.get(b"x-request-id")),
             protocol,
             endpoint,
-            self.address.range_of(scope.get("client"), forwarded),
+            self.address.range_of(scope.get("client"), headers.get(b"x-forwarded-for")),
         )
         scope[REQUEST_ID] = call.request_id
         header = (b"x-request-id", call.reply_id.encode())
@@ -307,7 +318,9 @@ def create_app(
         built = create_app(settings)
         tune_gc()
         return built
-    services = build_services(settings, upstream or Upstream(settings.upstream))
+    if upstream is None:
+        upstream = Upstream(settings.upstream, settings.limits.max_response_bytes)
+    services = build_services(settings, upstream)
     attempts = Attempts(
         services.upstream,
         services.health,
@@ -325,7 +338,7 @@ def create_app(
     )
     app = Starlette(routes=own_routes(services), lifespan=Lifespan(services))
     app.state.gateway = services
-    app.state.console = Signer(settings.admin_token)
+    app.state.console = Signer(services.cache, settings.admin_token)
     return GatewayApp(app, relay, services)
 
 
@@ -334,6 +347,7 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
     cache = Cache(store)
     observers = Observers.configured(settings)
     catalogue = LiveCatalogue(settings)
+    gate = Gate(settings, cache)
     services = Services(
         settings,
         store,
@@ -341,9 +355,10 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
         UsageWriter(store, cache, journal=Journal(settings.journal, settings.store)),
         upstream,
         catalogue,
-        Gate(settings, cache),
+        gate,
         ChannelHealth(settings.upstream.cooldown_seconds),
         observers,
+        Lockout(store, gate.address),
     )
 
     def use_catalogue(records: CatalogueRecords) -> None:
@@ -352,6 +367,8 @@ def build_services(settings: Settings, upstream: UpstreamPool) -> Services:
         observers.metrics.known = frozenset(served.models)  # metrics label these by name
 
     cache.on_catalogue(use_catalogue)
+    affinity = Affinity(services.health, store)  # session pins, written behind with health
+    observers.metrics.sessions = affinity.counts
     _observe_state(services)
     return services
 
@@ -364,6 +381,7 @@ def _observe_state(services: Services) -> None:
     metrics.gauges = lambda: {
         "usage_writer_backlog": writer.pending,
         "usage_parked_records": writer.parked,
+        "journal_writable": 1 if writer.journal_writable() else 0,
     }
 
     def channels_now() -> tuple[dict[str, str], dict[str, int]]:
@@ -390,7 +408,7 @@ def own_routes(services: Services) -> list[BaseRoute]:
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
-        Route("/openapi.json", openapi_endpoint(settings), methods=["GET"]),
+        Route("/openapi.json", openapi_endpoint(settings, services.lockout), methods=["GET"]),
     ]
     if settings.metrics.enabled:
         metrics = services.observers.metrics
@@ -429,7 +447,7 @@ class Lifespan:
         log.info("gateway.started store=%s", self.scheme)
 
     async def connect_later(self) -> None:
-        """Until the store answers: retry, then serve."""
+        """Until the store answers: retry, then serve; not when it never will."""
         delay = STORE_RETRY_FIRST
         while True:
             await asyncio.sleep(delay)
@@ -437,11 +455,21 @@ class Lifespan:
                 await self.connect()
             except Exception as exc:
                 raise_if_cancelled()
+                if self.misconfigured(exc):
+                    return
                 log.warning("gateway.store_unavailable error=%s", type(exc).__name__)
                 delay = min(delay * 2, STORE_RETRY_MAX)
             else:
                 self.serve()
                 return
+
+    def misconfigured(self, exc: BaseException) -> bool:
+        """Whether the store can never work as configured (``backends.permanent_problem``),
+        said in one line: the gateway stays up, answering 503, and stops retrying."""
+        problem = permanent_problem(exc, self.services.settings.store)
+        if problem is not None:
+            log.error("gateway.store_misconfigured store=%s: %s", self.scheme, problem)
+        return problem is not None
 
     def start_observers(self) -> None:
         observers, tasks = self.services.observers, self.tasks
@@ -463,12 +491,14 @@ class Lifespan:
             try:
                 await self.connect()
             except Exception as exc:
-                log.error(
-                    "gateway.store_unavailable store=%s error=%s: not ready, retrying",
-                    self.scheme,
-                    type(exc).__name__,
-                )
-                self.tasks.append(asyncio.create_task(self.connect_later(), name="gw.connect"))
+                if not self.misconfigured(exc):
+                    log.error(
+                        "gateway.store_unavailable store=%s error=%s: not ready, retrying",
+                        self.scheme,
+                        type(exc).__name__,
+                    )
+                    task = asyncio.create_task(self.connect_later(), name="gw.connect")
+                    self.tasks.append(task)
             else:
                 self.serve()
             yield

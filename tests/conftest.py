@@ -3,7 +3,9 @@ and the app in process (tests/plugins/inprocess.py).
 
 Every test that needs a served gateway, a spawned process or a browser is marked ``served``
 here, so that ``make test-fast`` (``pytest -m "not served"``) runs the rest: conversions,
-adapters, the pipeline in process, the stores, the pure modules."""
+adapters, the pipeline in process, the stores, the pure modules. Tests that hold a timing of
+the contract are marked ``serial``: ``make test`` runs everything else on two processes
+(pytest-xdist, a module per process at a time), then those alone."""
 
 from __future__ import annotations
 
@@ -39,10 +41,31 @@ SERVED_MODULES = frozenset(
 )
 
 
+# modules whose tests hold a deadline of the contract (a change seen everywhere within a
+# second, a stream cut at the grace period, a probe answered under a flood) or kill processes:
+# ``make test`` runs them on their own after the rest, which runs on two processes
+SERIAL_MODULES = frozenset(
+    {
+        "test_abuse",
+        "test_cluster_gateway",
+        "test_failover",
+        "test_instances",
+        "test_kill",
+        "test_load_balancer",
+        "test_metrics",
+        "test_readyz",
+        "test_server",
+        "test_store_outage",
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    served = pytest.mark.served
+    served, serial = pytest.mark.served, pytest.mark.serial
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         fixtures = set(getattr(item, "fixturenames", ()))
         if module in SERVED_MODULES or fixtures & SERVED_FIXTURES:
             item.add_marker(served)
+        if module in SERIAL_MODULES:
+            item.add_marker(serial)

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 Path_ = tuple[str | int, ...]
 
-FIXTURES = Path(__file__).parent / "fixtures"
 # one value of every JSON type (and an empty string, list and object, which read as "absent"
 # where a truthiness test stands in for a presence test)
 ODD_VALUES: tuple[Any, ...] = (None, True, 7, 2.5, "odd", [1], {"odd": 1}, "", [], {})

@@ -4,8 +4,8 @@ tests/fixtures/conversion and that of bedrock channels' protocols, tests/fixture
 
     python -m tests.regenerate_fixtures [--check] [PAIR_OR_CASE ...]      (make fixtures)
 
-Each case's ``request.json``, ``upstream_response.*`` or ``upstream_error.json`` and
-``meta.json`` are the inputs and are never touched; ``upstream_request.json`` and
+A case's ``case.json`` and the requests and replies it names (tests/fixtures/README.md) are
+the inputs and are never touched; the case's ``upstream_request.json`` and
 ``client_response.{json,sse}`` or ``client_error.json`` are written (JSON normalized: sorted
 keys, two-space indents; ids and times are the fixed ones of the test ``Ctx``: ``req-test``,
 1700000000), and a golden file of another shape left from before is removed. A second run

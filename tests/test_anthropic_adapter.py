@@ -25,6 +25,7 @@ from gateway.errors import (
 from gateway.protocols.anthropic import AnthropicAdapter
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamTarget
 from gateway.protocols.sse import SSEEvent, SSEParser
+from tests.fixture_tree import CONVERSION_TREE, FixtureCase, load
 from tests.test_conversion import Case, run_stream
 
 try:  # the anthropic SDK's HTTP client package (renamed in recent releases)
@@ -32,7 +33,6 @@ try:  # the anthropic SDK's HTTP client package (renamed in recent releases)
 except ModuleNotFoundError:  # pragma: no cover
     import httpx  # type: ignore[no-redef]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "conversion"
 ADAPTER = AnthropicAdapter()
 CHAT = RouteMatch(protocol="anthropic", capability="chat")
 COUNT = RouteMatch(protocol="anthropic", capability="count_tokens")
@@ -63,14 +63,14 @@ def events(raw: bytes) -> list[tuple[str | None, Any]]:
 def anthropic_client_dirs(kind: str) -> list[Path]:
     return sorted(
         p.parent
-        for p in FIXTURES.glob(f"anthropic__*/*/{kind}")
+        for p in CONVERSION_TREE.glob(f"anthropic__*/*/{kind}")
         if p.parent.parent.name.startswith("anthropic__")
     )
 
 
 def live_stream(case: Path) -> bytes:
     """What the gateway writes now for the fixture's upstream bytes (not the golden file)."""
-    return run_stream(Case(case), (case / "upstream_response.sse").read_bytes())[0]
+    return run_stream(Case(case), FixtureCase(case).reply(".sse").read_bytes())[0]
 
 
 def sdk(handler: Any) -> anthropic.Anthropic:
@@ -116,7 +116,7 @@ def test_stream_obeys_messages_event_grammar(case: Path) -> None:
 )
 def test_official_sdk_reads_every_stream(case: Path) -> None:
     raw = live_stream(case)
-    request = orjson.loads((case / "request.json").read_bytes())
+    request = FixtureCase(case).request
 
     def handler(_: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=raw)
@@ -152,14 +152,9 @@ def test_official_sdk_reads_every_stream(case: Path) -> None:
     ids=lambda p: p.parent.name + "/" + p.name,
 )
 def test_official_sdk_reads_every_message(case: Path) -> None:
-    request = orjson.loads((case / "request.json").read_bytes())
+    request = FixtureCase(case).request
     c = Case(case)
-    upstream = orjson.loads((case / "upstream_response.json").read_bytes())
-    if c.passthrough:
-        out, _ = c.client.passthrough_response(upstream, c.ctx)
-    else:
-        out = c.client.encode_response(c.upstream.decode_response(upstream), c.ctx)
-    body = orjson.dumps(out)
+    body = c.attempt().reply(c.files.reply(".json").read_bytes(), {}).body
 
     def handler(_: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "application/json"}, content=body)
@@ -176,9 +171,9 @@ def test_official_sdk_reads_every_message(case: Path) -> None:
 )
 def test_official_sdk_raises_its_typed_error(case: Path) -> None:
     c = Case(case)
-    up = orjson.loads((case / "upstream_error.json").read_bytes())
+    up = c.files.upstream_error
     status, body = c.client.encode_error(
-        c.upstream.decode_error(up["status"], orjson.dumps(up["body"]))
+        c.attempt().decode_error(up["status"], orjson.dumps(up["body"]))
     )
     expected = {"status": status, "body": body}
     classes = {
@@ -425,11 +420,11 @@ def test_token_count_goes_to_count_tokens_with_only_its_fields() -> None:
 
 
 # passthrough ------------------------------------------------------------------------------------
-PASSTHROUGH_STREAM = FIXTURES / "anthropic__anthropic" / "stream_parallel_tools"
+PASSTHROUGH_STREAM = CONVERSION_TREE / "anthropic__anthropic" / "stream_parallel_tools"
 
 
 def test_passthrough_stream_reads_usage_and_forwards_deltas_byte_for_byte() -> None:
-    raw = (PASSTHROUGH_STREAM / "upstream_response.sse").read_bytes()
+    raw = FixtureCase(PASSTHROUGH_STREAM).reply(".sse").read_bytes()
     ps = ADAPTER.passthrough_stream(ctx(), CHAT, target(stream=True))
     out = ps.feed(raw) + ps.finish()
     assert ps.usage == {
@@ -455,9 +450,7 @@ def test_passthrough_stream_cut_before_message_stop_raises() -> None:
 
 
 def test_passthrough_response_maps_the_model_back_and_reports_usage() -> None:
-    payload = orjson.loads(
-        (FIXTURES / "anthropic__anthropic" / "usage" / "upstream_response.json").read_bytes()
-    )
+    payload = load(FixtureCase(CONVERSION_TREE / "anthropic__anthropic" / "usage").reply(".json"))
     out, usage = ADAPTER.passthrough_response(payload, ctx())
     assert out["model"] == "chat-small"
     assert usage == {

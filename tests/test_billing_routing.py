@@ -89,7 +89,10 @@ def catalogue() -> Catalogue:
         parse_settings(
             {
                 "groups": ["default", "vip"],
-                "models": [{"name": "m"}, {"name": "e", "capabilities": ["embeddings"]}],
+                "models": [
+                    {"name": "m", "price": {"input": 1}},
+                    {"name": "e", "capabilities": ["embeddings"], "price": {"input": 1}},
+                ],
                 "channels": [
                     {**ch, "name": "a", "priority": 0, "weight": 3},
                     {**ch, "name": "b", "priority": 0, "weight": 1},

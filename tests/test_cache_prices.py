@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway import cli
+from gateway.cli import catalogue as cli_catalogue
 from gateway.config import ConfigError, Price, parse_model, parse_settings
 from gateway.errors import InvalidRequestError
 from gateway.operator import catalogue
@@ -79,6 +80,7 @@ def test_the_cli_has_a_flag_per_price() -> None:
     args = cli.build_parser().parse_args(
         ["models", "add", "m", "--input", "3", "--cache-read", "0.3", "--cache-write", "3.75"]
     )
-    assert cli.model_body(args)["price"] == {"input": 3, "cache_read": 0.3, "cache_write": 3.75}
-    kept = cli.model_body(args, {"input": 1, "output": 15, "cache_read": None})
+    body = cli_catalogue.model_body(args)
+    assert body["price"] == {"input": 3, "cache_read": 0.3, "cache_write": 3.75}
+    kept = cli_catalogue.model_body(args, {"input": 1, "output": 15, "cache_read": None})
     assert kept["price"] == {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75}

@@ -19,6 +19,7 @@ from gateway.cli import main
 from gateway.store import UsageRecord
 from gateway.store.backends import open_store
 from tests.plugins.records import usage_record
+from tests.plugins.stores import sqlite_url
 
 CONFIG = """\
 store: sqlite:///{db}
@@ -523,3 +524,22 @@ async def test_a_channel_added_by_the_cli_serves_on_a_running_gateway(
         chat["model"] = "chat-small"
         async with http.post(gateway.v1 + "/chat/completions", json=chat, headers=headers) as r:
             assert r.status == 200
+
+
+def test_sessions_rotate_replaces_the_secret_console_sessions_are_signed_with(
+    gw: Runner, tmp_path: Path
+) -> None:
+    async def secret() -> bytes:
+        store = open_store(sqlite_url(tmp_path / "data" / "gw.db"))
+        await store.open()
+        try:
+            return await store.session_secret()
+        finally:
+            await store.close()
+
+    before = asyncio.run(secret())
+    assert gw.json("sessions", "rotate") == {"rotated": True}
+    after = asyncio.run(secret())
+    assert after != before and len(after) >= 32
+    out, _ = gw("sessions", "rotate")
+    assert "rotated" in out and asyncio.run(secret()) != after

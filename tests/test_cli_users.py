@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.cli.redemptions import listing_csv
 from gateway.config import load_settings
 from gateway.operator.passwords import verify_password
 from gateway.operator.redemptions import code_hash
@@ -113,3 +114,16 @@ def test_redemptions_create_as_csv_and_list(gw: Runner) -> None:
     _, err = gw("redemptions", "create", "--amount", "0", code=1)
     assert "amount" in one_error_line(err)
     assert in_store(gw, lambda s: s.load_balances())["alice"] == 12.5 * MICRO
+
+
+def test_the_codes_listing_csv_writes_no_formula() -> None:
+    """An account name a spreadsheet would take for a formula is written as text (``'``
+    in front), as in the console's CSV; numbers and other text as they are."""
+    row = {"id": "r-1", "hint": "ABCD…WXYZ", "amount": 5.0, "status": "used",
+           "created_at": "2026-01-01T00:00:00Z", "expires_at": None,
+           "account": "=HYPERLINK(\"http://evil.example\")", "user": "-2+3",
+           "used_at": "2026-01-02T00:00:00Z"}  # fmt: skip
+    [read] = list(csv.DictReader(io.StringIO(listing_csv([row]))))
+    assert read["account"] == '\'=HYPERLINK("http://evil.example")'
+    assert read["user"] == "'-2+3"
+    assert (read["hint"], read["amount"], read["expires_at"]) == ("ABCD…WXYZ", "5.0", "")

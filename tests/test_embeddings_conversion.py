@@ -1,13 +1,19 @@
 """The embeddings adapters: one parametrized runner over the fixture tree, then the official SDKs.
 
-tests/fixtures/embeddings/<client>__<upstream>/<case>/ holds request.json, upstream_request.json
-(``{url, headers, body}``), upstream_response.json, client_response.json, or instead of the last
-two upstream_error.json (``{status, body}``); error.json names the error a case must raise
-(``stage``: match, decode, request or response; ``status``, ``class``, a ``message`` excerpt,
-``channel_fault``, ``retry_after``); meta.json gives the gemini path (``action``,
-``path_model``), the usage a passthrough reply reports (``usage``) and the vectors a
-passthrough base64 reply holds (``vectors``). Same client and upstream: the passthrough path.
-Pure: no event loop, no sockets (the SDKs talk to the adapters through a mock transport).
+tests/fixtures/embeddings/<client>__<upstream>/<case>/case.json names the case's inputs (its
+``request`` under requests/<client>/, its ``upstream_response`` or ``upstream_error``
+(``{status, body}``) under replies/<upstream>/, stored once each: tests/fixtures/README.md);
+its ``error`` is the error the case must raise (``stage``: match, decode, request or
+response; ``status``, ``class``, a ``message`` excerpt, ``channel_fault``, ``retry_after``);
+it gives the gemini path (``action``, ``path_model``), the prompt tokens a reply is billed
+(``billed``), the usage a passthrough reply reports (``usage``) and the vectors a passthrough
+base64 reply holds (``vectors``). Beside it are the golden files, upstream_request.json
+(``{url, headers, body}``) and client_response.json, written by hand.
+
+Each attempt is the kind's: ``EmbeddingsKind.exchange`` chooses the pass-through (the same
+protocol on both sides) or a conversion, and its call, reply and error give the outputs.
+Pure: no event loop, no sockets (the SDKs talk to the kind's exchange through a mock
+transport).
 """
 
 from __future__ import annotations
@@ -32,31 +38,38 @@ from openai.lib._parsing._embeddings import parse_embedding_response
 from openai.types import CreateEmbeddingResponse
 
 from gateway.errors import GatewayError, UpstreamError
+from gateway.kinds import KINDS
+from gateway.kinds.base import Exchange, Reply
+from gateway.kinds.embeddings import EmbeddingsJob, estimate_tokens
+from gateway.policy.billing import Metered
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
-from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest
+from gateway.protocols.embeddings import EmbeddingsAdapter
 from gateway.protocols.gemini.embeddings import GEMINI_EMBEDDINGS
 from gateway.protocols.openai.embeddings import (
     OPENAI_EMBEDDINGS,
     decode_float32,
     encode_float32,
 )
+from tests.fixture_tree import EMBEDDINGS_TREE as ROOT
+from tests.fixture_tree import (
+    INPUT_DIRS,
+    MANIFEST,
+    FixtureCase,
+    case_dirs,
+    channel,
+    load,
+    shared_inputs,
+    used_inputs,
+)
 
-ROOT = Path(__file__).parent / "fixtures" / "embeddings"
 ADAPTERS: dict[str, EmbeddingsAdapter] = {"openai": OPENAI_EMBEDDINGS, "gemini": GEMINI_EMBEDDINGS}
 BASE_URLS = {"openai": "http://upstream.test/v1", "gemini": "http://upstream.test"}
+KIND = KINDS["embeddings"]
 FLOAT32_EPS = 2.0**-23  # float32's relative precision (24-bit significand), with room
 
 
 def cases() -> list[Any]:
-    out = []
-    for pair in sorted(p for p in ROOT.iterdir() if p.is_dir()):
-        for case in sorted(p for p in pair.iterdir() if p.is_dir()):
-            out.append(pytest.param(case, id=f"{pair.name}/{case.name}"))
-    return out
-
-
-def load(path: Path) -> Any:
-    return orjson.loads(path.read_bytes())
+    return [pytest.param(case, id=f"{case.parent.name}/{case.name}") for case in case_dirs(ROOT)]
 
 
 def float32(values: list[float]) -> list[float]:
@@ -79,19 +92,19 @@ def assert_float32_close(got: list[float], want: list[float]) -> None:
 class Case:
     def __init__(self, path: Path) -> None:
         self.path = path
-        client, upstream = path.parent.name.split("__")
+        self.files = FixtureCase(path)
+        client, upstream = self.files.client, self.files.upstream
         self.client = ADAPTERS[client]
-        self.upstream = ADAPTERS[upstream]
-        self.passthrough = client == upstream
-        self.meta = self.file("meta") or {}
-        self.request = load(path / "request.json")
-        self.error = self.file("error")
+        self.meta = self.files.manifest
+        self.request = self.files.request
+        self.error = self.meta.get("error")
         self.route = RouteMatch(
             protocol=client,
             capability="embeddings",
             model=self.meta.get("path_model"),
             action=self.meta.get("action", ""),
         )
+        self.channel = self.files.channel(BASE_URLS[upstream])
         self.target = UpstreamTarget(
             channel="test",
             base_url=BASE_URLS[upstream],
@@ -102,8 +115,10 @@ class Case:
         )
 
     def file(self, name: str) -> Any:
-        path = self.path / f"{name}.json"
-        return load(path) if path.exists() else None
+        """An input the manifest names (``upstream_response``, ``upstream_error``) or a golden
+        file (``upstream_request``, ``client_response``); None when the case has none."""
+        path = self.files.input(name) if name in INPUT_DIRS else self.path / f"{name}.json"
+        return load(path) if path is not None and path.exists() else None
 
     def ctx(self, route: RouteMatch) -> Ctx:
         return Ctx(request_id="req-test", model=route.model or "", created=1700000000)
@@ -112,8 +127,10 @@ class Case:
         """Whether this case's error is expected at ``name``."""
         return self.error is not None and self.error.get("stage") == name
 
-    def run_request(self) -> tuple[RouteMatch, EmbeddingsRequest, UpstreamCall]:
-        """The client side and the upstream request, each stage checked for its error."""
+    def run_request(self) -> Exchange:
+        """The request read as the kind reads it, then one attempt on the case's channel: the
+        kind's ``exchange`` chooses the pass-through (same protocol) or a conversion. Each
+        stage is checked for the case's error."""
         with self.expect("match"):
             route = self.client.match_embeddings(self.request, self.route)
         assert route.stream is False
@@ -121,12 +138,9 @@ class Case:
         with self.expect("decode"):
             req = self.client.decode_embeddings(self.request, route)
         body = orjson.loads(orjson.dumps(self.request))  # the relay hands over its own copy
+        job = EmbeddingsJob(self.client, route, body, req, estimate_tokens(req))
         with self.expect("request"):
-            if self.passthrough:
-                call = self.upstream.embeddings_passthrough(body, route, self.target)
-            else:
-                call = self.upstream.embeddings_request(req, self.target)
-        return route, req, call
+            return KIND.exchange(job, self.channel, self.target, self.ctx(route), last=True)
 
     @contextmanager
     def expect(self, stage: str) -> Iterator[None]:
@@ -158,35 +172,57 @@ def check_error(err: GatewayError, expected: dict[str, Any]) -> None:
         assert err.retry_after == expected["retry_after"]
 
 
-def respond(c: Case) -> Any:
-    """The client's reply to the case's upstream reply (JSON round-tripped)."""
-    route, req, _call = c.run_request()
-    payload = c.file("upstream_response")
+def respond(c: Case) -> Reply:
+    """The client's reply to the case's upstream reply, and what it is billed."""
+    exchange = c.run_request()
+    raw = c.files.reply(".json").read_bytes()
     with c.expect("response"):
-        if c.passthrough:
-            out, usage = c.client.embeddings_passthrough_response(payload, c.ctx(route))
-            assert usage == c.meta.get("usage")
-        else:
-            resp = c.upstream.decode_embeddings_response(payload, req)
-            out = c.client.encode_embeddings(resp, req, c.ctx(route))
-    return orjson.loads(orjson.dumps(out))
+        reply = exchange.reply(raw, {})
+    return reply
 
 
 # --- the fixture tree ------------------------------------------------------------------
 
 
 def test_fixture_tree_covers_every_pair() -> None:
-    pairs = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    pairs = {p.parent.name for p in case_dirs(ROOT)}
     assert pairs == {"openai__openai", "openai__gemini", "gemini__openai", "gemini__gemini"}
+
+
+# what a case.json may say; the golden files a case may hold
+MANIFEST_KEYS = {
+    "request", "upstream_response", "upstream_error", "error", "action", "path_model", "usage",
+    "vectors", "billed", "channel",
+}  # fmt: skip
+GOLDEN = {"upstream_request.json", "client_response.json"}
+
+
+def test_every_case_is_complete() -> None:
+    """Each case names its request, at most one upstream reply or error, each in its
+    protocol's directory, says nothing the runner does not read, holds only golden files
+    beside its manifest, and either expects an error or has a reply to compare; no input is
+    left that no case takes."""
+    for path in case_dirs(ROOT):
+        files = FixtureCase(path)
+        assert set(files.manifest) <= MANIFEST_KEYS, path
+        assert "request" in files.manifest, path
+        assert not files.misplaced_inputs(), (path, files.misplaced_inputs())
+        assert not {"upstream_response", "upstream_error"} <= set(files.manifest), path
+        names = {p.name for p in path.iterdir()}
+        assert MANIFEST in names and names - {MANIFEST} <= GOLDEN, path
+        assert ("error" in files.manifest) != ("client_response.json" in names), path
+        assert ("billed" in files.manifest) == ("client_response.json" in names), path
+    assert shared_inputs(ROOT) - used_inputs(ROOT) == set()
 
 
 @pytest.mark.parametrize("path", cases())
 def test_request(path: Path) -> None:
     c = Case(path)
     try:
-        _route, _req, call = c.run_request()
+        call = c.run_request().call
     except Expected:
         return
+    assert call is not None
     expected = c.file("upstream_request")
     if expected is None:
         pytest.skip("an upstream-error case: its request is not the point")
@@ -197,10 +233,11 @@ def test_request(path: Path) -> None:
 
 @pytest.mark.parametrize("path", cases())
 def test_response(path: Path) -> None:
+    """The client's reply, and the prompt tokens it is billed (``billed``), or the error."""
     c = Case(path)
     upstream_error = c.file("upstream_error")
     if upstream_error is not None:
-        err = c.upstream.decode_error(
+        err = c.run_request().decode_error(
             upstream_error["status"], orjson.dumps(upstream_error["body"])
         )
         assert c.error is not None
@@ -210,38 +247,53 @@ def test_response(path: Path) -> None:
         assert c.error is not None and c.error["stage"] in ("match", "decode", "request")
         return
     try:
-        out = respond(c)
+        reply = respond(c)
     except Expected:
         return
     assert c.error is None, f"expected {c.error}"
-    assert out == c.file("client_response")
+    assert orjson.loads(reply.body) == c.file("client_response")
+    assert reply.used == Metered(prompt_tokens=c.meta["billed"])
+
+
+def usage_cases() -> list[Any]:
+    return [p for p in cases() if "usage" in FixtureCase(p.values[0]).manifest]
+
+
+@pytest.mark.parametrize("path", usage_cases())
+def test_passthrough_reads_the_upstreams_usage(path: Path) -> None:
+    """The pass-through reads the usage an upstream's own reply reports (``usage``; None where
+    it reports none, and the estimate is billed)."""
+    c = Case(path)
+    _, usage = c.client.embeddings_passthrough_response(c.file("upstream_response"), c.ctx(c.route))
+    assert usage == c.meta["usage"]
 
 
 def base64_cases() -> list[Any]:
     out = []
     for param in cases():
-        reply = load(param.values[0] / "client_response.json") if _has(param, "client") else None
+        reply = load(param.values[0] / "client_response.json") if _has(param) else None
         data = reply.get("data") if isinstance(reply, dict) else None
         if data and isinstance(data[0]["embedding"], str):
             out.append(param)
     return out
 
 
-def _has(param: Any, which: str) -> bool:
-    return bool((param.values[0] / f"{which}_response.json").exists())
+def _has(param: Any) -> bool:
+    """Whether the case's client gets a reply (its golden client_response.json)."""
+    return bool((param.values[0] / "client_response.json").exists())
 
 
 @pytest.mark.parametrize("path", base64_cases())
 def test_base64_holds_the_upstream_vectors(path: Path) -> None:
     """Decoded back, each base64 vector is the upstream's, to float32 precision."""
     c = Case(path)
-    if c.passthrough:
+    if "vectors" in c.meta:  # the upstream's reply holds base64 itself
         want = c.meta["vectors"]
     else:
         up = c.file("upstream_response")
         want = [e["values"] for e in up["embeddings"]] if "embeddings" in up else None
         want = want or [e["embedding"] for e in up["data"]]
-    got = [unpack(item["embedding"]) for item in respond(c)["data"]]
+    got = [unpack(item["embedding"]) for item in orjson.loads(respond(c).body)["data"]]
     for g, w in zip(got, want, strict=True):
         assert_float32_close(g, w)
 
@@ -250,12 +302,14 @@ def test_base64_holds_the_upstream_vectors(path: Path) -> None:
 
 
 def converted(client: str) -> list[Any]:
+    """The replies the gateway writes itself for a client of ``client``'s protocol: from a
+    channel of another protocol (a pass-through reply is the upstream's own)."""
     return [
         p
         for p in cases()
         if p.values[0].parent.name.startswith(f"{client}__")
         and not p.values[0].parent.name.endswith(f"__{client}")
-        and _has(p, "client")
+        and _has(p)
     ]
 
 
@@ -309,8 +363,10 @@ def gateway(
     reply: Callable[[UpstreamCall], Any],
     seen: list[tuple[str, Any, UpstreamCall]],
 ) -> httpx2.MockTransport:
-    """A transport that answers as the gateway's converting path would (no relay, no I/O)."""
-    client_adapter, upstream_adapter = ADAPTERS[client], ADAPTERS[upstream]
+    """A transport that answers as the gateway would on a channel of type ``upstream`` (the
+    kind's exchange: pass-through or conversion; no relay, no I/O)."""
+    client_adapter = ADAPTERS[client]
+    on = channel(upstream, BASE_URLS[upstream])
     target = UpstreamTarget("test", BASE_URLS[upstream], "up-key", "upstream-embed", 0, False)
 
     def handle(request: httpx2.Request) -> httpx2.Response:
@@ -320,12 +376,13 @@ def gateway(
             route.model, route.action = request.url.path.rsplit("/", 1)[1].split(":")
         route = client_adapter.match_embeddings(payload, route)
         req = client_adapter.decode_embeddings(payload, route)
-        call = upstream_adapter.embeddings_request(req, target)
-        seen.append((request.url.path, payload, call))
-        resp = upstream_adapter.decode_embeddings_response(reply(call), req)
+        job = EmbeddingsJob(client_adapter, route, payload, req, estimate_tokens(req))
         ctx = Ctx(request_id="req-test", model=route.model or "", created=1700000000)
-        out = client_adapter.encode_embeddings(resp, req, ctx)
-        return httpx2.Response(200, content=orjson.dumps(out), headers=JSON_CT)
+        exchange = KIND.exchange(job, on, target, ctx, last=False)
+        assert exchange.call is not None
+        seen.append((request.url.path, payload, exchange.call))
+        out = exchange.reply(orjson.dumps(reply(exchange.call)), {})
+        return httpx2.Response(200, content=out.body, headers=JSON_CT)
 
     return httpx2.MockTransport(handle)
 
@@ -335,9 +392,18 @@ def gemini_upstream(call: UpstreamCall) -> Any:
     return {"embeddings": [{"values": [V1, V2][i % 2]} for i in range(n)]}
 
 
+def pack(values: list[float]) -> str:
+    """A vector as OpenAI's base64 encoding writes it: little-endian float32."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
 def openai_upstream(call: UpstreamCall) -> Any:
+    """An OpenAI embeddings endpoint: base64 vectors when asked for them."""
     body = orjson.loads(call.body)
-    data = [{"object": "embedding", "index": i, "embedding": [V1, V2][i % 2]} for i in range(2)]
+    vector: Callable[[list[float]], Any] = pack if body.get("encoding_format") == "base64" else list
+    data = [
+        {"object": "embedding", "index": i, "embedding": vector([V1, V2][i % 2])} for i in range(2)
+    ]
     return {"object": "list", "data": data[: len(body["input"])], "model": body["model"],
             "usage": {"prompt_tokens": 6, "total_tokens": 6}}  # fmt: skip
 
@@ -376,10 +442,11 @@ def test_openai_sdk_token_arrays_reach_an_openai_channel() -> None:
     ):
         got = sdk.embeddings.create(model="embed-small", input=[[1, 2, 3], [4]])
     body = orjson.loads(seen[0][2].body)
+    # passed through: the SDK's body (base64, its default) with the channel's model name
     assert body == {
         "model": "upstream-embed",
         "input": [[1, 2, 3], [4]],
-        "encoding_format": "float",
+        "encoding_format": "base64",
     }
     assert got.usage.prompt_tokens == 6
     assert_float32_close(got.data[1].embedding, V2)

@@ -200,3 +200,21 @@ async def test_a_channel_s_own_idle_timeout_ends_a_silent_stream(
         await gw.state.writer.flush()
         (rec,) = await gw.state.store.usage("alice", 1)
         assert (rec.channel, rec.status) == ("bad", 504)
+
+
+async def test_streams_that_stall_past_the_idle_timeout_cool_their_channel(
+    fake: FakeUpstream, bad: BadUpstream, store_url: str
+) -> None:
+    """Over real sockets: three streams in a row stall after their first word past the
+    channel's idle timeout (aiohttp's read timeout); the channel cools down and the next
+    stream goes to the healthy channel instead of stalling too."""
+    cfg = config(fake, bad, store_url, "pause")
+    cfg["upstream"] = {}
+    cfg["channels"][0]["timeouts"] = {"idle": 0.3}
+    async with serve_app(parse(cfg)) as gw:
+        for _ in range(3):
+            with pytest.raises(openai.APIError):
+                await ask(gw, True)
+        assert "bad" in gw.state.health.cooling
+        assert await ask(gw, True) == "served by the good one"
+        assert bad.hits["pause"] == 3

@@ -26,12 +26,12 @@ from gateway.errors import (
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamTarget
 from gateway.protocols.gemini import GeminiAdapter
 from gateway.protocols.sse import SSEEvent, SSEParser
+from tests.fixture_tree import CONVERSION_TREE, FixtureCase
 
 G = GeminiAdapter()
 CTX = Ctx(request_id="req-1", model="chat-small", created=1700000000)
 CHAT = RouteMatch(protocol="gemini", capability="chat", model="chat-small", stream=False)
 COUNT = RouteMatch(protocol="gemini", capability="count_tokens", model="chat-small")
-FIXTURES = Path(__file__).parent / "fixtures" / "conversion"
 
 
 def target(stream: bool = False) -> UpstreamTarget:
@@ -402,7 +402,8 @@ def test_encoder_error_before_any_chunk_is_still_a_json_array() -> None:
 
 
 def test_passthrough_stream_reads_usage_and_maps_the_model() -> None:
-    raw = FIXTURES / "gemini__gemini" / "stream_thinking_signature" / "upstream_response.sse"
+    case = FixtureCase(CONVERSION_TREE / "gemini__gemini" / "stream_thinking_signature")
+    raw = case.reply(".sse")
     route = RouteMatch(protocol="gemini", capability="chat", model="m", stream=True)
     ps = G.passthrough_stream(CTX, route, target(stream=True))
     out = ps.feed(raw.read_bytes()) + ps.finish()
@@ -421,7 +422,7 @@ def test_passthrough_stream_reads_usage_and_maps_the_model() -> None:
 def gemini_client_outputs() -> list[Any]:
     out = []
     for pair in ("gemini__openai", "gemini__gemini", "gemini__anthropic"):
-        for path in sorted((FIXTURES / pair).glob("*/client_response.*")):
+        for path in sorted((CONVERSION_TREE / pair).glob("*/client_response.*")):
             out.append(pytest.param(path, id=f"{pair}/{path.parent.name}"))
     return out
 

@@ -1,5 +1,6 @@
 """The cheaper check of response headers accepts exactly what h11's own check accepts, and
-refuses the rest with h11's own error; a served reply still carries its headers."""
+refuses the rest with h11's own error; a served reply still carries its headers. (That the
+mend fits the installed h11, and what a changed h11 does to it: tests/test_mends.py.)"""
 
 from __future__ import annotations
 
@@ -13,19 +14,13 @@ import aiohttp
 import h11
 import pytest
 from h11._headers import _field_name_re, _field_value_re
-from h11._headers import get_comma_header as h11_get
 from h11._headers import normalize_and_validate as h11_check
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.fake_upstream import FakeUpstream
-from gateway.server.h11_headers import (
-    make_check,
-    make_get_comma_header,
-    make_set_comma_header,
-    name_ok,
-    value_ok,
-)
+from gateway.server import mends
+from gateway.server.h11_headers import HEADER_CHECK, make_check, name_ok, value_ok
 from tests.plugins.processes import KEY, Gateway, free_port, write_config
 
 fast_check = make_check(h11_check)
@@ -73,33 +68,22 @@ def test_a_header_list_gets_h11_s_answer(headers: list[tuple[bytes, bytes]]) -> 
 def test_h11_adding_a_header_gets_the_same_headers(
     headers: list[tuple[bytes, bytes]], name: bytes, values: list[bytes]
 ) -> None:
-    """What h11 does to add its own header, whatever the headers it adds it to (those that
-    passed the check) and whatever it adds: the same headers, or the same refusal."""
-    from h11._headers import set_comma_header as h11_set
+    """What h11 does to add its own header (``set_comma_header``, which checks every header
+    again through the module's ``normalize_and_validate``, the cheaper one once mended),
+    whatever the headers it adds it to (those that passed the check) and whatever it adds:
+    the same headers, or the same refusal."""
+    import h11._headers
 
     try:
         made = h11_check(headers)
     except h11.LocalProtocolError:
         return  # never reaches set_comma_header
-    fast_set = make_set_comma_header(fast_check)
-    assert outcome(lambda _: fast_set(made, name, values), []) == outcome(
-        lambda _: h11_set(made, name, values), []
-    )
-
-
-@given(
-    st.lists(st.tuples(NAMES, VALUES), max_size=5),
-    st.sampled_from([b"transfer-encoding", b"connection", b"content-length", b"x-a"]),
-)
-@settings(max_examples=1000)
-def test_h11_looking_for_a_header_finds_the_same(
-    headers: list[tuple[bytes, bytes]], name: bytes
-) -> None:
-    try:
-        made = h11_check(headers)
-    except h11.LocalProtocolError:
-        return
-    assert make_get_comma_header(h11_get)(made, name) == h11_get(made, name)
+    add = h11._headers.set_comma_header
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(h11._headers, "normalize_and_validate", h11_check)
+        own = outcome(lambda _: add(made, name, values), [])
+        patch.setattr(h11._headers, "normalize_and_validate", fast_check)
+        assert outcome(lambda _: add(made, name, values), []) == own
 
 
 @pytest.mark.parametrize(
@@ -163,21 +147,29 @@ async def test_replies_through_the_gateway_s_hypercorn_keep_their_headers(
         assert await gw.exit_code() == 0
 
 
-def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import h11._connection
+def without_h11_mend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """h11 as installed, for the test; after it, h11 as it was before (mended or not)."""
     import h11._events
     import h11._headers
 
-    from gateway.server.h11_headers import speed_up
-
-    for module in (h11._events, h11._headers):  # restored after the test
+    for module in (h11._events, h11._headers):
         monkeypatch.setattr(module, "normalize_and_validate", h11_check)
-    monkeypatch.setattr(h11._connection, "set_comma_header", h11._headers.set_comma_header)
-    for module in (h11._connection, h11._headers):
-        monkeypatch.setattr(module, "get_comma_header", h11_get)
-    assert speed_up() and speed_up()
+    # set, then taken away: the undo puts back whatever was there, or nothing
+    monkeypatch.setattr(h11._headers.Headers, "__iter__", None, raising=False)
+    monkeypatch.delattr(h11._headers.Headers, "__iter__")
+
+
+def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import h11._events
+    import h11._headers
+
+    without_h11_mend(monkeypatch)
+    mends.put_in_place(HEADER_CHECK)
     fast = h11._headers.normalize_and_validate
+    mends.put_in_place(HEADER_CHECK)  # in place already: left as it is
+    assert h11._headers.normalize_and_validate is fast
     assert fast is not h11_check and h11._events.normalize_and_validate is fast
+    assert mends.original(fast) is h11_check
     with pytest.raises(h11.LocalProtocolError):
         h11.Response(status_code=200, headers=[(b"x-a", b"1\r\nx-b: 2")])
     ok = h11.Response(status_code=200, headers=[(b"Content-Type", b"text/plain")])
@@ -186,7 +178,11 @@ def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.server import hypercorn_mend
+    from gateway.server.hypercorn_mend import DATE_HEADER, ServerConfig
 
+    for name in ("response_headers", "include_date_header"):  # restored after the test
+        monkeypatch.setattr(ServerConfig, name, None, raising=False)
+        monkeypatch.delattr(ServerConfig, name)
     now = [1_764_100_000.2]
     monkeypatch.setattr(hypercorn_mend.time, "time", lambda: now[0])
     first = hypercorn_mend.http_date()
@@ -195,21 +191,19 @@ def test_the_date_header_is_made_once_a_second(monkeypatch: pytest.MonkeyPatch) 
     assert hypercorn_mend.http_date() is first  # the same second: not formatted again
     now[0] += 0.2
     assert hypercorn_mend.http_date() == b"Tue, 25 Nov 2025 19:46:41 GMT"
-    headers = hypercorn_mend.ServerConfig().response_headers("h11")
-    assert [name for name, _ in headers] == [b"date"]
+    mends.put_in_place(DATE_HEADER)
+    headers = ServerConfig().response_headers("h11")
+    assert headers == [(b"date", b"Tue, 25 Nov 2025 19:46:41 GMT")]  # one Date, no Server
 
 
 def test_h11_headers_iterate_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     import h11._headers
 
-    from gateway.server.h11_headers import speed_up
-
-    if "__iter__" in vars(h11._headers.Headers):  # given by an earlier speed_up()
-        monkeypatch.delattr(h11._headers.Headers, "__iter__")
+    without_h11_mend(monkeypatch)
     sent = [(b"Host", b"example.org"), (b"X-Many", b"a, b"), (b"x-many", b"c")]
     before = h11.Request(method="GET", target="/", headers=sent)
     expected = [before.headers[i] for i in range(len(before.headers))]
-    assert speed_up()
+    mends.put_in_place(HEADER_CHECK)
     assert "__iter__" in vars(h11._headers.Headers)
     after = h11.Request(method="GET", target="/", headers=sent)
     assert list(after.headers) == list(before.headers) == expected

@@ -99,3 +99,45 @@ async def test_the_sdks_read_through_the_keepalives(gw: ServedGateway) -> None:
             )
         ]
     assert "".join(parts).split() == ["one", "two", "three"]
+
+
+# the upstream withholds its status line 1.5 s; the stream is committed after 0.2 s
+WITHHELD = "[[fake text='one two three' chunks=3 first_ms=1500]]"
+
+
+@pytest.fixture
+async def committing(fake: FakeUpstream, store_url: str) -> AsyncIterator[ServedGateway]:
+    from gateway.config import parse_settings
+
+    upstream = {"stream_keepalive_seconds": 0.2, "stream_commit_seconds": 0.2}
+    async with serve_app(parse_settings(make_config(fake.url, store_url, upstream=upstream))) as gw:
+        yield gw
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "keepalive"),
+    [("/v1/chat/completions", "claude-small", b": keep-alive\n\n"),
+     ("/v1/messages", "gemini-small", b'event: ping\ndata: {"type": "ping"}\n\n')],
+    ids=["openai", "anthropic"],
+)  # fmt: skip
+async def test_a_stream_whose_upstream_withholds_its_status_is_committed(
+    committing: ServedGateway, path: str, model: str, keepalive: bytes
+) -> None:
+    """Over a real server: the client's response starts with a keep-alive while the upstream
+    has not answered, and the upstream's stream follows in it."""
+    body = {"model": model, "stream": True, "max_tokens": 50,
+            "messages": [{"role": "user", "content": WITHHELD}]}  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEYS['alice']}", "anthropic-version": "2023-06-01"}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(committing.url + path, json=body, headers=headers) as r:
+            assert r.status == 200
+            raw = await r.read()
+    assert raw.startswith(keepalive)
+    for word in (b"one", b"two", b"three"):
+        assert word in raw
+    async with anthropic.AsyncAnthropic(base_url=committing.url, api_key=KEYS["alice"]) as an:
+        async with an.messages.stream(
+            model="chat-small", max_tokens=50, messages=[{"role": "user", "content": WITHHELD}]
+        ) as stream:
+            text = "".join([t async for t in stream.text_stream])
+    assert text.split() == ["one", "two", "three"]

@@ -358,3 +358,75 @@ async def test_nginx_passes_a_stream_on_as_it_comes(fake: FakeUpstream, tmp_path
         gw.kill(signal.SIGTERM)
         await gw.exit_code()
         await redis.stop()
+
+
+@dataclass
+class Listener:
+    """An instance as the Nginx helper names it: a port."""
+
+    port: int
+
+
+async def posts_through(tmp_path: Path, first: Listener, second: Listener) -> list[int]:
+    """Four POSTs through nginx, one after the other, to an upstream of ``first`` and
+    ``second``: the statuses the client saw."""
+    nginx = Nginx(tmp_path / "nginx", [first, second])  # type: ignore[list-item]
+    await nginx.start()
+    statuses = []
+    try:
+        async with aiohttp.ClientSession() as s:
+            for i in range(4):
+                async with s.post(nginx.url + "/v1/chat/completions", json={"n": i}) as r:
+                    await r.read()
+                    statuses.append(r.status)
+    finally:
+        assert nginx.proc is not None
+        nginx.proc.terminate()
+        nginx.proc.wait(10)
+    return statuses
+
+
+async def test_nginx_never_sends_a_post_to_a_second_instance_once_sent(tmp_path: Path) -> None:
+    """An instance killed with the POST in hand (it read the request, then its connection
+    dropped) may have passed it to the provider already: nginx must not send it to another
+    instance as well (``non_idempotent`` did, and the provider ran it twice). A POST that
+    could not be sent at all (the connection refused) still goes to the next instance."""
+    got: dict[str, int] = {"killed": 0, "alive": 0}
+
+    async def killed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        got["killed"] += 1
+        writer.transport.abort()  # as a SIGKILL leaves it: no answer, the connection reset
+
+    async def alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.lower().split(b"\r\n")
+                    if line.startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                got["alive"] += 1
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        writer.close()
+
+    servers = [await asyncio.start_server(h, "127.0.0.1", 0) for h in (killed, alive)]
+    ports = [srv.sockets[0].getsockname()[1] for srv in servers]
+    try:
+        statuses = await posts_through(tmp_path, Listener(ports[0]), Listener(ports[1]))
+        assert got["killed"] >= 1  # nginx's round robin sent it one at least
+        assert got["killed"] + got["alive"] == 4, got  # each POST reached one instance only
+        assert statuses.count(200) == got["alive"]
+        assert statuses.count(503) == got["killed"]  # the error page: the client may retry
+
+        got.update(killed=0, alive=0)
+        refused = Listener(free_port())  # nothing listens there
+        statuses = await posts_through(tmp_path, refused, Listener(ports[1]))
+        assert statuses == [200] * 4 and got["alive"] == 4
+    finally:
+        for srv in servers:
+            srv.close()
+            await srv.wait_closed()

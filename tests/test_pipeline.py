@@ -193,16 +193,19 @@ async def test_refusals_come_in_the_protocol_of_the_path_and_reach_no_upstream(
     assert reply.headers["x-request-id"]
 
 
-async def test_an_upstream_rate_limit_comes_back_with_its_wait(inproc: InProcess) -> None:
-    limited = Scripted.json({"error": {"message": "slow down", "type": "rate_limit"}}, 429)
+@pytest.mark.parametrize("status", [429, 503])
+async def test_an_upstream_rate_limit_or_overload_comes_back_with_its_wait(
+    inproc: InProcess, status: int
+) -> None:
+    limited = Scripted.json({"error": {"message": "slow down", "type": "rate_limit"}}, status)
     limited.headers["retry-after"] = "7"
     inproc.upstream.answer("oa", limited, limited, limited)
     reply = await inproc.post("/v1/chat/completions", CHAT)
-    assert reply.status == 429
+    assert reply.status == status
     assert reply.headers["retry-after"] == "7"
     await inproc.settled()
     [record] = await inproc.services.store.usage("alice", 10)
-    assert (record.status, record.cost) == (429, 0)
+    assert (record.status, record.cost) == (status, 0)
     assert await balance(inproc) == START_BALANCE
 
 
@@ -238,3 +241,30 @@ async def test_an_error_mid_stream_is_sent_in_the_stream_and_what_came_is_billed
     [record] = await inproc.services.store.usage("alice", 10)
     assert record.status != 200 and record.cost > 0  # the prompt and what was generated
     assert await balance(inproc) == START_BALANCE - record.cost
+
+
+async def test_an_overloaded_anthropic_upstream_s_wait_reaches_a_messages_client(
+    inproc: InProcess,
+) -> None:
+    busy = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    overloaded = Scripted.json(busy, 529)
+    overloaded.headers["retry-after"] = "12"
+    inproc.upstream.answer("an", overloaded, overloaded, overloaded)
+    body = {"model": "claude-small", "max_tokens": 5, "messages": CHAT["messages"]}
+    reply = await inproc.post("/v1/messages", body)
+    assert reply.status == 503
+    assert reply.json()["error"]["type"] == "overloaded_error"
+    assert reply.headers["retry-after"] == "12"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("3", 3.0), ("0.5", 0.5), ("-1", None), ("nan", None), ("inf", None), ("soon", None),
+     ("", None), (None, None), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0)],
+)  # fmt: skip
+def test_an_upstream_s_retry_after_is_read_as_seconds_or_a_date(
+    given: str | None, expected: float | None
+) -> None:
+    from gateway.relay.attempt import retry_after
+
+    assert retry_after(given) == expected

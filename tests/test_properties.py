@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
-from gateway.protocols.base import Passthrough
-from tests.test_conversion import ROOT, Case, load, run_stream, upstream_request
+from tests.fixture_tree import CONVERSION_TREE, EMBEDDINGS_TREE, FixtureCase, case_dirs, load
+from tests.test_conversion import Case, run_stream, upstream_request
 from tests.test_embeddings_conversion import Case as EmbedCase
-from tests.test_embeddings_conversion import cases as embed_cases
 
-CASES = sorted(p.parent for p in ROOT.glob("*/*/request.json"))
-REPLY_CASES = [p for p in CASES if (p / "upstream_response.json").exists()]
-STREAM_CASES = [p for p in CASES if (p / "upstream_response.sse").exists()]
+CASES = case_dirs(CONVERSION_TREE)
+REPLY_CASES = [p for p in CASES if FixtureCase(p).has_reply(".json")]
+STREAM_CASES = [p for p in CASES if FixtureCase(p).has_reply(".sse")]
 BOUNDED = settings(
     max_examples=400,
     derandomize=True,
@@ -90,13 +89,13 @@ def mutated(draw: st.DrawFn, value: Any) -> Any:
 @st.composite
 def client_requests(draw: st.DrawFn) -> tuple[Path, Any]:
     path = draw(st.sampled_from(CASES))
-    return path, draw(mutated(load(path / "request.json")))
+    return path, draw(mutated(FixtureCase(path).request))
 
 
 def decode_request(path: Path, request: Any) -> None:
     """What the relay does with a client's body before anything goes upstream."""
     case = Case.__new__(Case)
-    meta = load(path / "meta.json") if (path / "meta.json").exists() else {}
+    meta = FixtureCase(path).manifest
     Case.__init__(case, path)  # the fixture's own request: the target, ctx and adapters
     case.request = request
     case.route = case.client.match(
@@ -124,7 +123,7 @@ def test_a_client_body_of_any_shape_is_a_gateway_error_at_worst(
 @st.composite
 def upstream_replies(draw: st.DrawFn) -> tuple[Path, Any]:
     path = draw(st.sampled_from(REPLY_CASES))
-    return path, draw(mutated(load(path / "upstream_response.json")))
+    return path, draw(mutated(load(FixtureCase(path).reply(".json"))))
 
 
 @BOUNDED
@@ -133,12 +132,9 @@ def test_an_upstream_reply_of_any_shape_is_a_gateway_error_at_worst(
     example: tuple[Path, Any],
 ) -> None:
     path, payload = example
-    c = Case(path)
+    exchange = Case(path).attempt()  # the kind's choice: pass-through or conversion
     try:
-        if c.passthrough:
-            cast(Passthrough, c.client).passthrough_response(payload, c.ctx)
-        else:
-            c.client.encode_response(c.upstream.decode_response(payload), c.ctx)
+        exchange.reply(orjson.dumps(payload), {})
     except GatewayError as err:
         assert err.status >= 500, (err.status, err.message)  # the upstream's fault, not ours
 
@@ -174,7 +170,7 @@ def sse_bytes(events: list[tuple[bytes, Any]]) -> bytes:
 @st.composite
 def upstream_streams(draw: st.DrawFn) -> tuple[Path, bytes]:
     path = draw(st.sampled_from(STREAM_CASES))
-    events = sse_events((path / "upstream_response.sse").read_bytes())
+    events = sse_events(FixtureCase(path).reply(".sse").read_bytes())
     i = draw(st.integers(0, len(events) - 1))
     head, data = events[i]
     if not isinstance(data, bytes):
@@ -193,14 +189,14 @@ def test_an_upstream_stream_of_any_shape_is_a_gateway_error_at_worst(
 
 # --- the embeddings endpoints (their own adapters and fixtures) ----------------------------
 
-EMBED_CASES = [p.values[0] for p in embed_cases()]
-EMBED_REPLIES = [p for p in EMBED_CASES if (p / "upstream_response.json").exists()]
+EMBED_CASES = case_dirs(EMBEDDINGS_TREE)
+EMBED_REPLIES = [p for p in EMBED_CASES if FixtureCase(p).has_reply(".json")]
 
 
 @st.composite
 def embed_requests(draw: st.DrawFn) -> tuple[Path, Any]:
     path = draw(st.sampled_from(EMBED_CASES))
-    return path, draw(mutated(load(path / "request.json")))
+    return path, draw(mutated(FixtureCase(path).request))
 
 
 @BOUNDED
@@ -220,7 +216,7 @@ def test_an_embeddings_body_of_any_shape_is_a_gateway_error_at_worst(
 @st.composite
 def embed_replies(draw: st.DrawFn) -> tuple[Path, Any]:
     path = draw(st.sampled_from(EMBED_REPLIES))
-    return path, draw(mutated(load(path / "upstream_response.json")))
+    return path, draw(mutated(load(FixtureCase(path).reply(".json"))))
 
 
 @BOUNDED
@@ -232,12 +228,8 @@ def test_an_embeddings_reply_of_any_shape_is_a_gateway_error_at_worst(
     c = EmbedCase(path)
     if c.error is not None:
         return  # an error case: its reply is not the point
-    route, req, _ = c.run_request()
+    exchange = c.run_request()  # the kind's choice: pass-through or conversion
     try:
-        if c.passthrough:
-            c.client.embeddings_passthrough_response(payload, c.ctx(route))
-        else:
-            resp = c.upstream.decode_embeddings_response(payload, req)
-            c.client.encode_embeddings(resp, req, c.ctx(route))
+        exchange.reply(orjson.dumps(payload), {})
     except GatewayError as err:
         assert err.status >= 500, (err.status, err.message)

@@ -24,14 +24,13 @@ from gateway.kinds.media import IMAGES, RERANK, SPEECH, MediaKind
 from gateway.policy.tokens import estimate_prompt_tokens
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import Counter, RouteMatch, UpstreamTarget
+from tests.fixture_tree import CONVERSION_TREE, EMBEDDINGS_TREE, FixtureCase, case_dirs
 from tests.mutation import (
     BOUNDED,
-    FIXTURES,
     ODD_VALUES,
     Path_,
     copy,
     json_values,
-    load,
     names,
     paths,
     replaced,
@@ -61,44 +60,29 @@ def target(channel: str, stream: bool) -> UpstreamTarget:
 
 
 def chat_requests() -> list[Request]:
-    seen: set[bytes] = set()
+    seen: set[str] = set()
     out = []
-    for case in sorted((FIXTURES / "conversion").glob("*/*/request.json")):
-        client = case.parent.parent.name.split("__")[0]
-        meta_file = case.parent / "meta.json"
-        meta = load(meta_file) if meta_file.exists() else {}
-        key = client.encode() + case.read_bytes() + repr(sorted(meta.items())).encode()
+    for path in case_dirs(CONVERSION_TREE):
+        case = FixtureCase(path)
+        meta = case.meta
+        key = f"{case.manifest['request']} {sorted(meta.items())!r}"  # the request stored once
         if key in seen:
             continue
         seen.add(key)
         out.append(
-            Request(
-                f"{case.parent.parent.name}/{case.parent.name}",
-                meta.get("capability", "chat"),
-                client,
-                load(case),
-                meta,
-            )
+            Request(case.id, meta.get("capability", "chat"), case.client, case.request, meta)
         )
     return out
 
 
 def embeddings_requests() -> list[Request]:
     out = []
-    for case in sorted((FIXTURES / "embeddings").glob("*/*/request.json")):
-        if (case.parent / "error.json").exists() and "match" in case.parent.name:
+    for path in case_dirs(EMBEDDINGS_TREE):
+        case = FixtureCase(path)
+        if "error" in case.manifest and "match" in path.name:
             continue
-        client = case.parent.parent.name.split("__")[0]
-        meta_file = case.parent / "meta.json"
-        meta = load(meta_file) if meta_file.exists() else {}
         out.append(
-            Request(
-                f"embeddings/{case.parent.parent.name}/{case.parent.name}",
-                "embeddings",
-                client,
-                load(case),
-                meta,
-            )
+            Request(f"embeddings/{case.id}", "embeddings", case.client, case.request, case.meta)
         )
     return out
 

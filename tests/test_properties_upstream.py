@@ -3,13 +3,13 @@
 client: the whole reply decoded and encoded for every client protocol, a stream through each
 channel's decoder and every client's encoder, and each pass-through.
 
-Inputs are the fixtures' upstream replies (tests/fixtures/conversion/*/upstream_response.json
-and .sse; the Responses pass-through reads what the gateway's Responses encoder wrote,
-client_response.json and .sse of the responses__* cases), each field replaced by a value of
-every JSON type and by numbers far past any real count (a table), by any JSON value and, for
-whole replies, a wholly random body (hypothesis). Each endpoint kind has replies here: chat,
-token counting, embeddings, images, rerank, transcription, and speech (billed from the
-request's ``input``: the reply's bytes are never read).
+Inputs are the fixtures' upstream replies (the .json and .sse replies the cases of
+tests/fixtures/conversion name; the Responses pass-through reads what the gateway's Responses
+encoder wrote, client_response.json and .sse of the responses__* cases), each field replaced
+by a value of every JSON type and by numbers far past any real count (a table), by any JSON
+value and, for whole replies, a wholly random body (hypothesis). Each endpoint kind has
+replies here: chat, token counting, embeddings, images, rerank, transcription, and speech
+(billed from the request's ``input``: the reply's bytes are never read).
 
 What a whole reply bills, priced at the highest prices a model may have, must fit the stores:
 a cost within ``billing.MAX_COST`` and a usage record the journal and SQLite can write.
@@ -41,9 +41,9 @@ from gateway.protocols.sse import SSEParser, frame
 from gateway.store import UsageRecord
 from gateway.store.records import journal_line, usage_row
 from gateway.types import ChatChunk
+from tests.fixture_tree import CONVERSION_TREE, EMBEDDINGS_TREE, FixtureCase, case_dirs
 from tests.mutation import (
     BOUNDED,
-    FIXTURES,
     ODD_VALUES,
     Path_,
     copy,
@@ -53,7 +53,6 @@ from tests.mutation import (
     replaced,
 )
 
-CONVERSION = FIXTURES / "conversion"
 # numbers no upstream should report, that one may: past 64 bits, past a billable count
 HUGE_VALUES: tuple[Any, ...] = (1e18, 1e300, -1e300, 2**64 - 1, 2**63, 1.5e19)
 # every price at its highest: the most any reply can be billed
@@ -126,19 +125,18 @@ TRANSCRIPTIONS: dict[str, Any] = {
 
 def replies() -> list[Reply]:
     out = []
-    for path in sorted(CONVERSION.glob("*/*/upstream_response.json")):
-        client, upstream = path.parent.parent.name.split("__")
-        body = load(path)
-        meta_path = path.parent / "meta.json"
-        kind = "count" if meta_path.exists() and "count" in meta_path.read_text() else "chat"
-        out.append(Reply(f"{path.parent.parent.name}/{path.parent.name}", upstream, kind, body))
-    for path in sorted(CONVERSION.glob("responses__*/*/client_response.json")):
+    for case in map(FixtureCase, case_dirs(CONVERSION_TREE)):
+        if case.has_reply(".json"):
+            kind = "count" if case.meta.get("capability") == "count_tokens" else "chat"
+            body = load(case.reply(".json"))
+            out.append(Reply(case.id, case.reply_protocol, kind, body))
+    for path in sorted(CONVERSION_TREE.glob("responses__*/*/client_response.json")):
         name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
         out.append(Reply(name, "responses", "chat", load(path)))
-    for path in sorted((FIXTURES / "embeddings").glob("*/*/upstream_response.json")):
-        upstream = path.parent.parent.name.split("__")[1]
-        name = f"embeddings/{path.parent.parent.name}/{path.parent.name}"
-        out.append(Reply(name, upstream, "embeddings", load(path)))
+    for case in map(FixtureCase, case_dirs(EMBEDDINGS_TREE)):
+        if case.has_reply(".json"):
+            body = load(case.reply(".json"))
+            out.append(Reply(f"embeddings/{case.id}", case.upstream, "embeddings", body))
     out.append(Reply("images", "openai", "images", {"created": 1, "data": [{"url": "u"}]}))
     rerank = {"results": [{"index": 0, "relevance_score": 0.5}], "usage": {"total_tokens": 3}}
     out.append(Reply("rerank", "openai", "rerank", rerank))
@@ -161,11 +159,11 @@ def _events(raw: bytes) -> tuple[tuple[str | None, Any], ...]:
 
 def streams() -> list[Stream]:
     out = []
-    for path in sorted(CONVERSION.glob("*/*/upstream_response.sse")):
-        upstream = path.parent.parent.name.split("__")[1]
-        name = f"{path.parent.parent.name}/{path.parent.name}"
-        out.append(Stream(name, upstream, _events(path.read_bytes())))
-    for path in sorted(CONVERSION.glob("responses__*/*/client_response.sse")):
+    for case in map(FixtureCase, case_dirs(CONVERSION_TREE)):
+        if case.has_reply(".sse"):
+            events = _events(case.reply(".sse").read_bytes())
+            out.append(Stream(case.id, case.reply_protocol, events))
+    for path in sorted(CONVERSION_TREE.glob("responses__*/*/client_response.sse")):
         name = f"responses-passthrough/{path.parent.parent.name}/{path.parent.name}"
         out.append(Stream(name, "responses", _events(path.read_bytes())))
     return _unique(out, lambda s: (s.protocol, orjson.dumps(s.events, default=bytes.decode)))

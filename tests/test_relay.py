@@ -52,7 +52,8 @@ async def test_slow_client_slows_the_upstream_read(gateway, fake) -> None:
     """A client that stops reading stops the gateway reading: the upstream is still writing a
     40 MB stream long after it would have finished had the gateway buffered it."""
     text = "word " * 8_000_000
-    fake.queue(Reply(text=text, chunks=4000))
+    # a count the account can pay for: 8M tokens would be cut at the balance (policy.spend)
+    fake.queue(Reply(text=text, chunks=4000, completion_tokens=4000))
     body = {"model": "chat-small", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     async with aiohttp.ClientSession() as s:
         async with s.post(gateway.v1 + "/chat/completions", json=body, headers=HEADERS) as r:

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from bench.fake_upstream import FakeUpstream
 from gateway.protocols.sse import SSEParser
+from tests.fixture_tree import CONVERSION_TREE, case_dirs
 from tests.plugins.servers import KEYS, ServedGateway, make_config
 from tests.test_sdk_matrix import (
     BY_TYPE,
@@ -347,7 +348,6 @@ async def test_anthropic_redacted_thinking_goes_back_as_it_came(
 
 
 # every Responses object and event the gateway writes, checked against the SDK's types --------
-FIXTURES = Path(__file__).parent / "fixtures" / "conversion"
 EVENT_TYPES: dict[str, type[BaseModel]] = {
     typing.get_args(cls.model_fields["type"].annotation)[0]: cls
     for cls in typing.get_args(typing.get_args(ResponseStreamEvent)[0])
@@ -387,8 +387,8 @@ def check_stream(events: list[dict[str, Any]]) -> None:
 def responses_cases() -> list[Any]:
     return [
         pytest.param(case, id=f"{case.parent.name}/{case.name}")
-        for pair in sorted(FIXTURES.glob("responses__*"))
-        for case in sorted(pair.iterdir())
+        for case in case_dirs(CONVERSION_TREE)
+        if case.parent.name.startswith("responses__")
     ]
 
 

@@ -23,7 +23,7 @@ from bench import procs
 from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
 from tests.plugins.processes import Gateway, free_port, write_config
-from tests.plugins.servers import KEYS
+from tests.plugins.servers import ADMIN_TOKEN, KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -334,3 +334,33 @@ def test_the_grace_period_is_a_setting(tmp_path: Path, section: str, expected: f
         patch.setattr(hypercorn.run, "run", run)
         server._hypercorn(settings, "127.0.0.1", 0, 2)
     assert seen == {"graceful": expected}
+
+
+@pytest.mark.parametrize("server", [
+    pytest.param(name, marks=pytest.mark.skipif(
+        importlib.util.find_spec(name) is None, reason=f"{name} is not installed"))
+    for name in ("hypercorn", "uvicorn", "granian")
+])  # fmt: skip
+async def test_no_server_believes_x_forwarded_for_on_its_own(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
+    """With ``trusted_proxies: []`` the client is the socket's peer (127.0.0.1), whatever
+    X-Forwarded-For says: uvicorn believed it from 127.0.0.1 by itself (its proxy headers),
+    and the usage record said the forged range."""
+    config = write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db")
+    config.write_text(config.read_text() + "trusted_proxies: []\n")
+    gw = Gateway(config, free_port(), tmp_path / "gw.log", server=server)
+    await gw.start()
+    try:
+        headers = {"authorization": f"Bearer {KEYS['alice']}", "x-forwarded-for": "203.0.113.9"}
+        chat = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(gw.url + "/v1/chat/completions", json=chat, headers=headers) as r:
+                assert r.status == 200, await r.text()
+            async with s.get(gw.url + "/admin/usage?limit=1", headers=admin) as r:
+                [record] = (await r.json())["data"]
+        assert record["ip_range"] == "127.0.0.0/24"
+    finally:
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()

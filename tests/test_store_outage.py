@@ -22,7 +22,15 @@ from bench.fake_upstream import FakeUpstream
 from gateway.config import parse_settings
 from gateway.operator.admin import STORE_TIMEOUT
 from gateway.store import Account, cache
-from tests.plugins.processes import OwnRedis, assert_billed_once, balance, opened, settled
+from tests.plugins.processes import (
+    GATEWAY,
+    OwnRedis,
+    assert_billed_once,
+    balance,
+    free_port,
+    opened,
+    settled,
+)
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, make_config, serve_app
 
 pytestmark = pytest.mark.skipif(
@@ -206,3 +214,55 @@ async def test_after_the_store_restarts_the_first_calls_succeed(tmp_path: Path) 
         assert redis.proc is not None
         redis.proc.kill()
         redis.proc.wait()
+
+
+def missing_database(redis_url: str) -> str:
+    """The test Redis with a database number no default server has (16: 0-15)."""
+    return redis_url.rsplit("/", 1)[0] + "/99"
+
+
+async def test_a_redis_database_that_does_not_exist_ends_start_up_with_one_line(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Not 'not ready, retrying' for ever: a configuration error, exit code 2."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"store: {missing_database(redis_url)}\nadmin_token: t\ngroups: [default]\n"
+        f"models: []\nchannels: []\njournal: {tmp_path}/journal\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        GATEWAY, "serve", "--config", str(config), "--port", str(free_port()),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(tmp_path),
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:  # still retrying: as it did before
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 2
+    lines = err.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("gateway: config error: store: redis database 99 does not exist")
+    assert out == b""
+
+
+async def test_the_lifespan_stops_retrying_a_database_that_does_not_exist(
+    redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that meets it (its store came back with it, or it was started another way)
+    says so once and stays up, not ready, without retrying; a store not reachable is still
+    retried."""
+    from tests.plugins.inprocess import running
+
+    async with running(missing_database(redis_url)) as app:
+        await asyncio.sleep(1.2)  # two retries' time, were it retrying
+        assert (await app.get("/readyz")).status == 503
+    found = [r.getMessage() for r in caplog.records if r.name == "gateway.app"]
+    assert [m for m in found if "store_misconfigured" in m] == [
+        "gateway.store_misconfigured store=redis: redis database 99 does not exist on "
+        + redis_url.split("//", 1)[1].rsplit("/", 1)[0]
+        + " (a Redis server has the databases 0 to its 'databases' setting less one: 0-15 by "
+        "default)"
+    ]
+    assert not [m for m in found if "store_unavailable" in m]

@@ -32,6 +32,7 @@ from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import Ctx, Passthrough, RouteMatch, UpstreamTarget
 from gateway.protocols.responses import ResponsesAdapter
 from gateway.protocols.sse import SSEParser
+from tests.fixture_tree import FixtureCase
 from tests.mutation import BOUNDED
 from tests.test_conversion import Case, case_dirs, load, run_stream
 
@@ -72,21 +73,19 @@ def class_cases() -> list[Any]:
     return [
         pytest.param(p, id=f"{p.parent.name}/{p.name}")
         for p in case_dirs()
-        if (p / "meta.json").exists() and "record" in load(p / "meta.json")
+        if "record" in FixtureCase(p).manifest
     ]
 
 
 def fixture_used(path: Path) -> Metered:
-    """What the relay bills a fixture case for: the usage the pair read, by class."""
+    """What the relay bills a fixture case for: the usage the attempt read, by class (the
+    kind's exchange chooses the pass-through or the conversion, as the relay's does)."""
     c = Case(path)
     if c.stream:
-        _, usage = run_stream(c, (path / "upstream_response.sse").read_bytes())
-    elif c.passthrough:
-        payload = load(path / "upstream_response.json")
-        _, usage = cast(Passthrough, c.client).passthrough_response(payload, c.ctx)
-    else:
-        usage = c.upstream.decode_response(load(path / "upstream_response.json")).get("usage")
-    return chat_used(usage)
+        _, usage = run_stream(c, c.files.reply(".sse").read_bytes())
+        return chat_used(usage)
+    exchange = c.attempt()
+    return exchange.reply(c.files.reply(".json").read_bytes(), {}).used
 
 
 def test_every_pair_has_token_class_cases_whole_and_streamed() -> None:
@@ -98,7 +97,7 @@ def test_every_pair_has_token_class_cases_whole_and_streamed() -> None:
 @pytest.mark.parametrize("path", class_cases())
 def test_fixture_records_keep_every_class_at_its_own_price(path: Path) -> None:
     used = fixture_used(path)
-    assert record_of(used) == load(path / "meta.json")["record"]
+    assert record_of(used) == FixtureCase(path).manifest["record"]
     assert billed(used, PRICE) == exact_cost(used, PRICES)
     # cache prices left unset: the input price (``billing.cache_prices``)
     unset = {"input": "3", "output": "15"}
@@ -306,7 +305,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "conversion"
 
 
 def whole_reply(upstream: str, n: Counts) -> Any:
-    reply = load(FIXTURES / f"openai__{upstream}" / "usage_classes" / "upstream_response.json")
+    reply = load(FIXTURES / "replies" / upstream / "usage_classes.json")
     if upstream == "openai":
         reply["usage"] = openai_usage(n)
     elif upstream == "anthropic":
@@ -340,7 +339,7 @@ def test_whole_replies_keep_every_class_once(upstream: str, data: st.DataObject)
 
 def upstream_stream(upstream: str, n: Counts) -> bytes:
     """The case's upstream stream with these counts where its usage was."""
-    raw = FIXTURES / f"openai__{upstream}" / "stream_usage_classes" / "upstream_response.sse"
+    raw = FIXTURES / "replies" / upstream / "stream_usage_classes.sse"
     events = []
     for block in raw.read_text().split("\n\n"):
         if not block:

@@ -1,5 +1,6 @@
 """The bundled fake upstream: the providers' wire formats (OpenAI, Anthropic, Gemini, AWS
-Bedrock), scripted per request."""
+Bedrock, Google Vertex AI with its OAuth2 token endpoint, Azure OpenAI), scripted per
+request."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Provider by path: ``/model/{id}/{action}`` is Bedrock, ``/v1/messages*`` is Anthropic,
 ``/v1beta/...`` and ``/v1/models/{m}:action`` are Gemini, every other ``/v1/...`` is OpenAI
 (``GET /v1/models`` is Anthropic's list when the request carries ``anthropic-version``).
+The clouds: ``/v1/projects/...`` and ``/v1beta1/projects/...`` are Vertex AI (Gemini or Claude
+by publisher; ``cloud`` "vertex"), ``/openai/...`` is Azure OpenAI (``cloud`` "azure"), and
+``/token`` is Google's OAuth2 token endpoint (``cloud`` "google").
 Unknown paths keep the provider of their prefix so the 404 comes in that provider's shape.
 """
 
@@ -16,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.fake import bedrock, media, responses
+from bench.fake import azure, bedrock, media, responses, vertex
 from bench.fake.incoming import Incoming, from_anthropic, from_gemini, from_openai
 
 GEMINI_ACTIONS = frozenset(
@@ -29,8 +32,11 @@ GEMINI_ACTIONS = frozenset(
     }
 )
 CHAT_KINDS = frozenset(
-    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"} | bedrock.KINDS
+    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"}
+    | bedrock.KINDS
+    | vertex.CLAUDE_KINDS
 )
+TOKEN_PATH = "/token"
 OPENAI_POSTS = {
     "/v1/chat/completions": "chat",
     "/v1/embeddings": "embeddings",
@@ -44,12 +50,20 @@ OPENAI_POSTS = {
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    protocol: str  # openai | anthropic | gemini | bedrock
+    protocol: str  # openai | anthropic | gemini | bedrock (the wire shapes)
     kind: str | None  # None: unknown path
-    model: str | None = None  # from a Gemini or Bedrock path
+    model: str | None = None  # from a Gemini, Bedrock, Vertex or Azure deployment path
+    cloud: str = ""  # "vertex" | "azure" | "google" (the token endpoint); "": the provider's own
 
 
 def route(method: str, path: str, headers: Mapping[str, str]) -> Route:
+    if path == TOKEN_PATH:
+        return Route("google", "token" if method == "POST" else None, cloud="google")
+    if path.startswith(vertex.PREFIXES):
+        return Route(*vertex.route(method, path), cloud="vertex")
+    if path.startswith("/openai/"):
+        kind, deployment, _ = azure.route(method, path)
+        return Route("openai", kind, deployment, cloud="azure")
     if path.startswith("/model/"):
         model, _, action = path[len("/model/") :].rpartition("/")
         known = method == "POST" and model and action in bedrock.KINDS
@@ -96,6 +110,10 @@ def bad_json_message(protocol: str) -> str:
 
 def incoming_for(where: Route, body: dict[str, Any]) -> Incoming | None:
     kind = where.kind
+    if where.cloud == "vertex" and kind is not None:
+        if where.protocol == "anthropic":
+            return vertex.from_claude_body(body, kind)
+        return vertex.from_gemini_body(body, kind)
     if kind == "chat":
         return from_openai(body)
     if kind == "responses":

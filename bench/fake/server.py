@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,25 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from bench.fake import anthropic, aws_auth, bedrock, gemini, media, openai, responses
+from bench.fake import (
+    anthropic,
+    aws_auth,
+    azure,
+    bedrock,
+    clouds,
+    gemini,
+    google_auth,
+    media,
+    openai,
+    responses,
+    vertex,
+)
 from bench.fake.incoming import Incoming, RequestShapeError
 from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
 from bench.fake.reply import DirectiveError, Reply, find_directive
 from bench.fake.routes import (
     CHAT_KINDS,
+    TOKEN_PATH,
     Route,
     bad_json_message,
     bearer,
@@ -63,7 +76,10 @@ class FakeUpstream:
     each stream written, in the order they ended (``record=False`` for long runs);
     ``fake.require_key`` may be changed at any time (None: any non-empty key);
     ``fake.aws_credentials`` (access key -> secret; ``aws_auth.CREDENTIALS`` unless given)
-    are the keys whose SigV4 signatures the Bedrock paths accept;
+    are the keys whose SigV4 signatures the Bedrock paths accept; ``fake.azure_keys``
+    (``azure.AZURE_KEY`` unless given) the ``api-key`` values the Azure paths accept;
+    ``fake.service_account()`` is the key file of a service account the token endpoint
+    (``/token``) knows, ``fake.google`` the issuer of the tokens the Vertex paths accept;
     ``fake.disconnects``, ``await fake.wait_disconnect()`` and ``fake.open_streams`` observe
     clients that leave.
     """
@@ -77,9 +93,12 @@ class FakeUpstream:
         defaults: Defaults | None = None,
         record: bool = True,
         aws_credentials: Mapping[str, str] | None = None,
+        azure_keys: Iterable[str] | None = None,
     ) -> None:
         self.host = host
         self.aws_credentials = dict(aws_credentials or aws_auth.CREDENTIALS)
+        self.azure_keys = frozenset(azure_keys or (azure.AZURE_KEY,))
+        self.google = google_auth.TokenIssuer()
         self.port = port
         self.require_key = require_key
         self.defaults = defaults or Defaults()
@@ -102,6 +121,13 @@ class FakeUpstream:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def service_account(self) -> dict[str, str]:
+        """The key file's JSON of a service account the token endpoint knows (the process's
+        test account, its key generated on first use), ``token_uri`` this fake's ``/token``."""
+        account = google_auth.default_account()
+        self.google.add(account)
+        return account.info(self.url + TOKEN_PATH)
 
     def queue(self, *replies: Reply) -> None:
         """Replies for the next requests, first in first out, on any endpoint."""
@@ -175,7 +201,7 @@ class FakeUpstream:
         where = route(request.method, request.path, request.headers)
         if where.kind is None:
             message = f"Invalid URL ({request.method} {request.path})"
-            return self._error(where.protocol, 404, None, message)
+            return self._error(where.protocol, 404, None, message, cloud=where.cloud)
         raw = await request.read() if request.can_read_body else b""
         payload: Any = None
         form: dict[str, str] = {}
@@ -199,20 +225,26 @@ class FakeUpstream:
                     form,
                 )
             )
-        rejected = self._check_auth(where.protocol, request, raw)
+        if where.cloud == "google":
+            status, granted = self.google.grant(clouds.form(raw), self.url + TOKEN_PATH)
+            return web.json_response(granted, status=status)
+        rejected = self._check_auth(where, request, raw)
         if rejected is not None:
             return rejected
         if request.method == "POST" and where.kind != "transcriptions":
             if not isinstance(payload, dict):
-                return self._error(where.protocol, 400, None, bad_json_message(where.protocol))
+                message = bad_json_message(where.protocol)
+                return self._error(where.protocol, 400, None, message, cloud=where.cloud)
         body: dict[str, Any] = payload if isinstance(payload, dict) else {}
         try:
             incoming = incoming_for(where, body)
             reply, incoming = self._next_reply(where, body, form, incoming)
         except RequestShapeError as exc:
-            return self._error(where.protocol, 400, None, str(exc), param=exc.param)
+            return self._error(
+                where.protocol, 400, None, str(exc), param=exc.param, cloud=where.cloud
+            )
         except DirectiveError as exc:
-            return self._error(where.protocol, 400, None, str(exc))
+            return self._error(where.protocol, 400, None, str(exc), cloud=where.cloud)
         first_ms = reply.first_ms if reply.first_ms is not None else self.defaults.first_ms
         if first_ms > 0:
             await asyncio.sleep(first_ms / 1000)
@@ -226,6 +258,7 @@ class FakeUpstream:
                 reply.error_message,
                 retry_after=reply.retry_after,
                 headers=reply.headers,
+                cloud=where.cloud,
             )
         return await self._answer(request, where, body, form, files, reply, incoming)
 
@@ -253,8 +286,15 @@ class FakeUpstream:
             return queued, incoming
         return (found.reply if found is not None else Reply()), incoming
 
-    def _check_auth(self, protocol: str, request: web.Request, raw: bytes) -> web.Response | None:
+    def _check_auth(self, where: Route, request: web.Request, raw: bytes) -> web.Response | None:
         want = self.require_key
+        protocol = where.protocol
+        if where.cloud:
+            refused = clouds.refusal(where.cloud, request, self.google, self.azure_keys)
+            if refused is None:
+                return None
+            status, payload = refused
+            return web.Response(status=status, body=orjson.dumps(payload), content_type=JSON_TYPE)
         if protocol == "bedrock":
             why = aws_auth.verify(
                 request.method, request.raw_path, request.headers, raw, self.aws_credentials
@@ -299,10 +339,13 @@ class FakeUpstream:
         code: str | None = None,
         param: str | None = None,
         reason: str | None = None,
+        cloud: str = "",
     ) -> web.Response:
         out: dict[str, str] = {}
         wait = retry_after if retry_after is not None else 1
-        if protocol == "openai":
+        if cloud == "azure":
+            payload = azure.error_payload(status, error_type, message)
+        elif protocol == "openai":
             payload = openai.error_payload(status, error_type, message, code or None, param)
             if code == "":
                 payload["error"]["code"] = None
@@ -349,7 +392,7 @@ class FakeUpstream:
         if incoming is not None and kind in CHAT_KINDS:
             if where.protocol == "bedrock":
                 return await self._bedrock(request, where, body, reply, incoming, headers)
-            if kind == "streamGenerateContent" or (
+            if kind in ("streamGenerateContent", "streamRawPredict") or (
                 kind != "generateContent" and body.get("stream")
             ):
                 return await self._chat_stream(request, where, body, reply, incoming)
@@ -405,7 +448,7 @@ class FakeUpstream:
     def _plan_for(
         self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
     ) -> Plan:
-        model = where.model if where.protocol in ("gemini", "bedrock") else body.get("model")
+        model = where.model or body.get("model")  # a path's (Gemini, Bedrock, the clouds')
         model = str(model or "")
         return make_plan(
             reply, incoming, self.defaults, model or "", self._request_id(), int(time.time())
@@ -418,10 +461,12 @@ class FakeUpstream:
         if where.kind == "responses":
             return responses.render(plan, body)
         if where.protocol == "openai":
-            return openai.render(plan)
+            raw = openai.render(plan)
+            return azure.chat_reply(raw) if where.cloud == "azure" else raw
         if where.protocol == "anthropic":
             return anthropic.render(plan)
-        return gemini.render(plan)
+        raw = gemini.render(plan)
+        return vertex.gemini_reply(raw) if where.cloud == "vertex" else raw
 
     async def _chat_stream(
         self,
@@ -441,6 +486,8 @@ class FakeUpstream:
             options = body.get("stream_options")
             usage = isinstance(options, dict) and bool(options.get("include_usage"))
             events = openai.stream(plan, usage)
+            if where.cloud == "azure":
+                events = azure.chat_events(events)
             return await self._stream(request, events, openai.SSE_TYPE, openai.stream_error, reply)
         if where.protocol == "anthropic":
             events = anthropic.stream(plan)
@@ -449,6 +496,8 @@ class FakeUpstream:
             )
         sse = request.query.get("alt") == "sse"
         events = gemini.stream(plan, sse)
+        if where.cloud == "vertex":
+            events = vertex.gemini_events(events, sse)
 
         def error(error_type: str | None, message: str | None, written: int) -> bytes:
             return gemini.stream_error(error_type, message, written, sse)

@@ -3,8 +3,9 @@ for keys, accounts, usage, the catalogue's channels, models and groups, console 
 redemption codes.
 
 One module per command group, each registering its own subcommands: ``serve``, ``keys``,
-``accounts``, ``catalogue`` (channels, models, groups), ``usage``, ``users`` and
-``redemptions``; ``output`` is what a
+``accounts``, ``catalogue`` (channels, models, groups), ``usage``, ``prices`` (the price
+table, and the catalogue against it), ``sessions`` (the console's session secret), ``users``
+and ``redemptions``; ``output`` is what a
 command returns and how it is printed, ``arguments`` the flags' value types.
 
 The operator commands open the store the config names and go through the same service
@@ -27,7 +28,17 @@ import sqlite3
 
 from redis.exceptions import RedisError
 
-from gateway.cli import accounts, catalogue, keys, redemptions, serve, usage, users
+from gateway.cli import (
+    accounts,
+    catalogue,
+    keys,
+    prices,
+    redemptions,
+    serve,
+    sessions,
+    usage,
+    users,
+)
 from gateway.cli.output import PROG, Command, Output, fail, show
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.errors import GatewayError
@@ -59,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     usage.register(sub, leaf)
     users.register(sub, leaf)
     redemptions.register(sub, leaf)
+    prices.register(sub, leaf)
+    sessions.register(sub, leaf)
     return parser
 
 

@@ -31,14 +31,27 @@ def codes_table(codes: Sequence[RedemptionRecord]) -> str:
     return table(headers, rows, right=[2])
 
 
+FORMULA_STARTS = frozenset("=+-@\t\r")
+
+
 def listing_csv(rows: Sequence[dict[str, JSON]]) -> str:
     out = io.StringIO()
     fields = ["id", "hint", "amount", "status", "created_at", "expires_at", "account", "user",
               "used_at"]  # fmt: skip
     writer = csv.DictWriter(out, fields, lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: "" if r[k] is None else r[k] for k in fields} for r in rows)
+    writer.writerows({k: _cell(r[k]) for k in fields} for r in rows)
     return out.getvalue()
+
+
+def _cell(value: JSON) -> JSON:
+    """A text cell a spreadsheet would take for a formula (an account name that starts with
+    = + - @, a tab or a carriage return) gets a ' in front, as the console's CSV does."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in FORMULA_STARTS:
+        return "'" + value
+    return value
 
 
 async def cmd_create(args: argparse.Namespace, settings: Settings, store: Store) -> Output:

@@ -19,6 +19,7 @@ from gateway.config.values import (
     string,
     strings,
 )
+from gateway.policy.prices import TablePrice
 
 CHANNEL_TYPES = ("openai", "anthropic", "gemini")
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
@@ -82,6 +83,11 @@ class Model:
     capabilities: frozenset[str]
     price: Price
     default_max_tokens: int = 4096
+    # False: no ``price`` was given, and ``price`` is the price table's (``config.pricing``)
+    priced: bool = True
+    # the price table's row for the model's upstream name, when it has one: its prices when
+    # the model has none, its cache ratios when the model leaves them unset
+    table: TablePrice | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,13 @@ class Channel:
     speaks: frozenset[str] = frozenset()
     timeouts: ChannelTimeouts = ChannelTimeouts()
     status: str = "enabled"  # enabled | disabled: a disabled channel is never chosen
+    # ``api_keys``: several upstream credentials, one chosen per request
+    # (``policy/upstream_keys.py``); ``api_key`` is the one a request uses (the first, unless
+    # the relay chose another); empty for a channel of one key
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # ``prompt_cache: auto``: cache breakpoints added to requests converted to the messages
+    # protocol that carry none (default on for anthropic channels; ``off`` to leave them out)
+    prompt_cache: bool = False
 
     def __post_init__(self) -> None:
         if not self.speaks:
@@ -150,8 +163,13 @@ CHANNEL_FIELDS = frozenset(
         "responses",
         "timeouts",
         "status",
+        "api_keys",
+        "prompt_cache",
     }
 )
+PROMPT_CACHE_VALUES = ("auto", "off")
+# the channel types whose requests carry cache breakpoints (the messages protocol)
+PROMPT_CACHE_TYPES = frozenset({"anthropic"})
 
 
 def parse_model(v: Any, where: str = "") -> Model:
@@ -165,6 +183,7 @@ def parse_model(v: Any, where: str = "") -> Model:
         if c not in CAPABILITIES:
             raise ConfigError(f"{at(where, 'capabilities')}[{i}]: unknown capability {c!r}")
     price_at = at(where, "price")
+    priced = d.get("price") is not None  # absent or null: the price table's (config.pricing)
     price_raw = mapping(d.get("price") or {}, price_at)
     no_unknown(price_raw, set(PRICE_FIELDS), price_at)
     price = Price(
@@ -178,7 +197,9 @@ def parse_model(v: Any, where: str = "") -> Model:
     dmt = integer(d.get("default_max_tokens", 4096), dmt_at, minimum=1)
     if dmt > MAX_DEFAULT_TOKENS:
         raise ConfigError(f"{dmt_at}: must be at most {MAX_DEFAULT_TOKENS}")
-    return Model(name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt)
+    return Model(
+        name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt, priced=priced
+    )
 
 
 def parse_channel(v: Any, where: str, groups: Collection[str], models: Collection[str]) -> Channel:
@@ -194,7 +215,7 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
     parts = urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{at(where, 'base_url')}: not a URL")
-    api_key = string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True)
+    api_key, api_keys = parse_keys(d, where)
     groups_at = at(where, "groups")
     ch_groups = strings(d.get("groups", ["default"]), groups_at)
     for i, g in enumerate(ch_groups):
@@ -235,7 +256,38 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
         speaks=frozenset({ctype, "responses"} if responses else {ctype}),
         timeouts=parse_timeouts(d.get("timeouts") or {}, at(where, "timeouts")),
         status=status,
+        api_keys=api_keys,
+        prompt_cache=parse_prompt_cache(d.get("prompt_cache"), ctype, where),
     )
+
+
+def parse_keys(d: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
+    """``api_key`` (one credential) or ``api_keys`` (several, each used for a share of the
+    requests), not both: (the first key, every key when there are several)."""
+    keys_at = at(where, "api_keys")
+    if d.get("api_keys") is None:
+        return string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True), ()
+    if d.get("api_key"):
+        raise ConfigError(f"{keys_at}: give api_key or api_keys, not both")
+    keys = strings(d["api_keys"], keys_at)
+    if not keys:
+        raise ConfigError(f"{keys_at}: at least one key is needed")
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{keys_at}: a key is listed twice")  # never echo a credential
+    return keys[0], tuple(keys) if len(keys) > 1 else ()
+
+
+def parse_prompt_cache(v: Any, ctype: str, where: str) -> bool:
+    """``prompt_cache``: ``auto`` (the default for the types in ``PROMPT_CACHE_TYPES``) or
+    ``off``."""
+    if v is None:
+        return ctype in PROMPT_CACHE_TYPES
+    if v not in PROMPT_CACHE_VALUES:
+        raise ConfigError(f"{at(where, 'prompt_cache')}: must be auto or off")
+    if v == "auto" and ctype not in PROMPT_CACHE_TYPES:
+        kinds = ", ".join(sorted(PROMPT_CACHE_TYPES))
+        raise ConfigError(f"{at(where, 'prompt_cache')}: only {kinds} channels take breakpoints")
+    return bool(v == "auto")
 
 
 def parse_timeouts(v: Any, where: str) -> ChannelTimeouts:

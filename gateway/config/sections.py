@@ -20,6 +20,11 @@ from gateway.config.values import (
 class Limits:
     max_request_bytes: int = 20 * 1024 * 1024
     max_upload_bytes: int = 100 * 1024 * 1024
+    # the largest whole (not streamed) upstream reply read, decompressed: past it the client
+    # gets 502. 64 MiB holds any whole reply a model API gives (ten large images in base64,
+    # a batch of embeddings in base64, as the SDKs ask for them) with room to spare, and keeps
+    # one misbehaving upstream from taking the process's memory (a 300 MB reply: 1 GB)
+    max_response_bytes: int = 64 * 1024 * 1024
     # the least a request holds against its balance while it runs (balance units; its
     # estimate when that is more)
     hold_floor: float = 0.0
@@ -33,7 +38,14 @@ class UpstreamSettings:
     """Pool and timeouts of the one client session (optional ``upstream:`` section)."""
 
     connect_timeout: float = 10.0
-    read_timeout: float = 300.0  # the longest silence allowed between two upstream bytes
+    # the longest silence allowed between two upstream bytes (a channel's ``timeouts.idle``
+    # in its place): a stream silent longer has stalled, ends with a timeout inside it and
+    # counts toward its channel's cooldown, so no live model may ever reach it. A reasoning
+    # model may think for minutes before its first token (OpenAI's Responses stream says
+    # nothing between ``response.in_progress`` and its output while o3-pro thinks); 600 s is
+    # what the providers' own SDKs wait between two bytes (openai-python and anthropic-sdk:
+    # 10 minutes), so a model silent longer fails its own provider's clients too
+    read_timeout: float = 600.0
     pool_size: int = 0  # upstream connections at once; 0: no limit (each stream holds one)
     pool_size_per_host: int = 0  # 0: no per-host cap beyond pool_size
     retries: int = 2  # further channels tried after the first fails (before any byte is sent)
@@ -43,6 +55,12 @@ class UpstreamSettings:
     first_byte_timeout: float | None = None
     # a stream quiet this long gets its protocol's keep-alive (SSE comment, messages ping)
     stream_keepalive_seconds: float = 15.0
+    # a stream whose upstream has not sent its status line this long after the request began
+    # is committed: its response starts (headers and a keep-alive) so that a load balancer's
+    # idle timeout (30-60 s) does not cut it, and no other channel can be tried from then on
+    # (a later failure of the upstream goes inside the stream). 10 s leaves failures that
+    # come quickly (refused connections, 5xx) to fail over first. 0: never
+    stream_commit_seconds: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +89,10 @@ class ServerSettings:
     # its accept, a later one's from its first byte), else 408 and the connection is closed
     # (hypercorn; ``gateway.server.header_timeout``). 0: no limit
     header_timeout_seconds: float = 5.0
+    # GET /healthz and /readyz also on this port, a listener of their own that floods of the
+    # client port and its connection cap cannot starve (``gateway.server.probes``); for
+    # Kubernetes' probes, reachable by the kubelet only. 0: none
+    probe_port: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +156,9 @@ def parse_console(v: Any, groups: tuple[str, ...]) -> ConsoleSettings:
 
 def parse_limits(v: Any) -> Limits:
     d = mapping(v, "limits")
-    no_unknown(d, {"max_request_bytes", "max_upload_bytes", "hold_floor", "store_grace"}, "limits")
+    no_unknown(d, set(Limits.__dataclass_fields__), "limits")
     out = Limits()
+    responses = d.get("max_response_bytes", out.max_response_bytes)
     return Limits(
         max_request_bytes=integer(
             d.get("max_request_bytes", out.max_request_bytes), "limits.max_request_bytes", minimum=1
@@ -143,6 +166,7 @@ def parse_limits(v: Any) -> Limits:
         max_upload_bytes=integer(
             d.get("max_upload_bytes", out.max_upload_bytes), "limits.max_upload_bytes", minimum=1
         ),
+        max_response_bytes=integer(responses, "limits.max_response_bytes", minimum=1),
         hold_floor=number(d.get("hold_floor", out.hold_floor), "limits.hold_floor", minimum=0.0),
         store_grace=number(
             d.get("store_grace", out.store_grace), "limits.store_grace", minimum=0.0
@@ -159,12 +183,16 @@ def parse_server(v: Any) -> ServerSettings:
     connections = d.get("max_connections", base.max_connections)
     graceful = d.get("graceful_seconds", base.graceful_seconds)
     header = d.get("header_timeout_seconds", base.header_timeout_seconds)
+    probe_port = integer(d.get("probe_port", base.probe_port), "server.probe_port", minimum=0)
+    if probe_port > 65535:
+        raise ConfigError("server.probe_port: must be a port number (1-65535), or 0 for none")
     return ServerSettings(
         keep_alive_seconds=number(keep_alive, "server.keep_alive_seconds", minimum=1.0),
         body_timeout_seconds=number(body, "server.body_timeout_seconds", minimum=0.0),
         max_connections=integer(connections, "server.max_connections", minimum=0),
         graceful_seconds=number(graceful, "server.graceful_seconds", minimum=0.0),
         header_timeout_seconds=number(header, "server.header_timeout_seconds", minimum=0.0),
+        probe_port=probe_port,
     )
 
 
@@ -229,5 +257,10 @@ def parse_upstream(v: Any) -> UpstreamSettings:
             d.get("stream_keepalive_seconds", base.stream_keepalive_seconds),
             "upstream.stream_keepalive_seconds",
             minimum=0.01,
+        ),
+        stream_commit_seconds=number(
+            d.get("stream_commit_seconds", base.stream_commit_seconds),
+            "upstream.stream_commit_seconds",
+            minimum=0.0,
         ),
     )

@@ -20,6 +20,7 @@ from gateway.config.catalogue import (
     parse_group,
     parse_model,
 )
+from gateway.config.pricing import priced_models
 from gateway.config.sections import (
     ConsoleSettings,
     Limits,
@@ -45,6 +46,7 @@ from gateway.config.values import (
     strings,
     unique,
 )
+from gateway.policy.prices import PriceTable, PriceTableError, builtin
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,9 @@ class Settings:
     # the groups' price ratios, in ``groups`` order (CONTRACT §2; a group without one: 1)
     ratios: tuple[tuple[str, float], ...] = ()
     console: ConsoleSettings = ConsoleSettings()
+    # the price table (``policy/prices.py``): the built-in one, or ``prices_file``'s
+    prices_file: str = ""
+    prices: PriceTable = field(default_factory=builtin, repr=False)
 
     @property
     def group_ratios(self) -> dict[str, float]:
@@ -139,6 +144,7 @@ TOP_LEVEL = frozenset(
         "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
         "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
         "console",
+        "prices_file",
     }
 )  # fmt: skip
 
@@ -161,6 +167,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         for i, c in enumerate(list_of(raw, "channels"))
     )
     unique([c.name for c in channels], "channels", "name")
+    prices_file, prices = price_table(raw.get("prices_file"), path)
+    models = priced_models(models, channels, prices, lambda i, m: f"models[{i}]")
     accounts = tuple(
         parse_account(a, f"accounts[{i}]") for i, a in enumerate(list_of(raw, "accounts"))
     )
@@ -200,6 +208,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         path=path,
         ratios=tuple((name, ratio) for name, ratio in ratios if ratio != 1.0),
         console=console,
+        prices_file=prices_file,
+        prices=prices,
     )
 
 
@@ -210,6 +220,21 @@ def parse_groups(v: Any) -> list[tuple[str, float]]:
     out = [parse_group(g, f"groups[{i}]") for i, g in enumerate(v)]
     unique([name for name, _ in out], "groups", "name")
     return out
+
+
+def price_table(value: Any, config_path: str) -> tuple[str, PriceTable]:
+    """``prices_file``: a newer price table than the built-in one (a relative path is the
+    configuration file's neighbour); none: the built-in table."""
+    if value is None or value == "":
+        return "", builtin()
+    name = string(value, "prices_file")
+    path = Path(name)
+    if not path.is_absolute() and config_path:
+        path = Path(config_path).parent / path
+    try:
+        return str(path), PriceTable.load(path)
+    except PriceTableError as exc:
+        raise ConfigError(f"prices_file: {exc}") from None
 
 
 def trusted_proxies(v: Any) -> tuple[str, ...]:

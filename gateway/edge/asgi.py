@@ -29,6 +29,8 @@ JSON_HEADERS = [(b"content-type", b"application/json")]
 # request id, for its log lines (set by ``app.GatewayApp``)
 REQUEST_ID = "gateway.request_id"
 CLIENT_HEADERS_FORWARDED = (b"anthropic-version", b"anthropic-beta")
+# the headers that name a session (``policy/affinity.session_of`` reads them in its order)
+SESSION_HEADERS = (b"x-session-id", b"x-claude-code-session-id", b"session_id")
 RELAY_HEADERS = frozenset(
     {
         b"x-request-id",
@@ -37,9 +39,14 @@ RELAY_HEADERS = frozenset(
         b"x-goog-api-key",
         b"content-length",
         b"x-forwarded-for",
+        b"forwarded",
         *CLIENT_HEADERS_FORWARDED,
+        *SESSION_HEADERS,
     }
 )
+# read as one list however many lines carry them: a proxy appends a line of its own after the
+# client's (HAProxy's ``option forwardfor``), and the address the gateway may believe is in it
+FORWARDING = frozenset({b"x-forwarded-for", b"forwarded"})
 Headers = dict[bytes, bytes]
 WATCH_TICK = 0.05  # seconds between looks at the requests in flight (see Watchlist)
 # bytes a second a body that takes longer than the body timeout must have kept up on average
@@ -52,13 +59,46 @@ class ClientGone(Exception):
 
 def request_headers(scope: Scope) -> Headers:
     """The headers the relay reads (``RELAY_HEADERS``), in one pass; the first of a repeated
-    name. One pass matters: a server may hand ``scope["headers"]`` as a sequence whose
-    iteration runs in Python (hypercorn's h11 headers), several microseconds a loop."""
+    name, but X-Forwarded-For and Forwarded, whose lines are joined in order (commas between,
+    as one line would list them). When there is no X-Forwarded-For, the ``for=`` nodes of
+    Forwarded (RFC 7239) stand in its place, in its form (``forwarded_for``).
+
+    One pass matters: a server may hand ``scope["headers"]`` as a sequence whose iteration
+    runs in Python (hypercorn's h11 headers), several microseconds a loop. A request with one
+    or none of these headers pays nothing more than a dict lookup for them."""
     found: Headers = {}
     for name, value in scope["headers"]:
-        if name in RELAY_HEADERS and name not in found:
-            found[name] = value
+        if name in RELAY_HEADERS:
+            if name not in found:
+                found[name] = value
+            elif name in FORWARDING:
+                found[name] += b", " + value
+    if b"forwarded" in found and b"x-forwarded-for" not in found:
+        found[b"x-forwarded-for"] = forwarded_for(found[b"forwarded"])
     return found
+
+
+def forwarded_for(value: bytes) -> bytes:
+    """The ``for=`` node of each element of a Forwarded value, as X-Forwarded-For lists
+    addresses: quotes, IPv6 brackets and ports dropped; an element without one, or with an
+    obfuscated one (``_hidden``, ``unknown``), as ``unknown`` (never believed a proxy)."""
+    hops: list[bytes] = []
+    for element in value.split(b","):
+        node = b"unknown"
+        for pair in element.split(b";"):
+            name, sep, given = pair.partition(b"=")
+            if sep and name.strip().lower() == b"for":
+                node = _node(given.strip().strip(b'"'))
+        hops.append(node)
+    return b", ".join(hops)
+
+
+def _node(node: bytes) -> bytes:
+    if node.startswith(b"["):  # "[2001:db8::1]:4711"
+        return node[1 : node.find(b"]")] if b"]" in node else b"unknown"
+    if node.count(b":") == 1:  # "192.0.2.43:47011"
+        node = node.partition(b":")[0]
+    return node or b"unknown"
 
 
 def forwarded_headers(headers: Headers) -> dict[str, str]:

@@ -74,6 +74,9 @@ class TranscriptionJob:
     def expected(self, default_output: int) -> Metered:
         return Metered()  # the audio's length is the upstream's to tell: the floor is held
 
+    def output_ceiling(self) -> int | None:
+        return 0  # billed by what it sends or receives, not by output tokens
+
     async def upload(self, model: str) -> AsyncIterator[bytes]:
         """The body for the upstream, ``model`` in place of the client's, as it arrives."""
         self.started = True

@@ -56,6 +56,11 @@ class Job(Protocol):
         (``default_output``: the model's output tokens when the request sets no maximum)."""
         ...
 
+    def output_ceiling(self) -> int | None:
+        """The most output tokens the request can be billed (its maximum, set by the client:
+        ``policy.spend``); None when it sets none; 0 for a kind billed otherwise."""
+        ...
+
 
 @dataclass(slots=True)
 class Reply:

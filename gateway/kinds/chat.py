@@ -63,14 +63,28 @@ class ChatJob:
     req: ChatRequest | None = None  # its chat-completions form, once a conversion needs it
     estimate: int | None = None  # the local estimate of its prompt tokens, once made
     size: int = 0  # bytes of the client's body
+    most: int = 0  # its maximum output, every choice's (``most_output``); 0: none set
+    ceiling: int | None = None  # the most output it is billed (``output_ceiling``)
 
     def expected(self, default_output: int) -> Metered:
         """Its body's bytes as prompt tokens (no decoding: an over-estimate, which only
-        holds more), and its maximum output."""
+        holds more), and its maximum output (every choice's)."""
         return Metered(
             prompt_tokens=-(-self.size // CHARS_PER_TOKEN),
-            completion_tokens=max_output(self.payload) or default_output,
+            completion_tokens=self.most or default_output,
         )
+
+    def output_ceiling(self) -> int | None:
+        return self.ceiling
+
+    def bounded(self, used: Metered) -> Metered:
+        """``used``, its output no more than the request's maximum: an upstream that reports
+        more did not generate it (``policy.spend``)."""
+        ceiling = self.ceiling
+        if ceiling is not None and used.completion_tokens > ceiling:
+            used.completion_tokens = ceiling
+            used.classified()
+        return used
 
     def release(self) -> None:
         """The decoded form goes; the client's body stays only while its prompt has no
@@ -101,17 +115,20 @@ class ChatJob:
 
 
 def stream_used(stream: RelayStream, job: ChatJob, complete: bool) -> Metered:
-    """What a stream used: the upstream's counts; where it never sent one (a stream cut
-    short), the local estimate of the prompt; and for a stream that did not complete, at
-    least what passed (the upstream's count so far may be a first, partial one)."""
-    usage = stream.usage
+    """What a stream used: the upstream's counts, those it reported before a cut too (a
+    converted stream's decoder holds them for the stream's end: ``ConvertedStream.reported``);
+    where it never sent one (a stream cut short before the upstream counted), the local
+    estimate of the prompt; and for a stream that did not complete, at least what passed
+    (the upstream's count so far may be a first, partial one)."""
+    usage = stream.reported() if isinstance(stream, ConvertedStream) else stream.usage
     used = chat_used(usage)
     # a count, even an odd one, is the upstream's; a usage that is no object counts nothing
     if not isinstance(usage, dict) or "prompt_tokens" not in usage:
         used.prompt_tokens = job.prompt_estimate()
     if not complete:
         used.completion_tokens = max(used.completion_tokens, min(stream.generated, MAX_TOKENS))
-    return used.classified()  # an estimated prompt may be smaller than the cache's parts
+    # an estimated prompt may be smaller than the cache's parts
+    return job.bounded(used.classified())
 
 
 async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
@@ -125,7 +142,9 @@ async def read_chat(incoming: Incoming, kind: str) -> ChatJob:
     payload = parse_json(raw)
     client = CLIENTS[spec.protocol]
     route = client.match(kind, payload, incoming.path_model, incoming.query, spec.stream)
-    return ChatJob(client, route, payload, size=len(raw))
+    most = most_output(payload)
+    ceiling = output_ceiling(payload, most)
+    return ChatJob(client, route, payload, size=len(raw), most=most, ceiling=ceiling)
 
 
 # where each protocol puts the reply's maximum length: chat-completions (both names), messages,
@@ -145,6 +164,33 @@ def max_output(payload: JSON) -> int:
     if isinstance(config, dict):
         return billable_tokens(config.get("maxOutputTokens"))
     return 0
+
+
+# the most choices one request may ask for (OpenAI's limit on ``n``)
+MAX_CHOICES = 128
+
+
+def most_output(payload: JSON) -> int:
+    """The most output tokens a request can have generated: its maximum times the choices it
+    asks for (chat-completions' ``n``, generate-content's ``candidateCount``: an upstream
+    counts every choice's output); 0 when it sets no maximum."""
+    most = max_output(payload)
+    if not most or not isinstance(payload, dict):
+        return 0
+    n = payload.get("n")
+    config = payload.get("generationConfig")
+    if n is None and isinstance(config, dict):
+        n = config.get("candidateCount")
+    return most * (n if type(n) is int and 1 <= n <= MAX_CHOICES else 1)
+
+
+def output_ceiling(payload: JSON, most: int) -> int | None:
+    """The most output a request is billed (``policy.spend``): its ``most``; None when it
+    sets no maximum, or asks for a predicted output (OpenAI bills the prediction's rejected
+    tokens as output, beyond the maximum)."""
+    if not most or (isinstance(payload, dict) and payload.get("prediction") is not None):
+        return None
+    return most
 
 
 def chat_used(usage: Usage | None) -> Metered:
@@ -191,7 +237,7 @@ class PassthroughChat:
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         out, usage = self._adapter.passthrough_response(upstream_json(raw), self._ctx)
-        return Reply(orjson.dumps(out), JSON_TYPE, chat_used(usage))
+        return Reply(orjson.dumps(out), JSON_TYPE, self._job.bounded(chat_used(usage)))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         return self._adapter.passthrough_stream(self._ctx, self._job.route, self._target)
@@ -231,7 +277,7 @@ class ConvertedChat:
         resp = self._upstream.decode_response(upstream_json(raw))
         usage = resp.get("usage")
         out = self._client.encode_response(resp, self._ctx)
-        return Reply(orjson.dumps(out), JSON_TYPE, chat_used(usage))
+        return Reply(orjson.dumps(out), JSON_TYPE, self._job.bounded(chat_used(usage)))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         return ConvertedStream(

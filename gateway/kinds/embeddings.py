@@ -57,6 +57,9 @@ class EmbeddingsJob:
     def expected(self, default_output: int) -> Metered:
         return Metered(prompt_tokens=self.estimate)
 
+    def output_ceiling(self) -> int | None:
+        return 0  # no output tokens
+
 
 class EmbeddingsExchange:
     """One attempt: through the body as it is (same protocol) or converted."""

@@ -64,6 +64,9 @@ class MediaJob:
     def expected(self, default_output: int) -> Metered:
         return self.used
 
+    def output_ceiling(self) -> int | None:
+        return 0  # billed by what it sends or receives, not by output tokens
+
 
 class RawStream:
     """A ``RelayStream`` of bytes passed on as they came (binary audio)."""

@@ -36,8 +36,13 @@ where streams run longer (a 10-minute stream would otherwise only count in ``+In
   ``gateway_open_streams``,
   ``gateway_usage_writer_backlog`` (records not yet in the store),
   ``gateway_usage_parked_records`` (records the store refused, retried alone),
-  ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``) and
-  ``gateway_channel_failures_total{channel}``.
+  ``gateway_journal_writable`` (1 while every worker can write its settlement journal, 0
+  when one cannot: its records would not survive a crash),
+  ``gateway_channel_state{channel,state}`` (1 for ``healthy``, ``cooling`` or ``disabled``),
+  ``gateway_channel_failures_total{channel}``, ``gateway_session_pins{model,channel}`` (the
+  sessions pinned to each channel: ``policy/affinity.py``) and
+  ``gateway_prompt_cache_hit_ratio{model,channel}`` (the prompt tokens read from the provider's
+  cache over all prompt tokens, since the start).
 
 The hot path pays one ``observe()`` per request into one row of plain numbers per label set
 (no metric objects, no locks); ``prometheus-client`` builds the exposition at scrape time
@@ -51,7 +56,8 @@ worker that exited keeps its counts, as Prometheus expects of counters) and neve
 from one scrape to the next, whichever worker answers each (another worker's counts are at
 most a second old). Gauges come from live workers only: open streams,
 backlog and parked records are summed; a channel's state is the worst any worker sees
-(``disabled`` over ``cooling`` over ``healthy``).
+(``disabled`` over ``cooling`` over ``healthy``), and so is the journal's (0 when any
+worker's cannot be written).
 """
 
 from __future__ import annotations
@@ -168,6 +174,8 @@ class Metrics:
         self.gauges: Callable[[], dict[str, float]] = dict
         self.channels: Callable[[], tuple[dict[str, str], dict[str, int]]] = lambda: ({}, {})
         self.providers: Callable[[], dict[str, str]] = dict
+        # the session pins by (model, channel), read at scrape time (``Affinity.counts``)
+        self.sessions: Callable[[], dict[tuple[str, str], int]] = dict
 
     def _row(self, labels: Labels) -> list[Any]:
         row = self.rows.get(labels)
@@ -268,7 +276,18 @@ class Metrics:
             "providers": self.providers(),
             "channels": states,
             "gauges": {"open_streams": self.open_streams, **self.gauges()},
+            "pins": [[model, channel, n] for (model, channel), n in self.sessions().items()],
         }
+
+    def cache_use(self) -> list[dict[str, Any]]:
+        """Per model and channel, every worker's: sessions pinned, prompt tokens, those read
+        from the provider's cache and their share (the console's overview)."""
+        snaps = _snapshots(self.snapshot(), os.environ.get(DIR_ENV))
+        return [
+            {"model": model, "channel": channel, "pins": pins, "prompt_tokens": prompt,
+             "cache_read_tokens": read, "cache_hit_rate": round(read / prompt, 4) if prompt else 0}
+            for (model, channel), (pins, prompt, read) in sorted(_cache_use(snaps).items())
+        ]  # fmt: skip
 
     async def write_snapshots(self, directory: str) -> None:
         """Every ``SNAPSHOT_EVERY`` seconds (and once more when cancelled), this worker's
@@ -378,6 +397,7 @@ class Exposition(Collector):
 
         yield from self._histograms(snaps, rows, providers)
         yield from self._gauges(snaps)
+        yield from _session_gauges(snaps)
 
     @staticmethod
     def _histograms(
@@ -407,9 +427,11 @@ class Exposition(Collector):
         gauges: dict[str, float] = {}
         worst: dict[str, int] = {}
         failures: dict[str, int] = {}
+        writable = 1.0
         for snap in snaps:
             for name, value in snap["gauges"].items():
                 gauges[name] = gauges.get(name, 0) + value
+            writable = min(writable, snap["gauges"].get("journal_writable", 1))
             for channel, now in snap.get("channels", {}).items():
                 worst[channel] = max(worst.get(channel, 0), STATES.index(now))
             for channel, n in snap.get("failures", {}).items():
@@ -420,6 +442,12 @@ class Exposition(Collector):
             ("usage_parked_records", "Usage records the store refused, retried alone."),
         ):
             yield GaugeMetricFamily(f"gateway_{name}", text, value=gauges.get(name, 0))
+        yield GaugeMetricFamily(
+            "gateway_journal_writable",
+            "1 while every worker can write its settlement journal; 0 when one cannot (a full "
+            "or read-only disk: its usage records would not survive a crash).",
+            value=writable,
+        )
         state = GaugeMetricFamily(
             "gateway_channel_state",
             "1 for each channel's state: healthy, cooling or disabled (the worst any worker sees).",
@@ -437,6 +465,46 @@ class Exposition(Collector):
         for channel in sorted(set(worst) | set(failures)):
             failed.add_metric([channel], failures.get(channel, 0))
         yield failed
+
+
+def _cache_use(snaps: list[dict[str, Any]]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """(pins, prompt tokens, cache reads) by (model, channel) over the snapshots: pins of live
+    workers only (a gone worker's snapshot has its gauges emptied: ``_snapshots``)."""
+    out: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for snap in snaps:
+        live = bool(snap.get("gauges"))
+        for model, channel, n in snap.get("pins", ()) if live else ():
+            pins, prompt, read = out.get((model, channel), (0, 0, 0))
+            out[(model, channel)] = (pins + n, prompt, read)
+        for row in snap.get("rows", ()):
+            model, channel, values = row[0], row[3], row[5:]
+            if not channel or not values[TOKENS_IN_SUM]:
+                continue
+            pins, prompt, read = out.get((model, channel), (0, 0, 0))
+            out[(model, channel)] = (pins, prompt + values[TOKENS_IN_SUM],
+                                     read + values[TOKENS_READ_SUM])  # fmt: skip
+    return out
+
+
+def _session_gauges(snaps: list[dict[str, Any]]) -> Iterator[Metric]:
+    use = _cache_use(snaps)
+    pins = GaugeMetricFamily(
+        "gateway_session_pins",
+        "Sessions pinned to each channel, by model (session affinity; every live worker's).",
+        labels=["model", "channel"],
+    )
+    ratio = GaugeMetricFamily(
+        "gateway_prompt_cache_hit_ratio",
+        "Prompt tokens read from the provider's prompt cache over all prompt tokens, by model "
+        "and channel, since the start.",
+        labels=["model", "channel"],
+    )
+    for (model, channel), (n, prompt, read) in sorted(use.items()):
+        pins.add_metric([model, channel], n)
+        if prompt:
+            ratio.add_metric([model, channel], read / prompt)
+    yield pins
+    yield ratio
 
 
 def _add(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
@@ -373,14 +374,30 @@ async def update_key(
     if not changes:
         return await get_key(store, key_id)
     try:
-        return await store.update_key(key_id, changes)
+        rec = await store.update_key(key_id, changes)
     except MissingError:
         raise NotFoundError(f"key {key_id!r} not found") from None
+    if changes.get("status") == "disabled":
+        await end_key_sessions(store, rec)
+    return rec
 
 
 async def delete_key(store: Store, key_id: str) -> None:
-    if not await store.delete_key(key_id):
+    rec = await store.get_key(key_id)
+    if rec is None or not await store.delete_key(key_id):
         raise NotFoundError(f"key {key_id!r} not found")
+    await end_key_sessions(store, rec)
+
+
+async def end_key_sessions(store: Store, rec: KeyRecord) -> None:
+    """Every console session the key signed in until now ends for good, on every instance
+    within a second: enabling the key again (or making it again with the same secret) does
+    not bring one back (``console/session.py``)."""
+    # imported here: the console package imports this module
+    from gateway.operator.console.session import LIFETIME, key_sessions
+
+    now = int(time.time())
+    await store.revoke_session(key_sessions(rec.key_hash), now + LIFETIME, now)
 
 
 # ---- usage ---------------------------------------------------------------------------------

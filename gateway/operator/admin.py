@@ -44,9 +44,11 @@ from gateway.errors import (
     InvalidRequestError,
     NotFoundError,
     PermissionDeniedError,
+    RateLimitError,
     UpstreamUnavailableError,
 )
 from gateway.operator import accounts, catalogue, console, redemptions, usage_query, users
+from gateway.operator.lockout import Lockout
 from gateway.store import Store, StoreError
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
@@ -65,6 +67,7 @@ ERROR_CODES = {
     408: "request_timeout",
     409: "already_exists",
     413: "request_too_large",
+    429: "too_many_attempts",
     500: "internal_error",
     503: "store_unavailable",
 }
@@ -78,6 +81,7 @@ class Refreshable(Protocol):
 
 class Flushable(Protocol):
     async def flush(self) -> None: ...
+    def journal_writable(self) -> bool: ...
 
 
 class AdminState(Protocol):
@@ -142,16 +146,41 @@ def _console_admin(request: Request) -> bool | None:
     return True if console.csrf_ok(request, session) else None
 
 
+async def _refused(request: Request, state: AdminState) -> Response | None:
+    """Why the request may not go on (401, 403, 429), or None: the admin token, or the
+    console's admin session (with its CSRF token on a change). A bearer token is limited
+    (``lockout.Lockout``): past the failures a window allows, 429 whatever it says."""
+    header = request.headers.get("authorization", "")
+    lockout: Lockout | None = getattr(state, "lockout", None)  # none in a bare admin API
+    limited = lockout if header else None  # a bearer token is an attempt, a cookie is not
+    names = limited.names(request.scope) if limited is not None else []
+    if limited is not None and (wait := limited.wait(names)):
+        return _locked_out(limited, wait)
+    if authorized(header, state.settings.admin_token):
+        return None
+    signed_in = _console_admin(request)
+    if signed_in is None:
+        return error_response(PermissionDeniedError("missing x-console-csrf header"))
+    if signed_in:
+        return None
+    if limited is not None and (wait := await limited.failed(names)):
+        return _locked_out(limited, wait)
+    return error_response(AuthenticationError("missing or invalid admin token"))
+
+
+def _locked_out(lockout: Lockout, wait: int) -> Response:
+    resp = error_response(RateLimitError(lockout.message(wait)))
+    resp.headers["retry-after"] = str(wait)
+    return resp
+
+
 def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
-        if not authorized(request.headers.get("authorization", ""), state.settings.admin_token):
-            signed_in = _console_admin(request)
-            if signed_in is None:
-                return error_response(PermissionDeniedError("missing x-console-csrf header"))
-            if not signed_in:
-                return error_response(AuthenticationError("missing or invalid admin token"))
+        refused = await _refused(request, state)
+        if refused is not None:
+            return refused
         try:
             request.state.body = await read_small_body(
                 request, MAX_BODY, state.settings.server.body_timeout_seconds
@@ -315,7 +344,14 @@ async def usage_daily(request: Request, state: AdminState) -> Response:
         since.isoformat(), until.isoformat(), params.get("account") or None
     )
     rows.sort(key=lambda d: (d.day, d.account, d.key_id, d.model))
-    return json_response({"data": [accounts.daily_json(d) for d in rows]})
+    # the console's overview reads this: it also shows the sessions pinned and the prompt
+    # cache's hit rate per model and channel, as this instance's metrics count them, and the
+    # instance's settlement journal
+    observers = getattr(state, "observers", None)  # an instance's: none in a bare admin API
+    sessions = observers.metrics.cache_use() if observers is not None else []
+    journal = {"writable": state.writer.journal_writable()}
+    days = [accounts.daily_json(d) for d in rows]
+    return json_response({"data": days, "sessions": sessions, "journal": journal})
 
 
 def _day(value: str | None, name: str, default: date) -> date:
@@ -500,6 +536,14 @@ async def list_redemptions(request: Request, state: AdminState) -> Response:
     return json_response({"data": [redemptions.code_json(c, now) for c in codes]})
 
 
+async def rotate_sessions(request: Request, state: AdminState) -> Response:
+    """A new console session secret: every console session (the caller's too) ends, here at
+    once and on every instance within a second; the service goes on."""
+    await state.store.rotate_session_secret()
+    await state.cache.refresh()
+    return json_response({"rotated": True})
+
+
 async def not_found(request: Request, state: AdminState) -> Response:
     raise NotFoundError(f"no admin endpoint {request.method} {request.url.path}")
 
@@ -550,6 +594,7 @@ def admin_routes() -> list[BaseRoute]:
         r("/users/{id}", delete_user, "DELETE"),
         r("/redemptions", list_redemptions, "GET"),
         r("/redemptions", create_redemptions, "POST"),
+        r("/sessions/rotate", rotate_sessions, "POST"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
         r("/{path:path}", not_found, *ALL_METHODS),
     ]

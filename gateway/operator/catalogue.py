@@ -32,8 +32,10 @@ from gateway.config import (
     parse_model,
     parse_ratio,
 )
+from gateway.config.pricing import priced_model
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
+from gateway.policy.redaction import channel_secrets, redact
 from gateway.protocols import ADAPTERS
 from gateway.protocols.base import UpstreamTarget
 from gateway.store import Store
@@ -90,15 +92,24 @@ def secret_hint(secret: str) -> str:
 
 
 def channel_out(ch: Channel, v: View) -> dict[str, JSON]:
-    return {
+    out: dict[str, JSON] = {
         **channel_json(ch),
         "api_key_hint": secret_hint(ch.api_key),
         "origin": v.origin(CHANNEL, ch.name),
     }
+    if ch.api_keys:  # several keys: a hint of each, never a key
+        out["api_key_hints"] = [secret_hint(k) for k in ch.api_keys]
+    return out
 
 
 def model_out(m: Model, v: View) -> dict[str, JSON]:
-    return {**model_json(m), "origin": v.origin(MODEL, m.name)}
+    """A model as the admin API shows it: its price is the price table's when it was given
+    none (``price_source``: ``table``, with the row's upstream name and date)."""
+    out = {**model_json(m), "origin": v.origin(MODEL, m.name)}
+    out["price_source"] = "config" if m.priced else "table"
+    if m.table is not None:
+        out["price_table"] = {"model": m.table.model, "date": m.table.date}
+    return out
 
 
 def group_out(name: str, v: View) -> dict[str, JSON]:
@@ -178,6 +189,15 @@ def _parse_model(body: Mapping[str, object]) -> Model:
         raise InvalidRequestError(str(exc)) from None
 
 
+def _priced(model: Model, v: View, settings: Settings) -> Model:
+    """The model with the price table applied (``config.pricing``): 400 when it has no price
+    and the table none for it either."""
+    try:
+        return priced_model(model, v.channels, settings.prices, "")
+    except ConfigError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
 def _body(body: object) -> Mapping[str, object]:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("request body: must be a JSON object")
@@ -215,6 +235,8 @@ async def update_channel(store: Store, settings: Settings, name: str, body: obje
         _not_the_files(v, CHANNEL, name)
         record = records.get(CHANNEL, name)
         assert record is not None  # in the view and not the file's: the store's
+        if "api_key" in fields or "api_keys" in fields:  # one replaces the other
+            record = {k: x for k, x in record.items() if k not in ("api_key", "api_keys")}
         ch = _parse_channel(_merged(record, fields), v)
         made[:] = [ch]
         return CatalogueEdit(put={(CHANNEL, name): channel_record(ch, API, record["seq"])})
@@ -237,16 +259,20 @@ async def create_model(store: Store, settings: Settings, body: object) -> Model:
     fields = _body(body)
     only_fields(fields, MODEL_FIELDS)
     name = _new_name(fields.get("name"))
-    model = _parse_model(fields)
+    parsed = _parse_model(fields)
+    made: list[Model] = []
 
     def edit(records: CatalogueRecords) -> CatalogueEdit:
-        if view(records, settings).model(name) is not None:
+        v = view(records, settings)
+        if v.model(name) is not None:
             raise AlreadyExistsError(f"model {name!r} already exists")
+        model = _priced(parsed, v, settings)
+        made[:] = [model]
         rec = model_record(model, API, records.next_seq(MODEL))
         return CatalogueEdit(put={(MODEL, name): rec})
 
     await store.edit_catalogue(edit)
-    return model
+    return made[0]
 
 
 async def update_model(store: Store, settings: Settings, name: str, body: object) -> Model:
@@ -261,7 +287,7 @@ async def update_model(store: Store, settings: Settings, name: str, body: object
         _not_the_files(v, MODEL, name)
         record = records.get(MODEL, name)
         assert record is not None
-        model = _parse_model(_merged(record, fields))
+        model = _priced(_parse_model(_merged(record, fields)), v, settings)
         made[:] = [model]
         return CatalogueEdit(put={(MODEL, name): model_record(model, API, record["seq"])})
 
@@ -351,10 +377,6 @@ async def delete_group(store: Store, settings: Settings, name: str) -> None:
 # ---- channel test --------------------------------------------------------------------------
 
 
-def _redacted(message: str, secret: str) -> str:
-    return message.replace(secret, secret_hint(secret)) if secret else message
-
-
 async def try_channel(
     store: Store, settings: Settings, upstream: UpstreamPool, name: str
 ) -> dict[str, JSON]:
@@ -409,5 +431,5 @@ async def try_channel(
         "latency_ms": round((time.monotonic() - started) * 1000),
     }
     if error is not None:
-        out["error"] = _redacted(error, ch.api_key)
+        out["error"] = redact(error, channel_secrets(ch))
     return out

@@ -207,12 +207,14 @@ CHANNEL_FIELDS: JSONObject = {
     "type": {"enum": ["openai", "anthropic", "gemini"]},
     "base_url": STRING,
     "api_key": STRING,
+    "api_keys": {"type": "array", "items": STRING},
     "groups": {"type": "array", "items": STRING},
     "models": {"type": "array", "items": STRING},
     "model_map": OBJECT,
     "priority": {"type": "integer"},
     "weight": {"type": "integer"},
     "status": {"enum": ["enabled", "disabled"]},
+    "prompt_cache": {"enum": ["auto", "off"]},
 }
 KEY_FIELDS: JSONObject = {
     "account": STRING,
@@ -367,6 +369,9 @@ def admin_paths() -> JSONObject:
             "delete": _admin("delete a group (409 while in use)", params=("name",)),
         },
         **people_paths(),
+        "/admin/sessions/rotate": {
+            "post": _admin("a new console session secret: every console session ends")
+        },
     }
 
 

@@ -16,7 +16,6 @@ user ends its sessions too. Deleting a user deletes its keys with it.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -24,16 +23,20 @@ from datetime import UTC, datetime
 
 from gateway.config import Settings
 from gateway.errors import InvalidRequestError, NotFoundError
-from gateway.operator.accounts import AlreadyExistsError, format_time, only_fields
+from gateway.operator.accounts import (
+    AlreadyExistsError,
+    end_key_sessions,
+    format_time,
+    only_fields,
+)
 from gateway.operator.console.session import LIFETIME
 from gateway.operator.passwords import checked, hash_password, needs_rehash, verify_password
 from gateway.store import ConflictError, MissingError, Store, UserRecord
 from gateway.store.cache import USER_SESSIONS
 from gateway.store.catalogue import view
-from gateway.store.users import USER_STATUSES
+from gateway.store.users import USER_STATUSES, USERNAME_RE
 from gateway.types import JSON
 
-USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{2,63}$")
 CREATE_FIELDS = frozenset({"username", "password", "account", "groups"})
 CHANGE_FIELDS = frozenset({"password", "groups", "status"})
 MAX_GROUPS = 100
@@ -163,11 +166,18 @@ async def update_user(
 
 
 async def delete_user(store: Store, user_id: str) -> list[str]:
-    """Delete the user and its keys; the ids of those keys."""
+    """Delete the user and its keys; the ids of those keys. Each deleted key's console
+    sessions end for good, as any deleted key's do (``accounts.end_key_sessions``)."""
+    user = await store.get_user(user_id)
+    owned = [] if user is None else await store.list_keys(user.account)
     try:
-        return await store.delete_user(user_id)
+        deleted = await store.delete_user(user_id)
     except MissingError:
         raise NotFoundError(f"user {user_id!r} not found") from None
+    for rec in owned:
+        if rec.id in deleted:
+            await end_key_sessions(store, rec)
+    return deleted
 
 
 async def authenticate(store: Store, username: object, password: object) -> UserRecord | None:

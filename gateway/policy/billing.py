@@ -5,8 +5,9 @@ per token; they are turned once into integer pico-units (1e-12 balance units) pe
 call, per image, ... (``Rate``), so that a request's cost is integer arithmetic. Each class of
 token has its own price (CONTRACT §6): fresh input (the prompt less its cache reads and writes)
 at ``input``, cache reads at ``cache_read``, cache writes at ``cache_write``, all output
-(reasoning included) at ``output``; a cache price left unset is the input price
-(``cache_prices``, the one place that decides it).
+(reasoning included) at ``output``; a cache price left unset is the input price times the
+price table's ratio for the model's upstream name, else the input price (``cache_prices``,
+the one place that decides it).
 
 A request's cost is exact to the pico-unit and is never rounded to micro-units (``Charge``):
 its usage record keeps the whole micro-units (``cost``) and the pico-units below them
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gateway.config import MAX_PRICE, Price
+from gateway.policy.prices import TablePrice
 from gateway.types import Usage
 
 PICO_PER_MICRO = 1_000_000
@@ -72,12 +74,18 @@ class Metered:
         return self.prompt_tokens - self.cache_read_tokens - self.cache_write_tokens
 
 
-def cache_prices(price: Price) -> tuple[float, float]:
-    """The prices of cache reads and cache writes: the model's own, else (unset) its input
-    price. The one place that decides the default (a built-in price table's ratios for the
-    upstream model will come in here)."""
-    read = price.input if price.cache_read is None else price.cache_read
-    write = price.input if price.cache_write is None else price.cache_write
+def cache_prices(price: Price, row: TablePrice | None = None) -> tuple[float, float]:
+    """The prices of cache reads and cache writes: the model's own; else (unset) its input
+    price times the price table's ratio for its upstream model (``row``: Anthropic's writes
+    cost 1.25 times its input, reads 0.1 times); else its input price. The one place that
+    decides the default."""
+    read, write = price.cache_read, price.cache_write
+    if read is None:
+        ratio = None if row is None else row.ratio(row.cache_read)
+        read = price.input if ratio is None else price.input * ratio
+    if write is None:
+        ratio = None if row is None else row.ratio(row.cache_write)
+        write = price.input if ratio is None else price.input * ratio
     return read, write
 
 
@@ -121,9 +129,11 @@ class Rate:
     cache_write: int = 0
 
     @classmethod
-    def from_price(cls, price: Price) -> Rate:
+    def from_price(cls, price: Price, row: TablePrice | None = None) -> Rate:
+        """``row``: the price table's row for the model's upstream name (``Model.table``),
+        whose ratios price the cache classes the model leaves unset."""
         per_token = PICO_PER_MICRO  # a price per million tokens is micro-units per token
-        read, write = cache_prices(price)
+        read, write = cache_prices(price, row)
         return cls(
             input=_pico(price.input, per_token),
             output=_pico(price.output, per_token),
@@ -257,7 +267,11 @@ RANGE_CACHE_SIZE = 4096
 
 
 class ClientAddress:
-    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy.
+    """The client's IP: the socket peer, or X-Forwarded-For when the peer is a trusted proxy
+    (every line of it, joined in order, or Forwarded's ``for=`` nodes in its form when there
+    is none: ``edge.asgi.request_headers``); of its addresses, the right-most that is not a
+    trusted proxy itself, so that what a client wrote in front of a proxy's own is never
+    believed.
 
     ``range_of`` is on the hot path: the standard library's address parsing costs tens of
     microseconds, so ranges are remembered per (peer, X-Forwarded-For) in memory only.
@@ -270,8 +284,8 @@ class ClientAddress:
         self._ranges: dict[tuple[object, bytes | None], str] = {}
 
     def range_of(self, client: Sequence[object] | None, forwarded: bytes | None) -> str:
-        """The client's /24 or /48 (see ``ip_range``), from the ASGI ``client`` and the first
-        X-Forwarded-For header."""
+        """The client's /24 or /48 (see ``ip_range``), from the ASGI ``client`` and the
+        X-Forwarded-For list (``edge.asgi.request_headers``)."""
         cache_key = (client[0] if client else None, forwarded)
         found = self._ranges.get(cache_key)
         if found is None:

@@ -53,7 +53,15 @@ class Gate:
             raise AuthenticationError("Missing API key.")
         key = check_key(self.cache.key(key_hash(secret)), now)
         if key.allowed_ips is not None:
-            ip = self.address.of(scope.get("client"), headers.get(b"x-forwarded-for"))
-            if not address_allowed(ip, key.allowed_ips):
-                raise PermissionDeniedError("This API key may not be used from this address.")
+            self.check_address(key, scope, headers)
         return key
+
+    def check_address(self, key: KeyRecord, scope: Scope, headers: dict[bytes, bytes]) -> None:
+        """403 when the key has ``allowed_ips`` and the client's address (the socket peer, or
+        the forwarded one from a trusted proxy) is outside them: for its requests, its console
+        sign-in and every console request of its session alike."""
+        if key.allowed_ips is None:
+            return
+        ip = self.address.of(scope.get("client"), headers.get(b"x-forwarded-for"))
+        if not address_allowed(ip, key.allowed_ips):
+            raise PermissionDeniedError("This API key may not be used from this address.")

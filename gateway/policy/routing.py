@@ -70,7 +70,9 @@ class Catalogue:
         self.groups: tuple[str, ...] = tuple(settings.groups)
         self.every_channel: tuple[Channel, ...] = tuple(settings.channels)  # disabled too
         self.models: dict[str, Model] = {m.name: m for m in settings.models}
-        self.rates: dict[str, Rate] = {m.name: Rate.from_price(m.price) for m in settings.models}
+        self.rates: dict[str, Rate] = {
+            m.name: Rate.from_price(m.price, m.table) for m in settings.models
+        }
         # each group's price ratio as an exact fraction of its decimal text (1.5 -> 3/2); a
         # group without one is left out (``ratio``: 1)
         self.ratios: dict[str, Fraction] = {

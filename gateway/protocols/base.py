@@ -45,6 +45,11 @@ class RouteMatch:
     include_usage: bool = False  # chat-completions stream_options.include_usage
     action: str = ""  # a generate-content path's action ("embedContent", ...); else ""
     tool_namespaces: tuple[str, ...] = ()  # a Responses request's namespace tools
+    # the session the body names (``prompt_cache_key``, the messages protocol's
+    # ``metadata.user_id``), "" for none; ``session_late``: it ranks after Codex's
+    # ``session_id`` header (``policy/affinity.session_of`` has the whole order)
+    session: str = ""
+    session_late: bool = False
 
 
 @dataclass(slots=True)
@@ -58,6 +63,9 @@ class UpstreamTarget:
     default_max_tokens: int  # from the catalogue, for protocols that require max tokens
     stream: bool
     client_headers: dict[str, str] = field(default_factory=dict)  # anthropic-version/-beta
+    # the channel's ``prompt_cache: auto``: a messages-protocol request converted from a
+    # protocol without cache markers gets breakpoints (``anthropic/cache.py``)
+    prompt_cache: bool = False
 
 
 @dataclass(slots=True)
@@ -237,6 +245,15 @@ class Counter(Protocol):
 
 
 @runtime_checkable
+class HoldsUsage(Protocol):
+    """Upstream side, a stream decoder's option: it reads usage before it passes it on (in the
+    stream's last chunk) and can say what it read so far: for a stream cut short, the
+    upstream's own prompt count instead of the local estimate."""
+
+    def usage_so_far(self) -> Usage | None: ...
+
+
+@runtime_checkable
 class Passthrough(Protocol):
     """Client protocol == channel type: the body goes through with only the model renamed."""
 
@@ -285,6 +302,13 @@ def count(value: object) -> int:
     if type(value) is int and -COUNT_MAX <= value <= COUNT_MAX:
         return value
     return 0
+
+
+def text_field(obj: object, key: str) -> str:
+    """``obj[key]`` if ``obj`` is a JSON object and that is a string, else "" (a session's
+    name in a body: never a reason to refuse it)."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def field_of(obj: object, key: str) -> object:
@@ -357,6 +381,15 @@ class ConvertedStream:
 
     def error(self, err: GatewayError) -> bytes:
         return self._before_error + self._encoder.error(err)
+
+    def reported(self) -> Usage | None:
+        """The usage as the upstream reported it so far: the last a chunk carried, else what
+        the decoder read and holds for the stream's end (``HoldsUsage``). Read once, when a
+        stream is billed."""
+        if self.usage is not None:
+            return self.usage
+        decoder = self._decoder
+        return decoder.usage_so_far() if isinstance(decoder, HoldsUsage) else None
 
     def _convert(self, events: list[SSEEvent], last: bool) -> bytes:
         out: list[bytes] = []

@@ -5,15 +5,20 @@ be tried: the upstream unreachable or answering an error status, no first byte w
 first-byte timeout, a reply that is not what its protocol says (not JSON, empty, malformed),
 a stream that is garbage, ends, or reports an error before its first output. Each such failure
 is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
-the upstream reports (a 4xx) is not, and is not retried.
+the upstream reports (a 4xx) is not, and is not retried. A whole reply is the channel's
+success here; a stream's success or failure is known only at its end (``Relay._stream``):
+one that stalls past its idle timeout, breaks off or reports an error after its first output
+counts against the channel as one before it would, though no other channel can be tried.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from gateway.config import Channel
 from gateway.edge.interrupt import UPSTREAM_QUIET
@@ -21,11 +26,17 @@ from gateway.errors import GatewayError, UpstreamTimeoutError
 from gateway.kinds.base import Exchange, Reply
 from gateway.observe.observers import Observers
 from gateway.policy.health import ChannelHealth
+from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.protocols.base import RelayStream
 from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
 
 log = logging.getLogger("gateway.relay")
+
+# the failures whose upstream wait (``Retry-After``) the client is told: rate limited (429),
+# overloaded or unavailable (503, and Anthropic's 529, which the client gets as 503)
+WAIT_STATUSES = frozenset({429, 503})
+MAX_RETRY_AFTER = 86_400.0  # a longer wait is no wait the client could use
 
 
 @dataclass(slots=True)
@@ -38,6 +49,7 @@ class Answer:
     first: bytes = b""  # the stream's first output for the client
     ended: bool = False  # the stream ended with it
     failure: GatewayError | None = None  # the error the stream ended with, in ``first``
+    channel: Channel | None = None  # whose credentials a later error's message may not hold
 
 
 async def open_attempt(
@@ -57,26 +69,43 @@ async def open_attempt(
         raw = await resp.read()
     finally:
         resp.close()
-    failure = exchange.decode_error(resp.status, raw)
+    failure = redact_error(exchange.decode_error(resp.status, raw), channel_secrets(target))
     log.warning(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
     health.failed(channel, failure, rid)
-    retry_after = resp.headers.get("retry-after")
-    if failure.status == 429 and failure.retry_after is None and retry_after:
-        try:
-            failure.retry_after = float(retry_after)
-        except ValueError:
-            pass
+    if failure.status in WAIT_STATUSES and failure.retry_after is None:
+        failure.retry_after = retry_after(resp.headers.get("retry-after"))
     raise failure
 
 
+def retry_after(value: str | None) -> float | None:
+    """An upstream's ``Retry-After`` as seconds: a number of them, or an HTTP date (from
+    now); None for anything else (an empty, negative, infinite or unreadable value)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = max((when - datetime.now(UTC)).total_seconds(), 0.0)
+    if not 0 <= seconds <= MAX_RETRY_AFTER:  # NaN compares False
+        return None
+    return seconds
+
+
 async def first_output(
-    resp: UpstreamReply, exchange: Exchange, stream: RelayStream
+    resp: UpstreamReply, exchange: Exchange, stream: RelayStream, channel: Channel | None = None
 ) -> tuple[bytes, bool, GatewayError | None]:
     """Read the upstream's stream until it gives the client something: (bytes, ended, the
     error it ended with). An error before any output raises; one that came after output in
-    the same read is part of the stream: the output, then the error in the stream."""
+    the same read is part of the stream: the output, then the error in the stream (its
+    message without the ``channel``'s credentials)."""
     while True:
         try:
             raw = await resp.chunk()
@@ -84,7 +113,7 @@ async def first_output(
                 return stream.finish(), True, None
             out = stream.feed(raw)
         except GatewayError as err:
-            tail = stream.error(err)
+            tail = stream.error(redact_error(err, channel_secrets(channel)))
             if tail == exchange.stream(resp.headers).error(err):
                 raise  # nothing came before it
             return tail, True, err
@@ -148,12 +177,14 @@ class Attempts:
         A stream whose upstream answered but stays quiet for the keep-alive interval
         (``req.quiet``, woken by the keep-alive timer) is taken as it is, with nothing to send
         yet: its client then gets keep-alives instead of a load balancer cutting it, and no
-        other channel is tried. Only a ``first_byte_timeout`` (the channel's own, else the
-        gateway's) costs a timer of its own."""
+        other channel is tried. So is one the timer committed while its upstream withheld
+        its status line (``stream.KeepAlive``). Only a ``first_byte_timeout`` (the
+        channel's own, else the gateway's) costs a timer of its own."""
         timeout = self.first_byte_timeout
         if channel.timeouts.first_byte is not None:
             timeout = channel.timeouts.first_byte
-        health, rid = self.health, req.request_id
+        # a channel of several keys: the attempt's key keeps its own health (upstream_keys)
+        health, rid = self.health.of(channel), req.request_id
         try:
             if timeout is None:
                 answer = await _answer(self.upstream, exchange, channel, health, req)
@@ -166,7 +197,8 @@ class Attempts:
             )
             health.failed(channel.name, failure, rid)
             raise failure from None
-        health.succeeded(channel.name)
+        if answer.reply is not None:  # a stream's outcome is told at its end (the pipeline)
+            health.succeeded(channel.name, answer.resp.headers)  # rate-limit headers: keys
         return answer
 
 
@@ -178,26 +210,36 @@ async def _answer(
     req: RelayRequest,
 ) -> Answer:
     rid, quiet = req.request_id, req.quiet
-    resp = await open_attempt(upstream, exchange, target, health, rid)
+    if quiet is None:
+        resp = await open_attempt(upstream, exchange, target, health, rid)
+    else:
+        quiet.opening = True  # the keep-alive timer may commit the stream meanwhile
+        try:
+            resp = await open_attempt(upstream, exchange, target, health, rid)
+        finally:
+            quiet.opening = False
     channel = target.name
     try:
         if not req.stream:
             return Answer(resp, reply=exchange.reply(await resp.read(), resp.headers))
         relay_stream = exchange.stream(resp.headers)
         if quiet is None:
-            found = await first_output(resp, exchange, relay_stream)
-            return Answer(resp, None, relay_stream, *found)
+            found = await first_output(resp, exchange, relay_stream, target)
+            return Answer(resp, None, relay_stream, *found, channel=target)
+        if quiet.started:  # committed while the upstream withheld its status: taken as it is
+            return Answer(resp, stream=relay_stream, channel=target)
         quiet.wait()
         try:
-            found = await first_output(resp, exchange, relay_stream)
+            found = await first_output(resp, exchange, relay_stream, target)
         except asyncio.CancelledError:
             quiet.stop_waiting()
             if req.interrupt.absorb(UPSTREAM_QUIET):
-                return Answer(resp, stream=relay_stream)  # quiet, not failed
+                return Answer(resp, stream=relay_stream, channel=target)  # quiet, not failed
             raise
         quiet.stop_waiting()
-        return Answer(resp, None, relay_stream, *found)
+        return Answer(resp, None, relay_stream, *found, channel=target)
     except GatewayError as err:
+        redact_error(err, channel_secrets(target))
         resp.close()
         if err.status >= 500:
             err.retryable = True  # nothing reached the client yet

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from fractions import Fraction
+from functools import partial
 from typing import Any
 
 from gateway.config import Channel, Settings
@@ -48,16 +49,18 @@ from gateway.errors import (
 from gateway.kinds import KINDS
 from gateway.kinds.base import Exchange, Incoming, Kind, Reply
 from gateway.observe.observers import Observers
+from gateway.policy.affinity import pin_id, session_of
 from gateway.policy.billing import Metered, Rate
 from gateway.policy.gate import Gate
 from gateway.policy.routing import LiveCatalogue, candidates
+from gateway.policy.spend import Meter, allowance, micro_for, tokens_for
 from gateway.protocols import CLIENTS
 from gateway.protocols.base import Ctx, UpstreamTarget
 from gateway.relay.attempt import Answer, Attempts
 from gateway.relay.call import CLIENT_GONE as CLIENT_GONE_STATUS
 from gateway.relay.call import Call
 from gateway.relay.request import RelayRequest
-from gateway.relay.stream import KeepAlive, pump
+from gateway.relay.stream import KeepAlive, pump, send_last
 from gateway.store import MICRO
 from gateway.store.cache import Cache
 from gateway.store.writer import UsageWriter
@@ -99,7 +102,10 @@ class Relay:
         self.watchlist = Watchlist()
         self.retries = settings.upstream.retries
         self.hold_floor = round(settings.limits.hold_floor * MICRO)
-        self.keepalive = KeepAlive(settings.upstream.stream_keepalive_seconds)
+        upstream = settings.upstream
+        self.keepalive = KeepAlive(
+            upstream.stream_keepalive_seconds, upstream.stream_commit_seconds
+        )
         self.bodies = BodyDeadlines(settings.server.body_timeout_seconds)
 
     async def handle(
@@ -129,7 +135,7 @@ class Relay:
             )  # fmt: skip
             job = await kind.read(incoming)
             read = True
-            req, channels = self._admit(kind, job, call, headers, interrupt, receive, send)
+            req, channels = await self._admit(kind, job, call, headers, interrupt, receive, send)
             await self._attempts(req, channels)
         except GatewayError as err:
             call.set_status(err.status)
@@ -164,7 +170,7 @@ class Relay:
             if call.span is not None:
                 observers.tracing.finish(call.span, call)  # type: ignore[union-attr]
 
-    def _admit(
+    async def _admit(
         self,
         kind: Kind[Any],
         job: Any,
@@ -190,6 +196,7 @@ class Relay:
                 f"Your account balance is exhausted; {TOP_UP} to continue."
             )
         catalogue = self.catalogue.current  # once: the whole request sees one catalogue
+        now = time.monotonic()
         channels = candidates(
             catalogue,
             key.group,
@@ -198,15 +205,32 @@ class Relay:
             kind.channel_types(call.protocol),
             self.rng,
             self.health.cooling,
-            time.monotonic(),
-        )[: 1 + self.retries]
+            now,
+        )
+        # -- session affinity and upstream keys (policy/affinity.py, policy/upstream_keys.py)
+        affinity = self.health.affinity
+        if affinity is not None:
+            session = session_of(headers, job.route)
+            if session:
+                pid = pin_id(key.account, call.model, session)
+                channels = await affinity.place(pid, call.model, channels, now)
+            else:
+                channels = affinity.with_keys(channels, now)
+        channels = channels[: 1 + self.retries]
+        # --
         model = catalogue.models[call.model]
         rate = catalogue.rates.get(call.model) if kind.billed else None
         # -- group ratio (CONTRACT §2, §5b): the key's group's price ratio multiplies the
-        # hold and every bill of this request (``req.ratio``; ``Rate.charge`` applies it)
+        # hold, what a metered stream may spend, and every bill of this request (``req.ratio``;
+        # ``Rate.charge`` applies it)
         ratio = catalogue.ratio(key.group)
+        allowed = None
         if rate is not None:
-            self._hold(call, job.expected(model.default_max_tokens), rate, balance, ratio)
+            expected = job.expected(model.default_max_tokens)
+            spendable = self._hold(call, expected, rate, balance, ratio)
+            allowed = allowance(
+                spendable, expected.completion_tokens, rate, job.output_ceiling(), ratio
+            )
         route = job.route
         ctx = Ctx(
             request_id=call.request_id.rpartition("/")[2],  # the gateway's own: reply ids
@@ -217,7 +241,7 @@ class Relay:
         )
         req = RelayRequest(
             kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,
-            send, bool(route.stream), ratio=ratio,
+            send, bool(route.stream), allowance=allowed, ratio=ratio,
         )  # fmt: skip
         return req, channels
 
@@ -237,12 +261,20 @@ class Relay:
                 if exchange.call is None:  # answered without the upstream
                     await self._reply_local(exchange, req)
                     return
-                if req.stream and req.quiet is None:
-                    req.quiet = self.keepalive.open(req.send, exchange.keepalive, req.interrupt)
+                quiet = req.quiet
+                if req.stream and quiet is None:
+                    quiet = req.quiet = self.keepalive.open(
+                        req.send, exchange.keepalive, req.interrupt, call
+                    )
+                if quiet is not None:
+                    quiet.exchange = exchange
                 try:
                     answer = await self.attempts.run(req, exchange, channel)
                 except GatewayError as err:
                     last = err
+                    if quiet is not None and quiet.started:  # committed: nowhere else to go
+                        await self._fail_committed(err, exchange, req)
+                        return
                     if err.retryable and exchange.replayable:
                         continue
                     raise
@@ -251,7 +283,7 @@ class Relay:
                     if answer.reply is not None:
                         await self._send_reply(answer.reply, req)
                     else:
-                        await self._stream(answer, exchange, req)
+                        await self._stream(answer, exchange, req, channel.name)
                 finally:
                     answer.resp.close()
                 return
@@ -260,24 +292,71 @@ class Relay:
             self.keepalive.close(req.quiet)
             watch.stop()
 
+    async def _fail_committed(
+        self, err: GatewayError, exchange: Exchange, req: RelayRequest
+    ) -> None:
+        """A stream committed while its upstream withheld its status (``stream.KeepAlive``)
+        whose upstream then failed: the error goes inside the stream, in the client's
+        protocol, as one after the first byte would; nothing was generated, nothing is
+        billed."""
+        call = req.call
+        call.set_status(err.status)
+        durable = call.record(self.writer, self.observers.observed, self.observers.access)
+        if durable is not None:
+            await durable
+        await send_last(req.send, req.quiet, exchange.stream({}).error(err))
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d committed=1",
+            call.request_id,
+            call.channel,
+            err.status,
+        )
+
+    def _extend(self, req: RelayRequest, needed: int, covered: int) -> int:
+        """A metered stream past what it was covered for: its hold grows by ``needed`` output
+        tokens, or doubles if that is more, within what its account (and key) has unheld,
+        as an admission would see it (at its group's ratio); the tokens granted (0: nothing
+        left: it is cut)."""
+        rate, call, ratio = req.rate, req.call, req.ratio
+        key = call.key
+        assert rate is not None and key is not None
+        cache = self.cache
+        left = (cache.balance(key.account) or 0) - cache.held(key.account)
+        if key.quota is not None:
+            left = min(left, cache.quota_left(key))
+        granted = min(max(needed, covered), tokens_for(left, rate, ratio))
+        if granted <= 0:
+            return 0
+        amount = micro_for(granted, rate, ratio)
+        call.held += amount
+        cache.hold(key.account, key.id, amount)
+        return granted
+
     def _hold(
         self, call: Call, expected: Metered, rate: Rate, balance: int, ratio: Fraction | int
-    ) -> None:
+    ) -> int:
         """Hold what the request is expected to cost until its record replaces the hold;
         402 when the balance, less what the account's requests in flight hold, is not above
         zero (a request may overdraw by its own cost, never by how many run at once), and
-        likewise for a key's ``quota``."""
+        likewise for a key's ``quota``. Returns what the request could spend (its share of
+        the balance and quota: what the others do not hold), which bounds a stream's cost
+        (``policy.spend``)."""
         key = call.key
         assert key is not None
         account = key.account
-        if balance - self.cache.held(account) <= 0:
+        spendable = balance - self.cache.held(account)
+        if spendable <= 0:
             raise InsufficientBalanceError(
                 f"Your account balance is held by requests in flight; wait for them or {TOP_UP}."
             )
-        if key.quota is not None and self.cache.quota_left(key) <= 0:
-            raise InsufficientBalanceError("This API key has spent its quota.")
+        if key.quota is not None:
+            left = self.cache.quota_left(key)
+            if left <= 0:
+                raise InsufficientBalanceError("This API key has spent its quota.")
+            spendable = min(spendable, left)
         call.held = max(math.ceil(rate.cost_of(expected) * ratio), self.hold_floor)
         self.cache.hold(account, key.id, call.held)
+        return spendable
 
     async def _reply_local(self, exchange: Exchange, req: RelayRequest) -> None:
         req.call.channel = None
@@ -305,14 +384,28 @@ class Relay:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _stream(self, answer: Answer, exchange: Exchange, req: RelayRequest) -> None:
+    async def _stream(
+        self, answer: Answer, exchange: Exchange, req: RelayRequest, channel: str
+    ) -> None:
+        """Relay a stream to its end. Its end tells the channel's health: a stream that ended
+        well is a success; one the upstream failed (silent past the channel's idle timeout,
+        the connection lost, an error event) counts toward the channel's cooldown as a
+        failure before the first byte does, so that a channel whose streams stall is left
+        for the others; a stream its client left tells nothing."""
         stream = answer.stream
         assert stream is not None
         call, rate, observers = req.call, req.rate, self.observers
+        meter = None
+        if req.allowance is not None:
+            meter = Meter(req.allowance, partial(self._extend, req), req.job.output_ceiling())
+
+        def used(complete: bool) -> Metered:
+            spent = exchange.used(stream, complete)
+            return spent if meter is None else meter.bound(spent)
 
         def settle(status: int) -> Awaitable[None] | None:
             # what was generated, even when the stream ended on an error
-            call.bill(exchange.used(stream, status == 200), rate, req.ratio)
+            call.bill(used(status == 200), rate, req.ratio)
             call.set_status(status)
             return call.record(self.writer, observers.observed, observers.access)
 
@@ -321,20 +414,26 @@ class Relay:
         metrics = observers.metrics
         metrics.open_streams += 1
         try:
-            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode())
+            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode(), meter)
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(exchange.used(stream, False), rate, req.ratio)
+            call.bill(used(False), rate, req.ratio)
             raise
         finally:
             metrics.open_streams -= 1
-        if err is not None:
-            log.warning(
-                "relay.stream_error request_id=%s channel=%s status=%d",
-                call.request_id,
-                call.channel,
-                err.status,
-            )
+        if err is None:  # the stream ended well: its channel (or key) answered
+            if answer.channel is not None:
+                self.health.of(answer.channel).succeeded(channel, answer.resp.headers)
+            else:
+                self.health.succeeded(channel)
+            return
+        log.warning(
+            "relay.stream_error request_id=%s channel=%s status=%d",
+            call.request_id,
+            channel,
+            err.status,
+        )
+        self.health.failed(channel, err, call.request_id)
 
 
 def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:
@@ -346,4 +445,5 @@ def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:
         default_max_tokens=req.model.default_max_tokens,
         stream=req.stream,
         client_headers=req.client_headers,
+        prompt_cache=channel.prompt_cache,
     )

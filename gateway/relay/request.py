@@ -37,6 +37,9 @@ class RelayRequest:
     stream: bool = False
     quiet: Quiet | None = None  # a stream's entry in the keep-alive timer, once it has one
     ratio: Fraction | int = 1  # the key's group's price ratio: every bill is multiplied by it
+    # the output tokens a stream may produce before its hold must grow (``policy.spend``);
+    # None: not metered
+    allowance: int | None = None
 
     @property
     def request_id(self) -> str:

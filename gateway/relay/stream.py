@@ -12,17 +12,26 @@ A stream that has sent its client nothing for ``interval`` seconds (an upstream 
 gets its protocol's keep-alive (an SSE comment, the messages protocol's ``ping`` event), so a
 load balancer's idle timeout does not cut it. One timer looks at every open stream
 (``KeepAlive``); a stream pays a clock read per send, and no timer of its own.
+
+An upstream that withholds its status line sends nothing the gateway could pass on, and the
+client would get nothing at all: no headers, so no keep-alive either. A stream whose client
+has waited ``commit`` seconds while its attempt still awaits the upstream's status is
+*committed* by the timer: its response starts (status 200, headers, one keep-alive) and it
+gets keep-alives from then on. A committed stream can no longer go to another channel: a
+later failure of its upstream is sent inside it, in the client's protocol.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
 from gateway.errors import GatewayError
+from gateway.policy.redaction import channel_secrets, redact_error
+from gateway.policy.spend import Meter
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
@@ -31,21 +40,55 @@ from gateway.upstream import UpstreamReply
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
 
 
+def stream_start(content_type: str, request_id: bytes) -> dict[str, Any]:
+    """A stream's ``http.response.start``."""
+    return {
+        "type": "http.response.start",
+        "status": 200,
+        "headers": [
+            (b"content-type", content_type.encode()),
+            (b"x-request-id", request_id),
+            *STREAM_HEADERS,
+        ],
+    }
+
+
+class Responding(Protocol):
+    """The request's record as a stream sees it (``relay.call.Call``)."""
+
+    responded: bool  # the response's status line went out
+    reply_id: str  # its x-request-id
+
+
+class Streaming(Protocol):
+    """The attempt under way, as a commit needs it (``kinds.base.Exchange``): the stream it
+    would make, for its content type."""
+
+    def stream(self, headers: Mapping[str, str]) -> RelayStream: ...
+
+
 class Quiet:
     """One open stream as the keep-alive timer sees it."""
 
-    __slots__ = ("send", "data", "interrupt", "last", "sending", "ping", "done", "waiting")
+    __slots__ = ("send", "data", "interrupt", "last", "sending", "ping", "done", "waiting",
+                 "began", "opening", "started", "call", "exchange")  # fmt: skip
 
-    def __init__(self, send: Send, data: bytes, interrupt: Interrupt | None) -> None:
+    def __init__(
+        self, send: Send, data: bytes, interrupt: Interrupt | None, call: Responding
+    ) -> None:
         self.send = send
         self.data = data  # the protocol's keep-alive
         # the request's, fired when its first output is long in coming (``UPSTREAM_QUIET``)
         self.interrupt = interrupt
-        self.last = time.monotonic()  # when the client was last sent something
+        self.last = self.began = time.monotonic()  # when the client was last sent something
         self.sending = False  # the stream's own send is under way
-        self.ping: asyncio.Task[None] | None = None  # a keep-alive under way
+        self.ping: asyncio.Task[None] | None = None  # a keep-alive (or the commit) under way
         self.done = False  # the stream sent its last bytes: nothing more may follow
         self.waiting = False  # for the upstream's first output: no response started yet
+        self.opening = False  # its attempt awaits the upstream's status line
+        self.started = False  # its response started (the stream's own, or committed)
+        self.call = call
+        self.exchange: Streaming | None = None  # the attempt under way
 
     def wait(self) -> None:
         """The first output is awaited from here on."""
@@ -59,36 +102,52 @@ class Quiet:
 
 class KeepAlive:
     """Keeps every open stream of the process alive with one timer, ticking a quarter of
-    ``interval`` while any is open: a stream quiet for ``interval`` seconds gets its
-    protocol's keep-alive; one still waiting for its upstream's first output that long is
-    woken to start its response quiet (and get keep-alives from then on)."""
+    ``interval`` (or of ``commit``, if less) while any is open: a stream quiet for
+    ``interval`` seconds gets its protocol's keep-alive; one still waiting for its upstream's
+    first output that long is woken to start its response quiet (and get keep-alives from
+    then on); one whose upstream has not sent its status line ``commit`` seconds after the
+    stream opened is committed (module docstring; 0: never)."""
 
-    __slots__ = ("interval", "_open", "_timer")
+    __slots__ = ("interval", "commit", "_tick_every", "_open", "_timer")
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, commit: float = 0.0) -> None:
         self.interval = interval
+        self.commit = commit
+        self._tick_every = min(interval, commit or interval) / 4
         self._open: set[Quiet] = set()
         self._timer: asyncio.TimerHandle | None = None
 
-    def open(self, send: Send, data: bytes, interrupt: Interrupt) -> Quiet | None:
+    def open(self, send: Send, data: bytes, interrupt: Interrupt, call: Responding) -> Quiet | None:
         if not data:
             return None  # a stream without keep-alives (binary audio)
-        quiet = Quiet(send, data, interrupt)
+        quiet = Quiet(send, data, interrupt, call)
         self._open.add(quiet)
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
+            self._timer = asyncio.get_running_loop().call_later(self._tick_every, self._tick)
         return quiet
 
     def close(self, quiet: Quiet | None) -> None:
+        """The request is over: nothing more is sent for it."""
         if quiet is not None:
             quiet.done = True
             quiet.interrupt = None
+            quiet.exchange = None
             self._open.discard(quiet)
 
     def _tick(self) -> None:
         self._timer = None
         now = time.monotonic()
+        commit = self.commit
         for quiet in self._open:
+            if not quiet.started:
+                if quiet.opening:  # no status line yet: nothing to keep alive but by a commit
+                    if commit and now - quiet.began >= commit and quiet.exchange is not None:
+                        # from here on the stream is answered: the request knows at once
+                        quiet.started = quiet.call.responded = True
+                        quiet.ping = asyncio.create_task(self._ping(quiet, True))
+                    continue
+                if not quiet.waiting:
+                    continue  # between attempts, or its response about to start
             if now - quiet.last < self.interval:
                 continue
             if quiet.waiting:
@@ -97,11 +156,20 @@ class KeepAlive:
             elif not quiet.sending and quiet.ping is None:
                 quiet.ping = asyncio.create_task(self._ping(quiet))
         if self._open:
-            self._timer = asyncio.get_running_loop().call_later(self.interval / 4, self._tick)
+            self._timer = asyncio.get_running_loop().call_later(self._tick_every, self._tick)
 
     @staticmethod
-    async def _ping(quiet: Quiet) -> None:
+    async def _ping(quiet: Quiet, commit: bool = False) -> None:
+        """One keep-alive; ``commit``: the response's start before it, which goes out even if
+        the stream's last bytes are already waiting (``send_last`` awaits this), unless the
+        request is over (``close``)."""
         try:
+            if commit:
+                exchange = quiet.exchange
+                if exchange is None:
+                    return
+                content_type = exchange.stream({}).content_type
+                await quiet.send(stream_start(content_type, quiet.call.reply_id.encode()))
             if not quiet.done:
                 await quiet.send(
                     {"type": "http.response.body", "body": quiet.data, "more_body": True}
@@ -113,7 +181,7 @@ class KeepAlive:
             quiet.ping = None
 
 
-async def _send_last(send: Send, quiet: Quiet | None, body: bytes) -> None:
+async def send_last(send: Send, quiet: Quiet | None, body: bytes) -> None:
     """The stream's last send: no keep-alive may follow it, nor run beside it."""
     if quiet is not None:
         quiet.done = True
@@ -131,6 +199,11 @@ class Opened(Protocol):
     ended: bool  # the stream ended with it
     failure: GatewayError | None  # the error it ended with, in ``first``
 
+    @property
+    def channel(self) -> object:
+        """The channel, whose credentials an error's message may not hold."""
+        ...
+
 
 async def pump(
     opened: Opened,
@@ -138,25 +211,22 @@ async def pump(
     settle: Callable[[int], Awaitable[None] | None],
     quiet: Quiet | None = None,
     request_id: bytes = b"",
+    meter: Meter | None = None,
 ) -> GatewayError | None:
     """Relay the upstream's stream to the client through ``opened.stream``, whose first
     output was read already; ``settle(status)`` is called once, and what it returns awaited,
     before the last bytes are sent. Returns the error that ended the stream early (already
     sent to the client in its protocol's form), or None. ``quiet``: the stream's entry in the
-    keep-alive timer, if it has one; ``request_id`` goes out as ``x-request-id``."""
+    keep-alive timer, if it has one; ``request_id`` goes out as ``x-request-id``; ``meter``:
+    what the stream's account can pay, looked at after each read (``policy.spend``: past it,
+    the stream ends with a 402 inside it)."""
     resp, stream, failure, ended = opened.resp, opened.stream, opened.failure, opened.ended
     assert stream is not None
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", stream.content_type.encode()),
-                (b"x-request-id", request_id),
-                *STREAM_HEADERS,
-            ],
-        }
-    )
+    if quiet is None:
+        await send(stream_start(stream.content_type, request_id))
+    elif not quiet.started:  # else committed: started by the timer (its send awaited below)
+        await send(stream_start(stream.content_type, request_id))
+        quiet.started = True  # keep-alives may follow from here on
     out = opened.first  # converted, not yet sent: the last read's goes out with the end
     try:
         if failure is not None:
@@ -183,15 +253,19 @@ async def pump(
                 out += stream.finish()
                 break
             out += stream.feed(raw)
+            if meter is not None and meter.over(stream):
+                raise meter.exceeded()
     except GatewayError as err:
         durable = settle(err.status)
         if durable is not None:
             await durable
-        tail = stream.error(err) if err is not failure else b""  # in ``first`` already
-        await _send_last(send, quiet, out + tail)
+        tail = b""  # in ``first`` already, or sent now without the channel's credentials
+        if err is not failure:
+            tail = stream.error(redact_error(err, channel_secrets(opened.channel)))
+        await send_last(send, quiet, out + tail)
         return err
     durable = settle(200)
     if durable is not None:
         await durable
-    await _send_last(send, quiet, out)
+    await send_last(send, quiet, out)
     return None

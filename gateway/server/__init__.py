@@ -3,7 +3,12 @@ options. The app is plain ASGI, so the server is a choice, not a ceiling.
 
 With one worker the app is built here and served in this process; with several, each worker
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
-hypercorn first), which reads the file named by ``GATEWAY_CONFIG``.
+hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
+``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
+under uvicorn and granian through ``probed_app()``), on the host named by ``GATEWAY_HOST``.
+
+hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
+does not fit the installed hypercorn or h11: ``gateway.server.mends``).
 """
 
 from __future__ import annotations
@@ -14,20 +19,27 @@ import importlib
 import math
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import cast
 
-from gateway.config import Settings, load_settings
+from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
-from gateway.server.header_timeout import time_headers
+from gateway.server import mends
+from gateway.server.h11_headers import HEADER_CHECK
+from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
 from gateway.server.hypercorn_mend import (
+    CONNECTION_CAP,
+    CONNECTIONS,
+    DATE_HEADER,
+    IDLE_CLOSE,
     ServerConfig,
     default_connection_limit,
-    limit_connections,
-    mend_hypercorn,
 )
+from gateway.server.probes import Probed
+from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
 
 SERVERS = ("hypercorn", "uvicorn", "granian")
@@ -37,15 +49,25 @@ BACKLOG = 2048
 GRANIAN_MAX_CONCURRENT = 65536
 APP_FACTORY = "gateway.app:create_app"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
+PROBED_FACTORY = "gateway.server:probed_app"  # uvicorn's and granian's, with a probe port
+HOST_ENV = "GATEWAY_HOST"  # the host the workers bind their probe port on
 
 
 def serve(
     settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
-    snapshots for the run (``gateway.observe.metrics``), removed when the server stops."""
+    snapshots for the run (``gateway.observe.metrics``), removed when the server stops. A
+    store that can never work as configured (a Redis database that does not exist) ends
+    start-up first with one line and exit code 2 (SystemExit); one that does not answer yet
+    is the workers' to retry."""
     configure_logging(settings)
+    problem = asyncio.run(store_problem(settings.store))
+    if problem is not None:  # retrying would never help: a configuration error
+        print(f"gateway: config error: store: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     os.environ["GATEWAY_CONFIG"] = settings.path
+    os.environ[HOST_ENV] = host
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
             snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
@@ -71,6 +93,7 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     if workers > 1:
         from hypercorn.run import run
 
+        mend_hypercorn(settings.server, apply=False)  # each worker applies them: fail here first
         cfg.application_path = f"{HYPERCORN_WORKER_FACTORY}()"
         cfg.workers = workers
         run(cfg)
@@ -79,10 +102,8 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
 
     from gateway.server.gc_tuning import tune_gc
 
-    mend_hypercorn()
-    limit_connections(settings.server.max_connections or default_connection_limit())
-    time_headers(settings.server.header_timeout_seconds)
-    app = app_factory()(settings)
+    mend_hypercorn(settings.server)
+    app = probed(app_factory()(settings), settings.server.probe_port)
     tune_gc()  # as every other server's worker does in create_app()
 
     async def main() -> None:
@@ -96,11 +117,37 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     asyncio.run(main())
 
 
+def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
+    """Put in place the mends this process serves hypercorn with, as ``server`` sets them
+    (``gateway.server.mends.start``: one that does not fit is left out, or stops the
+    process). ``apply=False``: only check them (hypercorn's parent process, which serves
+    nothing itself)."""
+    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
+    if server.header_timeout_seconds > 0:
+        needed.insert(2, HEADER_DEADLINE)
+    if apply:
+        CONNECTIONS.limit = server.max_connections or default_connection_limit()
+        HEADER_TIMEOUT.seconds = server.header_timeout_seconds
+    mends.start(needed, apply=apply)
+
+
 def app_factory() -> Callable[..., ASGIApp]:
     """``create_app`` found by its path, as every server finds it in a worker: the server
     layer knows the app only as an ASGI callable."""
     module, _, name = APP_FACTORY.partition(":")
     return cast(Callable[..., ASGIApp], getattr(importlib.import_module(module), name))
+
+
+def probed(app: ASGIApp, port: int) -> ASGIApp:
+    """The app, serving the probes on ``port`` too when there is one."""
+    if not port:
+        return app
+    return Probed(app, os.environ.get(HOST_ENV, "0.0.0.0"), port)
+
+
+def probed_app() -> ASGIApp:
+    """A uvicorn or granian worker's app when ``server.probe_port`` is set."""
+    return probed(app_factory()(), load_settings().server.probe_port)
 
 
 def hypercorn_worker_app() -> ASGIApp:
@@ -112,12 +159,11 @@ def hypercorn_worker_app() -> ASGIApp:
     sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
     streams finish was killed there, streams, access-log lines and all."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    mend_hypercorn()
-    app = app_factory()()
-    server = load_settings().server
-    limit_connections(server.max_connections or default_connection_limit())
-    time_headers(server.header_timeout_seconds)
-    return app
+    settings = load_settings()
+    configure_logging(settings)  # before create_app() does: a mend's log line is formatted
+    mend_hypercorn(settings.server)
+    app = app_factory()()  # built as every worker's app is (its gc tuned)
+    return probed(app, settings.server.probe_port)
 
 
 def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int) -> None:
@@ -125,7 +171,7 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
     uvicorn.run(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         factory=True,
         host=host,
         port=port,
@@ -138,6 +184,10 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
         log_level="warning",
         timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
         limit_concurrency=limit,  # past it, uvicorn answers 503 itself
+        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
+        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees it:
+        # off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
+        proxy_headers=False,
     )
 
 
@@ -155,9 +205,12 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     # (granian's default: waited for without end; it takes whole seconds, at least 1)
     grace = max(1, math.ceil(settings.server.graceful_seconds))
 
+    # granian's proxy handling is a wrapper one applies oneself
+    # (granian.utils.proxies.wrap_asgi_with_proxy_headers): not applied, so the ASGI client is
+    # the socket's and ``trusted_proxies`` alone decides what X-Forwarded-For is believed
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
-        APP_FACTORY,
+        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         address=host,
         port=port,
         interface=Interfaces.ASGI,

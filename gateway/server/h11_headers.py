@@ -1,48 +1,35 @@
-"""h11's check of the headers a server sends, made cheaper without checking less.
+"""h11's check of the headers a server sends, made cheaper without checking less: the mend
+``h11.header_check`` (speed; a ``gateway.server.mends.Mend``), kept while hypercorn, which
+writes HTTP/1.1 through h11, is the default server. What it saves is in bench/RESULTS.md
+("Mends").
 
-hypercorn writes HTTP/1.1 through h11, and h11 checks every header of every response it is
-given (``normalize_and_validate``): a name must be a token, a value must hold no NUL, CR, LF,
-form feed or vertical tab and neither start nor end with white space. It does so with two
-regular expressions per header, the value's one backtracking over every byte; a response
-with four headers (the date hypercorn adds among them) cost about 54,000 instructions, and a
-stream's headers are checked twice (once more when h11 adds ``Transfer-Encoding``): 3-5% of
-all that relaying a request costs the process. Here the same rules are checked with
-one ``bytes.translate`` over a ready table and two byte lookups per header; everything else
-(lower-cased names, the ``Content-Length`` and ``Transfer-Encoding`` rules, the errors
-raised) is h11's own code path, unchanged: a header h11 would refuse is refused, with h11's
-own error (``tests/test_h11_headers.py`` holds the two to the same answers).
-
-Headers h11 parsed itself (``_parsed=True``) are left to h11, as it leaves them unchecked.
-
-When h11 adds a header of its own (``Transfer-Encoding: chunked`` to a stream, ``Connection:
-close``), ``set_comma_header`` checked every header of the response again, though each had
-passed the check already and h11's own values are valid: the headers are handed on as
-already parsed instead (``set_comma_header`` here; the values h11 adds are still checked).
-
-h11 looks for a handful of headers in every request and response (``get_comma_header``:
-Connection, Transfer-Encoding, Content-Length, Upgrade, Expect), each look a Python loop over
-every header; mostly the header is not there. ``make_get_comma_header`` answers that case with
-one search in C and leaves the rest to h11's loop.
+h11 checks every header of every response it is given (``normalize_and_validate``): a name
+must be a token, a value must hold no NUL, CR, LF, form feed or vertical tab and neither start
+nor end with white space. It does so with two regular expressions per header, the value's one
+backtracking over every byte, and a stream's headers are checked twice (once more when h11
+adds ``Transfer-Encoding``, through the same module-level name). Here the same rules are
+checked with one ``bytes.translate`` over a ready table and two byte lookups per header; then
+h11's own function runs on headers that passed, told they are already parsed, so that
+everything else (lower-cased names, the ``Content-Length`` and ``Transfer-Encoding`` rules)
+is h11's own code, unchanged. A header h11 would refuse goes to h11's own check, and gets h11's
+own error (``tests/test_h11_headers.py`` holds the two to the same answers). Headers h11 parsed
+itself (``_parsed=True``) are left to h11, as it leaves them unchecked.
 
 h11's ``Headers`` is a ``Sequence`` without an ``__iter__`` of its own: every loop over a
-request's headers (hypercorn makes four per request) went through the abstract class's,
-one ``__getitem__`` call per header. It is given one that runs in C (``map`` of an
+request's headers (hypercorn makes four per request) went through the abstract class's, one
+``__getitem__`` call per header. It is given one that runs in C (``map`` of an
 ``itemgetter``), yielding the same (name, value) pairs.
-
-An h11 whose module layout differs is left alone.
 """
 
 from __future__ import annotations
 
-import logging
 import operator
-import sys
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
-log = logging.getLogger("gateway.server")
+from gateway.server.mends import Mend, Needs, mended, original, wrapping
 
-_MENDED = "_gateway_fast_header_check"
+_NAME = "h11.header_check"
 # RFC 9110's tchar: the bytes a header name is made of
 TOKEN = b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # what a value may not hold anywhere (h11: field-vchar is [^\x00\s], and only space and tab
@@ -105,30 +92,6 @@ def make_check(original: Callable[..., Any]) -> Callable[..., Any]:
     return normalize_and_validate
 
 
-def make_set_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
-    """h11's ``set_comma_header`` without checking again what its ``Headers`` hold: they
-    were checked when made. The values it adds are checked (h11 adds only its own)."""
-
-    def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
-        kept = [(raw, value) for raw, found, value in headers._full_items if found != name]
-        added = original([(name.title(), value) for value in new_values])
-        return original([*kept, *added.raw_items()], _parsed=True)
-
-    return set_comma_header
-
-
-def make_get_comma_header(original: Callable[..., Any]) -> Callable[..., Any]:
-    """h11's ``get_comma_header``, answering at once (in C) when the name is not there."""
-
-    def get_comma_header(headers: Any, name: bytes) -> Any:
-        if name not in map(_NAME, headers._full_items):
-            return []
-        return original(headers, name)
-
-    return get_comma_header
-
-
-_NAME = operator.itemgetter(1)
 _NAME_AND_VALUE = operator.itemgetter(1, 2)
 
 
@@ -137,38 +100,73 @@ def _pairs(self: Any) -> Iterator[tuple[bytes, bytes]]:
     return map(_NAME_AND_VALUE, self._full_items)
 
 
-def speed_up() -> bool:
-    """Give h11's ``Headers`` its ``__iter__`` and put the cheaper check in h11's place; True
-    when the check is there (False: no h11, or one laid out otherwise, left as it is)."""
+def _check() -> list[str]:
+    needs = Needs()
+    headers = needs.module("h11._headers")
+    events = needs.module("h11._events")
+    params = ["headers", "_parsed"]
+    check = needs.function(
+        headers, "normalize_and_validate", "h11._headers", params, coroutine=False
+    )
+    # h11's events import it by name: that copy is replaced too
+    bound = needs.attr(events, "normalize_and_validate", "h11._events")
+    if check is None or bound is None:
+        return needs.missing
+    needs.require(original(bound) is check, "h11._events.normalize_and_validate is another one")
+    # h11's own function, told the headers are parsed, still applies its Content-Length rules
+    import h11
+
+    lengths = [(b"Content-Length", b"1"), (b"Content-Length", b"2")]
+    try:
+        check(lengths, _parsed=True)
+        needs.missing.append("normalize_and_validate(_parsed=True) skips the Content-Length rules")
+    except h11.LocalProtocolError:
+        pass
+    # Headers keeps (raw name, lower-cased name, value), and __getitem__ gives the last two
+    made = check([(b"X-A", b"1")], _parsed=True)
+    needs.require(
+        getattr(made, "_full_items", None) == [(b"X-A", b"x-a", b"1")],
+        "h11 Headers._full_items is missing or not [(raw name, name, value)]",
+    )
+    try:
+        first = made[0]
+    except Exception as exc:  # whatever a changed Headers raises
+        first = exc
+    needs.require(first == (b"x-a", b"1"), "h11 Headers[i] is not (lower-cased name, value)")
+    return needs.missing
+
+
+def _apply() -> None:
+    import h11._events as events
+    import h11._headers as headers
+
+    check = headers.normalize_and_validate
+    fast = wrapping(_NAME, check, make_check(check))
+    events.normalize_and_validate = fast  # type: ignore[attr-defined]
+    headers.normalize_and_validate = fast
+    if "__iter__" not in vars(headers.Headers):  # an h11 with its own keeps it
+        pairs = wrapping(_NAME, headers.Headers.__iter__, _pairs)
+        headers.Headers.__iter__ = pairs  # type: ignore[method-assign]
+
+
+def _in_place() -> bool:
     try:
         import h11._events as events
         import h11._headers as headers
     except ImportError:
         return False
-    header_class = getattr(headers, "Headers", None)
-    if header_class is not None and "__iter__" not in vars(header_class):
-        header_class.__iter__ = _pairs
-    original = getattr(headers, "normalize_and_validate", None)
-    if not callable(original):
-        return False
-    if getattr(original, _MENDED, False):
-        return True
-    if getattr(events, "normalize_and_validate", None) is not original:
-        log.warning("server.h11_not_mended reason=layout")
-        return False
-    connection = sys.modules.get("h11._connection")
-    if (
-        getattr(connection, "set_comma_header", None) is not headers.set_comma_header
-        or getattr(connection, "get_comma_header", None) is not headers.get_comma_header
-    ):
-        log.warning("server.h11_not_mended reason=layout")
-        return False
-    fast = make_check(cast(Callable[..., Any], original))
-    setattr(fast, _MENDED, True)
-    events.normalize_and_validate = fast  # type: ignore[attr-defined]
-    headers.normalize_and_validate = fast
-    connection.set_comma_header = make_set_comma_header(fast)  # type: ignore[union-attr]
-    get = make_get_comma_header(headers.get_comma_header)
-    connection.get_comma_header = get  # type: ignore[union-attr]
-    headers.get_comma_header = get
-    return True
+    bound = events.normalize_and_validate  # type: ignore[attr-defined]
+    return mended(headers.normalize_and_validate, _NAME) and mended(bound, _NAME)
+
+
+HEADER_CHECK = Mend(
+    name=_NAME,
+    library="h11",
+    written_for="0.16",
+    kind="speed",
+    fixes="h11 checks every response header with two regular expressions",
+    check=_check,
+    apply=_apply,
+    in_place=_in_place,
+)
+MENDS = (HEADER_CHECK,)

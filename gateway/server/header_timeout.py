@@ -1,23 +1,26 @@
-"""A deadline for a request's headers under hypercorn (0.18), which has none of its own: a
-client that drips its headers a byte at a time held a connection for the whole keep-alive
-(75 s), and was then closed with no answer.
+"""A deadline for a request's headers under hypercorn (written for 0.18), which has none of its
+own: a client that drips its headers a byte at a time held a connection for the whole
+keep-alive (75 s), and was then closed with no answer. The mend, ``hypercorn.header_timeout``
+(a ``gateway.server.mends.Mend``), is kept for safety: without it slow clients hold
+connections at no cost to themselves.
 
-``time_headers(seconds)`` gives every request's headers ``seconds`` to arrive, as nginx's
+``HEADER_TIMEOUT.seconds`` gives every request's headers that long to arrive, as nginx's
 ``client_header_timeout`` does: the first request of a new connection from the moment it is
 accepted, each later one from its first byte (until then the connection is idle and the
 keep-alive applies). Past the deadline the connection is closed, with a ``408`` in the OpenAI
 error shape and ``Connection: close`` first when part of a request had arrived (HTTP/1.1;
-HTTP/2 is only closed), with nothing when nothing had. Once the headers are in, the body has
-its own deadline (``asgi.BodyDeadlines``).
+HTTP/2 is only closed), with nothing when nothing had. A deadline no shorter than the
+keep-alive leaves it to the keep-alive (closed with no answer). Once the headers are in, the
+body has its own deadline (``asgi.BodyDeadlines``).
 
-How: hypercorn's ``TCPServer`` runs one idle task per connection, sleeping the keep-alive
-between requests and stopped while one is served. The mend tracks which of the two waits a
-connection is in (``Updated`` events from the protocol: idle or busy), restarts the idle task
-with the header deadline when a request's first bytes arrive on an idle connection without
-its whole headers (checked after hypercorn handled them: whole headers began a request, and a
-restart per request cost about 100k instructions), and has the idle task use that deadline
-then. A hypercorn without those parts is left alone, and says
-so in the log once. uvicorn and granian are not mended (README: Operations).
+How: hypercorn's ``TCPServer`` runs one idle task per connection (``_idle_timeout``), sleeping
+the keep-alive between requests and stopped while one is served. The mend tracks which of the
+two waits a connection is in (``Updated`` events from the protocol: idle or busy), and
+restarts the idle task when a request's first bytes arrive on an idle connection without its
+whole headers (checked after hypercorn handled them: whole headers began a request, and cost
+no restart). It wraps ``_idle_timeout``: while a connection waits for headers, hypercorn's own
+wait runs under the header deadline, and past it the 408 (when due) precedes hypercorn's own
+close. uvicorn and granian are not mended (README: Operations).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import asyncio
 from typing import Any
 
 import h11
+from hypercorn.config import Config
 
-from gateway.server.hypercorn_mend import tcp_server_parts
+from gateway.server.hypercorn_mend import WRITTEN_FOR, tcp_server, tcp_server_class
+from gateway.server.mends import Mend, Needs, mended, wrapping
 
-_TIMED = "_gateway_header_timeout"
+_NAME = "hypercorn.header_timeout"
 _BODY = (
     b'{"error":{"message":"The request headers did not arrive in time.",'
     b'"type":"invalid_request_error","code":"request_timeout"}}'
@@ -54,19 +59,69 @@ class HeaderTimeout:
 HEADER_TIMEOUT = HeaderTimeout()
 
 
-def time_headers(seconds: float) -> bool:
-    """Give the headers of every request this process's hypercorn reads ``seconds`` to
-    arrive (0: no limit); True when it can."""
-    HEADER_TIMEOUT.seconds = seconds
-    parts = tcp_server_parts(
-        _TIMED,
-        ["_read_data", "protocol_send", "_idle_timeout", "_initiate_server_close"],
-        "server.headers_not_timed reason=hypercorn_changed",
-        events=["RawData", "Updated"],
-    )
-    if isinstance(parts, bool):
-        return parts
-    server_class, read_data, protocol_send, _, _, raw_data, updated = parts
+def _check() -> list[str]:
+    needs = Needs()
+    server_class, sample = tcp_server(needs)
+    where = "TCPServer"
+    read_data = needs.function(server_class, "_read_data", where, ["self"], coroutine=True)
+    needs.function(server_class, "protocol_send", where, ["self", "event"], coroutine=True)
+    needs.function(server_class, "_idle_timeout", where, ["self"], coroutine=True)
+    needs.function(server_class, "_initiate_server_close", where, ["self"], coroutine=True)
+    # run sets the connection's protocol and task group, and starts the idle task
+    run_uses = ["protocol", "_task_group", "idle_task", "restart", "_idle_timeout"]
+    needs.uses(getattr(server_class, "run", None), run_uses, "TCPServer.run")
+    # the read loop hands what it reads to the protocol's handle (wrapped per connection)
+    needs.uses(read_data, ["protocol", "handle", "RawData"], "TCPServer._read_data")
+    idle_task = needs.attr(sample, "idle_task", "TCPServer()")
+    restart_params = ["task_group", "action"]
+    needs.function(idle_task, "restart", "TCPServer().idle_task", restart_params, coroutine=True)
+    needs.attr(sample, "writer", "TCPServer()")  # the 408 is written to it
+    config = needs.attr(sample, "config", "TCPServer()")
+    needs.attr(config, "keep_alive_timeout", "TCPServer().config")
+    events = needs.module("hypercorn.events")
+    needs.fields(needs.attr(events, "RawData", "hypercorn.events"), ["data"], "RawData")
+    needs.fields(needs.attr(events, "Updated", "hypercorn.events"), ["idle"], "Updated")
+    _check_protocol(needs, sample)
+    return needs.missing
+
+
+def _check_protocol(needs: Needs, server: Any) -> None:
+    """An HTTP/1.1 connection's protocol: its ``handle`` can be wrapped per connection, and
+    it keeps an ``h11.Connection`` (``protocol.connection``) whose buffer says what of a
+    request has arrived."""
+    module = needs.module("hypercorn.protocol")
+    wrapper_class = needs.attr(module, "ProtocolWrapper", "hypercorn.protocol")
+    needs.function(wrapper_class, "handle", "ProtocolWrapper", ["self", "event"], coroutine=True)
+    if wrapper_class is None or server is None:
+        return
+    try:  # as TCPServer.run makes it, for a connection that speaks HTTP/1.1
+        args = (None, Config(), server.context, None, None, False, None, None, None, "http/1.1")
+        sample = wrapper_class(*args)
+    except Exception as exc:  # a changed __init__, whatever it raises
+        needs.missing.append(f"ProtocolWrapper(...) cannot be made: {type(exc).__name__}: {exc}")
+        return
+    needs.require(hasattr(sample, "__dict__"), "ProtocolWrapper's handle cannot be set per object")
+    connection = getattr(getattr(sample, "protocol", None), "connection", None)
+    if needs.require(
+        isinstance(connection, h11.Connection),
+        "ProtocolWrapper(...).protocol.connection is missing or not an h11.Connection",
+    ):
+        buffered = getattr(connection, "trailing_data", None)
+        needs.require(
+            isinstance(buffered, tuple)
+            and len(buffered) == 2
+            and isinstance(buffered[0], bytes | bytearray),
+            "h11.Connection.trailing_data is missing or not (buffered bytes, closed)",
+        )
+
+
+def _apply() -> None:
+    from hypercorn.events import RawData, Updated
+
+    server_class = tcp_server_class()
+    read_data = server_class._read_data
+    protocol_send = server_class.protocol_send
+    idle_timeout = server_class._idle_timeout
 
     async def _read_data(self: Any) -> None:
         protocol = self.protocol
@@ -82,7 +137,7 @@ def time_headers(seconds: float) -> bool:
             if (
                 idle
                 and self._gw_wait == IDLE
-                and type(event) is raw_data
+                and type(event) is RawData
                 and _http1(self)
                 and _buffered(self)
             ):
@@ -93,7 +148,7 @@ def time_headers(seconds: float) -> bool:
         await read_data(self)
 
     async def sending(self: Any, event: Any) -> None:
-        if type(event) is updated:
+        if type(event) is Updated:
             if not event.idle:
                 self._gw_wait = BUSY
             elif _buffered(self):  # the next request's first bytes came with the last one's
@@ -103,21 +158,43 @@ def time_headers(seconds: float) -> bool:
         await protocol_send(self, event)
 
     async def _idle_timeout(self: Any) -> None:
-        headers = self._gw_wait == HEADERS and HEADER_TIMEOUT.seconds > 0
-        wait = HEADER_TIMEOUT.seconds if headers else self.config.keep_alive_timeout
+        seconds = HEADER_TIMEOUT.seconds
+        if self._gw_wait != HEADERS or not 0 < seconds < self.config.keep_alive_timeout:
+            await idle_timeout(self)  # hypercorn's own: the keep-alive
+            return
         try:
-            await asyncio.wait_for(self.context.terminated.wait(), wait)
+            async with asyncio.timeout(seconds):
+                await idle_timeout(self)  # ended sooner: the server is stopping, and closed it
+            return
         except TimeoutError:
-            if headers and _buffered(self):
-                await _refuse(self)
+            pass
+        if _buffered(self):
+            await _refuse(self)
         await asyncio.shield(self._initiate_server_close())
 
     server_class._gw_wait = HEADERS  # a new connection waits for its first request's headers
-    server_class._read_data = _read_data
-    server_class.protocol_send = sending
-    server_class._idle_timeout = _idle_timeout
-    setattr(server_class, _TIMED, True)
-    return True
+    server_class._read_data = wrapping(_NAME, read_data, _read_data)
+    server_class.protocol_send = wrapping(_NAME, protocol_send, sending)
+    server_class._idle_timeout = wrapping(_NAME, idle_timeout, _idle_timeout)
+
+
+def _in_place() -> bool:
+    server_class = tcp_server_class()
+    parts = ("_read_data", "protocol_send", "_idle_timeout")
+    return all(mended(getattr(server_class, part, None), _NAME) for part in parts)
+
+
+HEADER_DEADLINE = Mend(
+    name=_NAME,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="safety",
+    fixes="no deadline for a request's headers: a client dripping them holds a connection",
+    check=_check,
+    apply=_apply,
+    in_place=_in_place,
+)
+MENDS = (HEADER_DEADLINE,)
 
 
 def _h11(server: Any) -> h11.Connection | None:

@@ -1,46 +1,43 @@
-"""Mends for hypercorn (0.18, the newest): a connection its client closed while idle is let go
-at once instead of after the keep-alive; a cap on the connections one process holds; and two
-costs of every response made small (``ServerConfig``'s Date header, ``h11_headers``' check).
+"""Mends of hypercorn (written for 0.18): a connection its client closed while idle is let go
+at once instead of after the keep-alive (``hypercorn.idle_close``, correctness); a cap on the
+connections one process holds (``hypercorn.connection_cap``, safety); and a ``Date`` header
+formatted once a second, not once a response (``hypercorn.date_header``, speed). Each is a
+``gateway.server.mends.Mend``: checked before it is applied, in the registry there.
 
-hypercorn's ``TCPServer`` runs a connection in a TaskGroup that holds, between requests, an
-idle task sleeping ``keep_alive_timeout``. When the client closes an idle connection, the read
-loop ends, but the idle task is only stopped in the ``finally`` that runs after the TaskGroup
-exits, and the TaskGroup waits for it: the socket stays in CLOSE_WAIT and the connection's
-objects (TaskGroup, tasks, StreamWriter, the tracebacks of its cancelled tasks) stay alive for
-the whole keep-alive (bench/RESULTS.md, "Garbage collection", has what that cost).
+``idle_close`` is kept because hypercorn leaks: its ``TCPServer`` runs a connection in a
+TaskGroup that holds, between requests, an idle task sleeping ``keep_alive_timeout``. When the
+client closes an idle connection, the read loop ends, but the idle task is only stopped in the
+``finally`` that runs after the TaskGroup exits, and the TaskGroup waits for it: the socket
+stays in CLOSE_WAIT and the connection's objects (TaskGroup, tasks, StreamWriter, the
+tracebacks of its cancelled tasks) stay alive for the whole keep-alive (bench/RESULTS.md,
+"Mends", has what that cost). The mend stops the idle task as soon as the read
+loop has ended: nothing can arrive on the connection any more, so nothing is lost, and a
+request still being answered is not touched (the read loop closed its stream, as before).
 
-The mend stops the idle task as soon as the read loop has ended. Nothing can arrive on the
-connection any more, so nothing is lost; a request still being answered is not touched (its
-stream was closed by the read loop, as before). A hypercorn without that read loop or idle task
-is left alone, and says so in the log once.
+``connection_cap`` is kept because hypercorn has no limit on connections: enough idle or
+half-open ones (20,000 seen) use every file descriptor, and then the probes and every client
+fail. It counts the connections of ``TCPServer.run``; past the cap a new one gets a short 503
+in the OpenAI error shape with ``Retry-After`` and ``Connection: close`` before anything is
+read, and is closed.
 
-hypercorn has no limit on connections: enough idle or half-open ones (20,000 seen) use every
-file descriptor, and then the probes and every client fail. ``limit_connections`` counts the
-connections of ``TCPServer.run``; past the cap a new one gets a short 503 in the OpenAI error
-shape with ``Retry-After`` and ``Connection: close`` before anything is read, and is closed.
-
-Every mend of ``TCPServer`` (``header_timeout``'s too) finds what it wraps with
-``tcp_server_parts``, which also tells it when it is in place already, and when hypercorn has
-changed: the mend is then left out, with one log line.
+``date_header`` is kept while hypercorn is the default server: it makes every response about
+11,000 instructions cheaper (bench/RESULTS.md, "Mends").
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 from wsgiref.handlers import format_date_time
 
 from hypercorn.config import Config
 
 from gateway.edge.request_ids import new_request_id
-from gateway.server.h11_headers import speed_up
+from gateway.server.mends import Mend, Needs, mended, wrapping
 
 log = logging.getLogger("gateway.server")
-_MENDED = "_gateway_mended_idle_close"
-_CAPPED = "_gateway_connection_cap"
+WRITTEN_FOR = "0.18"
 _REFUSAL_BODY = (
     b'{"error":{"message":"The gateway has too many connections open; retry shortly.",'
     b'"type":"overloaded_error","code":"too_many_connections"}}'
@@ -72,57 +69,93 @@ class ConnectionCap:
 CONNECTIONS = ConnectionCap()
 
 
-def tcp_server_parts(
-    marker: str, names: Sequence[str], warning: str, events: Sequence[str] = ()
-) -> list[Any] | bool:
-    """hypercorn's ``TCPServer``, then its attributes ``names``, then the classes ``events`` of
-    ``hypercorn.events``: what a mend wraps and uses. Or else whether the mend is in place:
-    True when ``marker`` is set on ``TCPServer`` already; False when this process has not
-    loaded hypercorn, or when one of those parts is missing (a changed hypercorn: the mend is
-    left out, and ``warning`` logged)."""
-    module = sys.modules.get("hypercorn.asyncio.tcp_server")
-    server_class = getattr(module, "TCPServer", None)
-    if server_class is None:
-        return False
-    if getattr(server_class, marker, False):
-        return True
-    event_module = sys.modules.get("hypercorn.events")
-    parts = [getattr(server_class, name, None) for name in names]
-    parts += [getattr(event_module, name, None) for name in events]
-    if any(part is None for part in parts):
-        log.warning(warning)
-        return False
-    return [server_class, *parts]
+def tcp_server_class() -> Any:
+    """hypercorn's ``TCPServer`` (one per connection), or None without that module."""
+    try:
+        from hypercorn.asyncio import tcp_server
+    except ImportError:
+        return None
+    return getattr(tcp_server, "TCPServer", None)
 
 
-def limit_connections(limit: int) -> bool:
-    """Cap the connections this process's hypercorn holds at ``limit``; True when it can."""
-    CONNECTIONS.limit = limit
-    parts = tcp_server_parts(_CAPPED, ["run"], "server.connections_not_capped reason=no_run")
-    if isinstance(parts, bool):
-        return parts
-    server_class, run = parts
+def tcp_server(needs: Needs) -> tuple[Any, Any]:
+    """hypercorn's ``TCPServer``, and one made as hypercorn makes one per connection (with
+    stand-ins for the app, loop, lifespan state and socket), to check what its ``__init__``
+    sets; None for what cannot be had (``needs`` says why)."""
+    module = needs.module("hypercorn.asyncio.tcp_server")
+    server_class = needs.attr(module, "TCPServer", "hypercorn.asyncio.tcp_server")
+    context = needs.module("hypercorn.asyncio.worker_context")
+    context_class = needs.attr(context, "WorkerContext", "hypercorn.asyncio.worker_context")
+    if server_class is None or context_class is None:
+        return server_class, None
+    try:  # as hypercorn.asyncio.run: (app, loop, config, context, state, reader, writer)
+        sample = server_class(None, None, Config(), context_class(None), None, None, None)
+    except Exception as exc:  # a changed __init__, whatever it raises
+        needs.missing.append(f"TCPServer(...) cannot be made: {type(exc).__name__}: {exc}")
+        return server_class, None
+    return server_class, sample
+
+
+# ---- hypercorn.idle_close ----------------------------------------------------------------
+
+_IDLE_CLOSE = "hypercorn.idle_close"
+
+
+def _check_idle_close() -> list[str]:
+    needs = Needs()
+    server_class, sample = tcp_server(needs)
+    needs.function(server_class, "_read_data", "TCPServer", ["self"], coroutine=True)
+    idle_task = needs.attr(sample, "idle_task", "TCPServer()")
+    needs.function(idle_task, "stop", "TCPServer().idle_task", [], coroutine=True)
+    return needs.missing
+
+
+def _apply_idle_close() -> None:
+    server_class = tcp_server_class()
+    read_data = server_class._read_data
+
+    async def _read_data(self: Any) -> None:
+        await read_data(self)
+        await self.idle_task.stop()
+
+    server_class._read_data = wrapping(_IDLE_CLOSE, read_data, _read_data)
+
+
+IDLE_CLOSE = Mend(
+    name=_IDLE_CLOSE,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="correctness",
+    fixes="a connection its client closed stays in CLOSE_WAIT for the whole keep-alive",
+    check=_check_idle_close,
+    apply=_apply_idle_close,
+    in_place=lambda: mended(getattr(tcp_server_class(), "_read_data", None), _IDLE_CLOSE),
+)
+
+
+# ---- hypercorn.connection_cap --------------------------------------------------------------
+
+_CONNECTION_CAP = "hypercorn.connection_cap"
+
+
+def _check_connection_cap() -> list[str]:
+    needs = Needs()
+    server_class, sample = tcp_server(needs)
+    needs.function(server_class, "run", "TCPServer", ["self"], coroutine=True)
+    # hypercorn starts a connection by awaiting its TCPServer, which runs ``self.run()``
+    needs.uses(getattr(server_class, "__await__", None), ["run"], "TCPServer.__await__")
+    needs.attr(sample, "writer", "TCPServer()")  # the connection's StreamWriter, to refuse on
+    return needs.missing
+
+
+def _apply_connection_cap() -> None:
+    server_class = tcp_server_class()
+    run = server_class.run
 
     async def capped_run(self: Any) -> None:
         cap = CONNECTIONS
         if cap.limit and cap.open >= cap.limit:
-            cap.refused += 1
-            request_id = new_request_id()
-            if cap.refused == 1 or cap.refused % 1000 == 0:
-                log.warning(
-                    "server.connections_refused request_id=%s open=%d refused=%d",
-                    request_id,
-                    cap.open,
-                    cap.refused,
-                )
-            writer = self.writer
-            try:
-                writer.write(refusal(request_id))
-                await writer.drain()
-            except OSError:
-                pass
-            finally:
-                writer.close()
+            await _refuse(self.writer, cap)
             return
         cap.open += 1
         try:
@@ -130,9 +163,43 @@ def limit_connections(limit: int) -> bool:
         finally:
             cap.open -= 1
 
-    server_class.run = capped_run
-    setattr(server_class, _CAPPED, True)
-    return True
+    server_class.run = wrapping(_CONNECTION_CAP, run, capped_run)
+
+
+async def _refuse(writer: Any, cap: ConnectionCap) -> None:
+    cap.refused += 1
+    request_id = new_request_id()
+    if cap.refused == 1 or cap.refused % 1000 == 0:
+        log.warning(
+            "server.connections_refused request_id=%s open=%d refused=%d",
+            request_id,
+            cap.open,
+            cap.refused,
+        )
+    try:
+        writer.write(refusal(request_id))
+        await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+CONNECTION_CAP = Mend(
+    name=_CONNECTION_CAP,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="safety",
+    fixes="no limit on connections: a flood of them uses every file descriptor",
+    check=_check_connection_cap,
+    apply=_apply_connection_cap,
+    in_place=lambda: mended(getattr(tcp_server_class(), "run", None), _CONNECTION_CAP),
+)
+
+
+# ---- hypercorn.date_header -----------------------------------------------------------------
+
+_DATE_HEADER = "hypercorn.date_header"
 
 
 def http_date() -> bytes:
@@ -147,17 +214,58 @@ _DATE: list[int | bytes] = [-1, b""]
 
 
 class ServerConfig(Config):
-    """hypercorn's ``Config``, its responses carrying a ``Date`` made once a second:
-    hypercorn formats it anew for every response (about 13,000 instructions, as much as the
-    rest of its response headers). No ``Server`` header: the gateway does not advertise its
-    software, and each header costs h11 a check. (A class of this module's own, not one made
-    in a function: several workers get it pickled.)"""
+    """hypercorn's ``Config`` as the gateway serves with it: no ``Server`` header (the
+    gateway does not advertise its software, and each header costs h11 a check); under
+    ``hypercorn.date_header``, a ``Date`` made once a second. (A class of this module's own,
+    not one made in a function: several workers get it pickled.)"""
 
-    include_date_header = False  # added by response_headers, formatted once a second
     include_server_header = False
 
-    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
-        return [(b"date", http_date()), *super().response_headers(protocol)]
+
+def _check_date_header() -> list[str]:
+    needs = Needs()
+    headers = needs.function(
+        Config, "response_headers", "Config", ["self", "protocol"], coroutine=False
+    )
+    flag = needs.attr(Config, "include_date_header", "Config")
+    if headers is not None and flag is not None:
+        sample = Config()
+        sample.include_server_header = False
+        sample.include_date_header = False
+        without = headers(sample, "h11")
+        sample.include_date_header = True
+        with_date = headers(sample, "h11")
+        needs.require(
+            [name for name, _ in with_date] == [b"date"] and without == [],
+            "Config.response_headers no longer adds a date header as include_date_header says",
+        )
+    return needs.missing
+
+
+def _apply_date_header() -> None:
+    response_headers = Config.response_headers
+
+    def dated(self: Config, protocol: str) -> list[tuple[bytes, bytes]]:
+        return [(b"date", http_date()), *response_headers(self, protocol)]
+
+    ServerConfig.response_headers = wrapping(  # type: ignore[method-assign]
+        _DATE_HEADER, response_headers, dated
+    )
+    ServerConfig.include_date_header = False  # added by the wrapper, formatted once a second
+
+
+DATE_HEADER = Mend(
+    name=_DATE_HEADER,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="speed",
+    fixes="hypercorn formats the Date header anew for every response",
+    check=_check_date_header,
+    apply=_apply_date_header,
+    in_place=lambda: mended(vars(ServerConfig).get("response_headers"), _DATE_HEADER),
+)
+
+MENDS = (IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER)
 
 
 def default_connection_limit() -> int:
@@ -172,25 +280,3 @@ def default_connection_limit() -> int:
     if soft == resource.RLIM_INFINITY:
         return 10_000
     return max(16, min(10_000, (soft - 64) // 2))
-
-
-def mend_hypercorn() -> bool:
-    """Mend hypercorn's TCPServer if this process has loaded it, and give its h11 the cheaper
-    check of response headers (``h11_headers``); True when the TCPServer is mended."""
-    speed_up()
-    parts = tcp_server_parts(
-        _MENDED, ["_read_data"], "server.hypercorn_not_mended reason=no_read_loop"
-    )
-    if isinstance(parts, bool):
-        return parts
-    server_class, read_data = parts
-
-    async def _read_data(self: Any) -> None:
-        await read_data(self)
-        idle_task = getattr(self, "idle_task", None)
-        if idle_task is not None:
-            await idle_task.stop()
-
-    server_class._read_data = _read_data
-    setattr(server_class, _MENDED, True)
-    return True

@@ -243,7 +243,8 @@ class Store(Protocol):
 
     async def version(self) -> int:
         """A number that changes whenever a key, a user, an account (other than by a debit)
-        or the catalogue changes, a code is redeemed, or a console session is signed out."""
+        or the catalogue changes, a code is redeemed, a console session is signed out or the
+        session secret rotated."""
         ...
 
     async def load_keys(self) -> list[KeyRecord]: ...
@@ -258,11 +259,35 @@ class Store(Protocol):
     async def revoke_session(self, nonce: str, expires: int, now: int) -> None:
         """A console session signed out (``console/session.py``): keep its nonce until
         ``expires``, when the session would end anyway (unix seconds), and change the
-        version so that every cache loads it; forget those over at ``now``."""
+        version so that every cache loads it; forget those over at ``now``. An entry
+        revoked again (a key's or a user's sessions, ``key_sessions``) ends at ``expires``
+        or a second after it did, whichever is later: a session signed in after the first
+        revocation ends a second after it (``Signer.issue``'s ``after``), so a second one in
+        the same second must still reach it."""
         ...
 
     async def load_revoked(self, now: int) -> dict[str, int]:
         """The nonces of the sessions signed out and not over at ``now`` -> when they end."""
+        ...
+
+    async def session_secret(self) -> bytes:
+        """The secret console sessions are signed with, the same for every instance: made at
+        random by the first call on a new store, then kept (never derived from anything)."""
+        ...
+
+    async def rotate_session_secret(self) -> None:
+        """Replace the session secret with a new random one and change the version: every
+        console session signed until now ends, on every instance within a second."""
+        ...
+
+    async def count_failure(
+        self, names: Sequence[str], window: int, now: int
+    ) -> list[tuple[int, int]]:
+        """One more failed sign-in (or admin-token attempt) against each of ``names`` (a
+        client's address range, an account name): a counter shared by every instance that
+        starts at a name's first failure and is forgotten ``window`` seconds later. Returns
+        each name's (failures in its window, the unix second the window ends); ``now``: unix
+        seconds."""
         ...
 
     async def create_account(self, account_id: str, balance: int) -> Account: ...

@@ -1,16 +1,26 @@
 """The store backends by URL: SQLite (embedded, the default) or Redis (single node or
 Cluster). Apart from the records and the ``Store`` protocol (``gateway.store``), which the
-backends import."""
+backends import.
+
+A store that does not answer may answer later (the gateway serves 503 and retries); one whose
+URL names what cannot exist never will: ``permanent_problem`` tells the two apart, so that
+start-up fails with one line (exit code 2, as for any configuration error) instead of
+retrying for ever. Today that is a Redis database number past the server's ``databases``.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from urllib.parse import urlsplit
 
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from gateway.store import Store, StoreError
 from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
+
+PROBE_TIMEOUT = 3.0  # seconds start-up waits for the store to say whether it can ever work
 
 # what a store that is away or hung raises: its own errors, its connection's, the time out
 STORE_FAILURES = (
@@ -30,3 +40,30 @@ def open_store(url: str) -> Store:
     if url.startswith(("redis://", "rediss://", "unix://", "redis+cluster://")):
         return RedisStore(url)
     raise ValueError(f"unsupported store URL: {url}")
+
+
+def permanent_problem(exc: BaseException, url: str) -> str | None:
+    """What makes the store of ``url`` never work, from what opening it raised; None when
+    the failure may pass (not reachable, not answering in time: keep retrying)."""
+    if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
+        parts = urlsplit(url)  # named without its password
+        where = f"{parts.hostname}:{parts.port or 6379}"
+        db = parts.path.lstrip("/") or "0"
+        return (
+            f"redis database {db} does not exist on {where} (a Redis server has the "
+            f"databases 0 to its 'databases' setting less one: 0-15 by default)"
+        )
+    return None
+
+
+async def store_problem(url: str, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Open the store once: what makes it never work (``permanent_problem``), or None when it
+    answered, or did not but may later."""
+    store = open_store(url)
+    try:
+        async with asyncio.timeout(timeout):
+            await store.open()
+    except Exception as exc:  # noqa: BLE001 - anything else is the retry's to see
+        return permanent_problem(exc, url)
+    await store.close()
+    return None

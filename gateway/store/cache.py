@@ -45,6 +45,10 @@ too (``user_session_ok``): its user enabled, and not begun before the user's ses
 ended (by ``operator/users.py``, as a revoked session entry ``USER_SESSIONS`` + the user's id whose
 time is when the sessions then begun would end: every session that ends no later is over).
 
+The console's session secret (``Store.session_secret``) is loaded with the keys too, so a
+rotation (``Store.rotate_session_secret``) ends every session on every instance within a
+second; until the store first answered there is none (``session_secret`` is None).
+
 The catalogue (groups, models, channels) changes the version too: when it changed, its records
 are reloaded with the keys and handed to the function given to ``on_catalogue`` (the relay's,
 which builds a new immutable ``routing.Catalogue`` and swaps it in). The hot path never reads
@@ -103,6 +107,7 @@ class Cache:
         self._spent: dict[str, int] = {}  # key id -> what it spent, as the store last said
         self._revoked: dict[str, int] = {}  # signed-out session nonce -> when it ends (unix s)
         self._users: dict[str, UserRecord] = {}
+        self.session_secret: bytes | None = None  # what console sessions are signed with
         self._pending: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._unseen: dict[int, Mapping[str, int]] = {}
@@ -168,12 +173,13 @@ class Cache:
             version = await self._store.version()
             changed = force or version != self._version
             listener = self._catalogue_listener
-            keys = records = revoked = users = None
+            keys = records = revoked = users = secret = None
             if changed:
                 keys = await self._store.load_keys()
                 users = await self._store.list_users()
                 records = await self._store.load_catalogue() if listener is not None else None
                 revoked = await self._store.load_revoked(int(time.time()))
+                secret = await self._store.session_secret()
             balances = await self._store.load_balances()
             spent = await self._store.load_spent()
             # everything read, then swapped in together with no await between: a request never
@@ -185,6 +191,7 @@ class Cache:
                 self._users = {u.id: u for u in users}
                 self._keys = as_owned(keys, self._users)
                 self._version = version
+                self.session_secret = secret
             if revoked is not None:
                 now = int(time.time())
                 # what this process revoked while the store was read is kept
@@ -233,6 +240,10 @@ class Cache:
         if user is None or user.status != "enabled":
             return False
         return expires > self._revoked.get(USER_SESSIONS + user_id, 0)
+
+    def revoked_until(self, name: str) -> int:
+        """When the revocation entry ``name`` ends (unix seconds; 0: there is none)."""
+        return self._revoked.get(name, 0)
 
     def revoke(self, nonce: str, expires: int) -> None:
         """A session signed out on this instance: refused here at once (the store tells the

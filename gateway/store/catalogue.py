@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.config import ConfigError, parse_channel, parse_model, parse_ratio
+from gateway.config.pricing import priced_models
 from gateway.types import JSON
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def channel_json(ch: Channel) -> dict[str, JSON]:
         "responses": "responses" in ch.speaks,
         "timeouts": timeouts,
         "status": ch.status,
+        "prompt_cache": "auto" if ch.prompt_cache else "off",
     }
 
 
@@ -88,12 +90,20 @@ def channel_record(ch: Channel, origin: str, seq: int) -> dict[str, JSON]:
     """What the store keeps of a channel: its api_key only when made through the API."""
     out = channel_json(ch)
     if origin == API:
-        out["api_key"] = ch.api_key
+        if ch.api_keys:
+            out["api_keys"] = list(ch.api_keys)
+        else:
+            out["api_key"] = ch.api_key
     return {**out, "origin": origin, "seq": seq}
 
 
 def model_record(model: Model, origin: str, seq: int) -> dict[str, JSON]:
-    return {**model_json(model), "origin": origin, "seq": seq}
+    """What the store keeps of a model: without a price when it had none (the price table's
+    is found again at every view, so a newer table reprices it)."""
+    out = model_json(model)
+    if not model.priced:
+        del out["price"]
+    return {**out, "origin": origin, "seq": seq}
 
 
 def group_record(name: str, origin: str, seq: int, ratio: float = 1.0) -> dict[str, JSON]:
@@ -291,4 +301,13 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
             continue
         if rec.get("origin") == FILE:
             file_entries.add((CHANNEL, rec["name"]))
-    return View(tuple(groups), tuple(models), tuple(channels), frozenset(file_entries), ratios)
+    # priced again with every channel's model_map: a stored model without a price and without
+    # a row in the price table is left out (a newer prices_file may have dropped its row)
+    priced = priced_models(
+        models,
+        channels,
+        settings.prices,
+        lambda i, m: f"model {m.name!r}",
+        lambda exc: warn_once(MODEL, str(exc)),
+    )
+    return View(tuple(groups), priced, tuple(channels), frozenset(file_entries), ratios)

@@ -18,6 +18,11 @@ can go.
 Durability: ``write()`` hands the line to the kernel, so it survives the process being killed
 at any instant. A power cut or kernel crash can lose what the kernel had not written to disk
 yet: ``sync()``, which the writer calls about once a second off the event loop, bounds that.
+
+A journal that cannot be written (a full or read-only disk) keeps the records in memory only,
+and a crash then loses them: ``writable`` says so, for readiness, the metrics and the admin
+API, and ``check()`` tries again with a blank line (which a reader skips), so that the journal
+is seen writable again once the disk is, even with no request coming (a drained instance).
 """
 
 from __future__ import annotations
@@ -116,9 +121,28 @@ class Journal:
             log.warning("journal.adopted file=%s records=%d", path.name, len(fresh))
         return adopted
 
+    @property
+    def writable(self) -> bool:
+        """The last write (or sync) succeeded: a record submitted now survives a crash."""
+        return not self._failing
+
+    def check(self) -> bool:
+        """Whether the journal can be written, trying a blank line when the last write
+        failed (off the hot path: readiness probes, metrics, the admin API)."""
+        seg = self._current
+        if self._failing and seg is not None:
+            try:
+                _write_all(seg.fd, b"\n")
+            except OSError:
+                return False
+            seg.size += 1
+            self._recovered()
+        return not self._failing
+
     def append(self, rec: UsageRecord) -> None:
         """Write one record (sync: one ``write()``). A disk that refuses it is logged, once
-        per spell; the record still goes to the store from memory."""
+        per spell, and the journal is not ``writable`` until a write succeeds again; the
+        record still goes to the store from memory."""
         seg = self._current
         if seg is None:
             return
@@ -126,20 +150,34 @@ class Journal:
         try:
             _write_all(seg.fd, line)
         except OSError as exc:
-            if not self._failing:
-                log.error("journal.write_failed error=%s", errno.errorcode.get(exc.errno or 0))
-            self._failing = True
+            self._failed("write", exc)
             return
         if self._failing:
-            log.info("journal.write_recovered")
-            self._failing = False
+            self._recovered()
         self._unsynced = True
         seg.size += len(line)
         seg.pending += 1
         n = self._count
         self._segment_of[rec.request_id] = n
         if seg.size >= self._segment_bytes:
-            self._current = self._new_segment()
+            try:
+                self._current = self._new_segment()
+            except OSError as exc:  # no room for a new file: this one goes on
+                self._failed("rotate", exc)
+
+    def _failed(self, what: str, exc: OSError) -> None:
+        if not self._failing:
+            log.error(
+                "journal.%s_failed error=%s directory=%s: usage records are not crash-safe",
+                what,
+                errno.errorcode.get(exc.errno or 0, exc.errno),
+                self._dir,
+            )
+        self._failing = True
+
+    def _recovered(self) -> None:
+        log.info("journal.write_recovered")
+        self._failing = False
 
     def settled(self, records: Iterable[UsageRecord]) -> None:
         """The store holds these records: a segment left with none pending is removed."""
@@ -182,8 +220,9 @@ class Journal:
         for seg in list(self._segments.values()):
             try:
                 os.fdatasync(seg.fd)
-            except OSError:
+            except OSError as exc:  # what was written may not reach the disk
                 self._unsynced = True
+                self._failed("sync", exc)
 
     def close(self) -> int:
         """Stop journaling. Segments with nothing pending are removed; the others are left

@@ -12,8 +12,8 @@ path reads them from the cache, never from here).
   account's usage sorted set with ``ZADD NX`` first and the debit happens only when the record
   is new, so re-sending a batch after a failure (the writer retries) never debits twice.
 - ``gw:version`` is INCR'd after every key change, account creation, top-up, catalogue
-  change and console sign-out (never by a debit), and the new value is PUBLISHed on
-  ``gw:changes``; caches poll the version.
+  change, console sign-out and session-secret rotation (never by a debit), and the new value
+  is PUBLISHed on ``gw:changes``; caches poll the version.
 - Console sessions signed out are one sorted set (nonce scored by when the session ends),
   trimmed of those over at each sign-out and expiring with the last of them.
 - The catalogue (groups, models, channels) is one hash, ``gw:catalogue``: a field per entry
@@ -67,6 +67,7 @@ from gateway.store.records import (
 )
 from gateway.store.redis_people import PeopleKeys, RedisPeople
 from gateway.store.redis_scripts import Scripts
+from gateway.store.redis_signin import SignInKeys
 from gateway.store.redis_usage import Scan, daily_totals, scan_usage
 
 if TYPE_CHECKING:
@@ -192,9 +193,10 @@ def owned_key(user: str | None) -> str:
     return OWNED_KEY.format(user=user or "")
 
 
-class RedisStore(RedisPeople):
+class RedisStore(RedisPeople, SignInKeys):
     """The ``Store`` over Redis (see the module docstring; users and redemption codes:
-    ``redis_people.py``)."""
+    ``redis_people.py``; the session secret and sign-in failures, with their key names:
+    ``redis_signin.py``)."""
 
     _scripts: Scripts
     people = PeopleKeys(

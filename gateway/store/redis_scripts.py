@@ -70,11 +70,14 @@ end
 return out
 """
 
-# KEYS: revoked sessions   ARGV: now, nonce, expires (unix seconds)
+# KEYS: revoked sessions   ARGV: now, nonce, expires (unix seconds); an entry revoked again ends
+# at expires or a second after it did, whichever is later (``Store.revoke_session``)
 REVOKE_SESSION_LUA = """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local was = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]) or '0')
-if tonumber(ARGV[3]) > was then redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2]) end
+local was = redis.call('ZSCORE', KEYS[1], ARGV[2])
+local ends = tonumber(ARGV[3])
+if was and tonumber(was) >= ends then ends = tonumber(was) + 1 end
+redis.call('ZADD', KEYS[1], ends, ARGV[2])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
 if last[2] then redis.call('EXPIREAT', KEYS[1], last[2]) end
 return 1

@@ -11,8 +11,9 @@ Schema (its text and the upgrade of older files: ``store/sqlite_schema.py``): ``
 (``store/sqlite_people.py``), ``usage`` (newest first through indexes
 by account, by key and by time), ``catalogue_entries`` (groups, models and channels, one row per
 entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions signed out, until they
-would have ended) and ``meta`` (the ``version`` the caches poll: bumped by every key change,
-account creation, top-up, catalogue change and sign-out, never by a debit).
+would have ended), ``secrets`` (the console's session-signing secret) and ``meta`` (the
+``version`` the caches poll: bumped by every key change, account creation, top-up, catalogue
+change, sign-out and session-secret rotation, never by a debit).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from gateway.store.records import (
 )
 from gateway.store.sqlite_people import SQLitePeople
 from gateway.store.sqlite_schema import BUMP_VERSION, create_schema
+from gateway.store.sqlite_signin import SignInTables
 
 if TYPE_CHECKING:
     from gateway.config import Settings
@@ -182,9 +184,10 @@ def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
-class SQLiteStore(SQLitePeople):
+class SQLiteStore(SQLitePeople, SignInTables):
     """The ``Store`` over one SQLite file (see the module docstring; users and redemption
-    codes: ``sqlite_people.py``)."""
+    codes: ``sqlite_people.py``; the session secret and sign-in failures:
+    ``sqlite_signin.py``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -324,7 +327,7 @@ class SQLiteStore(SQLitePeople):
             conn.execute("DELETE FROM revoked_sessions WHERE expires <= ?", (now,))
             conn.execute(
                 "INSERT INTO revoked_sessions (nonce, expires) VALUES (?, ?) "
-                "ON CONFLICT (nonce) DO UPDATE SET expires = max(expires, excluded.expires)",
+                "ON CONFLICT (nonce) DO UPDATE SET expires = max(expires + 1, excluded.expires)",
                 (nonce, expires),
             )
             conn.execute(BUMP_VERSION)

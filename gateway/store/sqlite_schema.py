@@ -127,6 +127,19 @@ CREATE TABLE IF NOT EXISTS redemptions (
     account    TEXT,
     user       TEXT
 );
+-- secrets the instances share, made at random (store/sqlite_signin.py): the console's
+-- session-signing secret
+CREATE TABLE IF NOT EXISTS secrets (
+    name  TEXT PRIMARY KEY,
+    value BLOB NOT NULL
+);
+-- failed sign-ins and admin-token attempts per address range or account name, in a window
+-- that starts at the first (store/sqlite_signin.py)
+CREATE TABLE IF NOT EXISTS sign_in_failures (
+    name     TEXT PRIMARY KEY,
+    failures INTEGER NOT NULL,
+    until    INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL

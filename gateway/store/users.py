@@ -8,6 +8,7 @@ Usernames are unique regardless of case: both stores index a user by ``username_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
@@ -19,6 +20,9 @@ from gateway.store.records import from_micros, parse_time_text, time_text, to_mi
 
 USER_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UserRecord))
 USER_STATUSES = ("enabled", "disabled")
+# what a username may be (``operator/users.py`` checks it; ``operator/lockout.py`` counts a
+# failed sign-in against a name only when it could be one)
+USERNAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{2,63}$")
 USER_CHANGES = frozenset({"password_hash", "groups", "status"})
 
 

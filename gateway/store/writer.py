@@ -97,6 +97,12 @@ class UsageWriter:
         """Records submitted and not yet in the store (parked ones included)."""
         return self._submitted - self._written
 
+    def journal_writable(self) -> bool:
+        """Whether records submitted now survive a crash: the journal can be written (tried
+        again when it could not: ``Journal.check``); True without a journal (nothing to
+        lose but what a journal-less writer never had)."""
+        return self._journal is None or self._journal.check()
+
     @property
     def parked(self) -> int:
         """Records the store refused on their own, waiting for a retry of their own."""

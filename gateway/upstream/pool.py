@@ -7,6 +7,9 @@ may last as long as it keeps sending; aiohttp's 5-minute default total is never 
 The pool hands out the idle connection used last (``RecentFirstConnector``), where aiohttp's
 own takes the one idle longest: after a burst, light traffic keeps reusing a few warm
 connections and the rest idle out, instead of cycling through every connection of the burst.
+That reaches into aiohttp's private pool, so it is a mend, ``aiohttp.recent_first`` (speed;
+checked before it is put in place, ``gateway.server.mends``), kept for a request about 5%
+cheaper after a burst (bench/RESULTS.md, "Mends").
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -20,14 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import AsyncIterable, Mapping
 from typing import Any
 
 import aiohttp
 
 from gateway import __version__
-from gateway.config import ChannelTimeouts, UpstreamSettings
+from gateway.config import ChannelTimeouts, Limits, UpstreamSettings
 from gateway.errors import (
     GatewayError,
     GatewayOverloadedError,
@@ -35,6 +38,7 @@ from gateway.errors import (
     UpstreamTimeoutError,
 )
 from gateway.protocols.base import UpstreamCall
+from gateway.server import mends
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -42,25 +46,84 @@ USER_AGENT = f"model-gateway/{__version__}"
 
 
 class RecentFirstConnector(aiohttp.TCPConnector):
-    """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring).
+    """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring), under the
+    mend ``aiohttp.recent_first`` (speed; a ``gateway.server.mends.Mend``). The first one made
+    in a process checks aiohttp's private pool and puts the mend in place; when aiohttp lays
+    it out otherwise, the pool stays as aiohttp made it (first-in first-out), with one warning
+    line naming the mend and what is missing."""
 
-    aiohttp takes idle connections from the left of a per-host deque and returns them on the
-    right; turning the deque one step right first puts the newest on the left. This reads
-    aiohttp's private pool: if a version lays it out otherwise, the pool stays as aiohttp
-    made it (first-in first-out) and nothing else changes. Not a coroutine itself: it hands
-    back aiohttp's, which the caller awaits (one coroutine less per request)."""
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        mends.fits(RECENT_FIRST)
 
-    def _get(self, key: Any, *args: Any, **kwargs: Any) -> Any:
-        pool = getattr(self, "_conns", None)
-        idle = pool.get(key) if isinstance(pool, dict) else None
-        if isinstance(idle, deque) and len(idle) > 1:
+
+def _recent_first(get: Any) -> Any:
+    """``_get`` over aiohttp's own ``get``: aiohttp takes idle connections from the left of a
+    per-host deque and returns them on the right; turning the deque one step right first puts
+    the newest on the left. Not a coroutine itself: it hands back aiohttp's, which the caller
+    awaits (one coroutine less per request)."""
+
+    def _get(self: aiohttp.TCPConnector, key: Any, traces: Any) -> Any:
+        idle = self._conns.get(key)
+        if idle is not None and len(idle) > 1:
             idle.rotate(1)
-        return super()._get(key, *args, **kwargs)
+        return get(self, key, traces)
+
+    return _get
+
+
+def _check_recent_first() -> list[str]:
+    needs = mends.Needs()
+    where = "aiohttp.TCPConnector"
+    get = needs.function(
+        aiohttp.TCPConnector, "_get", where, ["self", "key", "traces"], coroutine=True
+    )
+    needs.uses(aiohttp.TCPConnector.connect, ["_get"], f"{where}.connect")
+    needs.uses(get, ["_conns", "popleft"], f"{where}._get")  # takes from the left
+    needs.uses(
+        getattr(aiohttp.TCPConnector, "_release", None), ["_conns", "append"], f"{where}._release"
+    )
+    loop = asyncio.new_event_loop()  # a connector of its own to look at, never run
+    try:
+        pool = getattr(aiohttp.TCPConnector(loop=loop), "_conns", None)
+    finally:
+        loop.close()
+    needs.require(
+        isinstance(pool, defaultdict) and pool.default_factory is deque,
+        f"{where}()._conns is missing or not a dict of deques",
+    )
+    return needs.missing
+
+
+def _apply_recent_first() -> None:
+    get = aiohttp.TCPConnector._get
+    recent_first = mends.wrapping(RECENT_FIRST_NAME, get, _recent_first(get))
+    RecentFirstConnector._get = recent_first  # type: ignore[method-assign]
+
+
+RECENT_FIRST_NAME = "aiohttp.recent_first"
+RECENT_FIRST = mends.Mend(
+    name=RECENT_FIRST_NAME,
+    library="aiohttp",
+    written_for="3.14",
+    kind="speed",
+    fixes="aiohttp's pool cycles through every idle connection of a burst",
+    check=_check_recent_first,
+    apply=_apply_recent_first,
+    in_place=lambda: mends.mended(vars(RecentFirstConnector).get("_get"), RECENT_FIRST_NAME),
+)
+MENDS = (RECENT_FIRST,)
 
 
 class Upstream:
-    def __init__(self, settings: UpstreamSettings) -> None:
+    """The pool. ``max_response_bytes``: the most a whole reply's body may hold
+    (``limits.max_response_bytes``); its reads past it fail (``UpstreamResponse.read``)."""
+
+    def __init__(self, settings: UpstreamSettings, max_response_bytes: int | None = None) -> None:
         self._settings = settings
+        if max_response_bytes is None:
+            max_response_bytes = Limits().max_response_bytes
+        self._max_response_bytes = max_response_bytes
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[ChannelTimeouts, aiohttp.ClientTimeout] = {}
 
@@ -128,7 +191,7 @@ class Upstream:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         except aiohttp.ClientError as exc:
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        return UpstreamResponse(resp)
+        return UpstreamResponse(resp, self._max_response_bytes)
 
     def _timeout(self, timeouts: ChannelTimeouts) -> aiohttp.ClientTimeout:
         """The client timeout of a channel with timeouts of its own (made once per channel)."""
@@ -147,19 +210,33 @@ class UpstreamResponse:
     """An upstream reply whose status and headers arrived. Its reads raise only
     ``GatewayError`` (a failure after the status is never retried elsewhere)."""
 
-    __slots__ = ("status", "headers", "_resp")
+    __slots__ = ("status", "headers", "_resp", "_limit")
 
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, limit: int) -> None:
         self.status = resp.status
         self.headers: Mapping[str, str] = resp.headers
         self._resp = resp
+        self._limit = limit  # the most ``read()`` takes
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body, of at most ``limit`` bytes (decompressed: a compressed bomb stops
+        there too); a larger one fails as soon as it is known to be larger (its
+        Content-Length, else the read that passes the limit), and what was read goes."""
+        resp, limit = self._resp, self._limit
+        length = resp.content_length
+        if length is not None and length > limit and not resp.headers.get("content-encoding"):
+            raise too_large(limit)
+        parts: list[bytes] = []
+        size = 0
         try:
-            return await self._resp.read()
+            while part := await resp.content.readany():
+                size += len(part)
+                if size > limit:
+                    raise too_large(limit)
+                parts.append(part)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise read_error(exc) from None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunk(self) -> bytes:
         """The next piece of the body as the socket delivered it; b"" at its end."""
@@ -176,6 +253,14 @@ class UpstreamResponse:
         """Let go of the connection: back to the pool when the body was read to its end,
         else closed (an upstream still sending is stopped)."""
         self._resp.close()
+
+
+def too_large(limit: int) -> GatewayError:
+    """A whole reply past ``limits.max_response_bytes``: a bad reply, as one that is not
+    JSON (another channel is tried while nothing reached the client)."""
+    return UpstreamError(
+        f"the upstream's reply is larger than limits.max_response_bytes ({limit} bytes)"
+    )
 
 
 def read_error(exc: BaseException) -> GatewayError:

@@ -34,20 +34,27 @@ HOSTS = {
     "oa": "http://oa.test",
     "ob": "http://ob.test",
     "an": "http://an.test",
+    "ab": "http://ab.test",
     "gm": "http://gm.test",
+    "gb": "http://gb.test",
 }
 
 
 @dataclass
 class Scripted:
     """One scripted upstream answer: a whole body, or ``chunks`` streamed one per read; or
-    ``fail`` raised when the call is sent (the upstream unreachable)."""
+    ``fail`` raised when the call is sent (the upstream unreachable); ``cut`` raised by the
+    read after the last chunk (the connection lost, or silent past its idle timeout, as the
+    pool reports them: ``upstream.pool.read_error``); ``hold``: the status line is withheld
+    until the test sets it."""
 
     status: int = 200
     body: bytes = b""
     chunks: list[bytes] | None = None
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
     fail: GatewayError | None = None
+    cut: GatewayError | None = None
+    hold: asyncio.Event | None = None
 
     @classmethod
     def json(cls, payload: Any, status: int = 200, **headers: str) -> Scripted:
@@ -78,6 +85,7 @@ class ScriptedReply:
         self.status = scripted.status
         self.headers: Mapping[str, str] = scripted.headers
         self._chunks = deque(scripted.chunks if scripted.chunks is not None else [scripted.body])
+        self._cut = scripted.cut
         self.closed = False
 
     async def read(self) -> bytes:
@@ -87,10 +95,14 @@ class ScriptedReply:
 
     async def chunk(self) -> bytes:
         await asyncio.sleep(0)  # a read is an await, as on a socket
-        return self._chunks.popleft() if self._chunks else b""
+        if self._chunks:
+            return self._chunks.popleft()
+        if self._cut is not None:
+            raise self._cut
+        return b""
 
     def at_eof(self) -> bool:
-        return not self._chunks
+        return not self._chunks and self._cut is None
 
     def close(self) -> None:
         self.closed = True
@@ -133,6 +145,8 @@ class ScriptedUpstream:
         if host is None or not self.scripts[host]:
             raise AssertionError(f"no scripted answer for {call.url}")
         scripted = self.scripts[host].popleft()
+        if scripted.hold is not None:
+            await scripted.hold.wait()
         if scripted.fail is not None:
             raise scripted.fail
         reply = ScriptedReply(scripted)
@@ -155,9 +169,15 @@ class Reply:
 
 
 async def drive(
-    app: GatewayApp, method: str, path: str, body: bytes, headers: dict[str, str]
+    app: GatewayApp,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    seen: list[Any] | None = None,
 ) -> Reply:
-    """One request through the app's ASGI interface, as a server would hand it over."""
+    """One request through the app's ASGI interface, as a server would hand it over;
+    ``seen``: each message the app sends is appended there as it is sent."""
     path, _, query = path.partition("?")
     scope = {
         "type": "http",
@@ -187,6 +207,8 @@ async def drive(
         return {"type": "http.disconnect"}
 
     async def send(message: Any) -> None:
+        if seen is not None:
+            seen.append(message)
         if message["type"] == "http.response.start":
             started.update(message)
         elif message["type"] == "http.response.body":
@@ -210,10 +232,16 @@ class InProcess:
         return self.app.state.gateway  # type: ignore[no-any-return]
 
     async def post(
-        self, path: str, payload: Any, key: str = KEYS["alice"], **headers: str
+        self,
+        path: str,
+        payload: Any,
+        key: str = KEYS["alice"],
+        seen: list[Any] | None = None,
+        **headers: str,
     ) -> Reply:
+        """``seen``: the app's ASGI messages, appended as they are sent (``drive``)."""
         sent = {"content-type": "application/json", "authorization": f"Bearer {key}", **headers}
-        return await drive(self.app, "POST", path, orjson.dumps(payload), sent)
+        return await drive(self.app, "POST", path, orjson.dumps(payload), sent, seen)
 
     async def get(self, path: str, **headers: str) -> Reply:
         return await drive(self.app, "GET", path, b"", headers)

@@ -38,10 +38,21 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path.resolve()}"
 
 
+def worker_database(url: str) -> str:
+    """The database of this test process: under pytest-xdist each worker (gw0, gw1, ...)
+    takes the next number up from the configured one, so that one worker's FLUSHDB never
+    empties a database another worker's test is using."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return url
+    base, _, db = url.rpartition("/")
+    return f"{base}/{int(db or 0) + int(worker[2:])}"
+
+
 @pytest.fixture
 def redis_url() -> str:
     """The test Redis database, emptied (FLUSHDB) before the test."""
-    url = os.environ.get(REDIS_ENV, DEFAULT_REDIS_URL)
+    url = worker_database(os.environ.get(REDIS_ENV, DEFAULT_REDIS_URL))
     client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
     try:
         client.ping()

@@ -16,7 +16,9 @@ this origin's script and style, no inline code, no framing).
 Sign-in takes only ``application/json`` (a form on another site can post only form types or
 ``text/plain`` without a preflight) and refuses a request another site's page made (its
 ``Origin`` is not this host, or ``Sec-Fetch-Site: cross-site``) with 403: otherwise such a
-form could sign the victim's browser in as the attacker's key (login CSRF). Sign-out ends the
+form could sign the victim's browser in as the attacker's key (login CSRF). Failed sign-ins
+are limited per client address and per key hint (``lockout.py``: 429 past the limit). Sign-out
+ends the
 session on the server, on every instance: its nonce goes to the store's revoked sessions,
 which every cache loads with the keys (``store/cache.py``), so checking a session never waits
 for the store.
@@ -37,8 +39,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.edge.asgi import request_headers
 from gateway.edge.small_body import read_small_body
-from gateway.errors import AuthenticationError, GatewayError
+from gateway.errors import AuthenticationError, GatewayError, PermissionDeniedError
 from gateway.operator import usage_query
 from gateway.operator import users as user_service
 from gateway.operator.accounts import daily_json, key_json, usage_json, usage_limit
@@ -47,6 +50,7 @@ from gateway.operator.console.http import (
     SECURITY_HEADERS,
     error_reply,
     json_reply,
+    locked_out,
     session_reply,
     signer_of,
 )
@@ -54,7 +58,8 @@ from gateway.operator.console.http import (
 # the admin API reads the console's session with these (``admin._console_admin``)
 from gateway.operator.console.http import csrf_ok as csrf_ok
 from gateway.operator.console.http import session_of as session_of
-from gateway.operator.console.session import COOKIE, Session
+from gateway.operator.console.session import COOKIE, NoSecretError, Session, key_sessions
+from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
@@ -92,12 +97,23 @@ USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for 
 STORE_TIMEOUT = 2.0  # seconds a sign-out waits for the store before answering 503
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SIGN_IN_MAX_BODY = 8 * 1024  # bytes of a sign-in body: a token and little else
+NO_STORE = "store_unavailable"
 
 
 def _key_of(request: Request, session: Session) -> KeyRecord:
-    """The signed-in key, still usable now (its session ends when it no longer is)."""
+    """The signed-in key, still usable now (its session ends when it no longer is; 401) and
+    from here (403 from outside its ``allowed_ips``)."""
     state = request.app.state.gateway
-    return check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    key = check_key(state.cache.key(session.key_hash), datetime.now(UTC))
+    _from_allowed_address(request, key)
+    return key
+
+
+def _from_allowed_address(request: Request, key: KeyRecord) -> None:
+    """PermissionDeniedError (403) from an address the key's ``allowed_ips`` do not hold."""
+    if key.allowed_ips is not None:
+        gate = request.app.state.gateway.gate
+        gate.check_address(key, request.scope, request_headers(request.scope))
 
 
 # ---- the page ------------------------------------------------------------------------------
@@ -189,19 +205,7 @@ async def sign_in(request: Request) -> Response:
             400, "token: give the admin token or an sk- key (or username and password)",
             "invalid_request",
         )  # fmt: skip
-    token = token.strip()
-    state = request.app.state.gateway
-    admin_token: str = state.settings.admin_token
-    signer = signer_of(request)
-    if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
-        cookie, session = signer.issue("admin")
-    else:
-        try:
-            key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
-        except AuthenticationError as err:
-            return error_reply(401, err.message, "invalid_credentials")
-        cookie, session = signer.issue("key", key.key_hash)
-    return session_reply(request, cookie, session)
+    return await _signed_in_with(request, token.strip())
 
 
 async def sign_up(request: Request) -> Response:
@@ -210,6 +214,38 @@ async def sign_up(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     return await user_routes.register(request, body)
+
+
+async def _signed_in_with(request: Request, token: str) -> Response:
+    """The session of a token that is the admin token or a usable key; 401 for anything
+    else, counted against the client's address and the key's hint (``lockout``): past the
+    limit, 429 with Retry-After, whatever the token."""
+    state = request.app.state.gateway
+    lockout: Lockout = state.lockout
+    names = lockout.names(request.scope, token)
+    if wait := lockout.wait(names):
+        return locked_out(lockout, wait)
+    admin_token: str = state.settings.admin_token
+    signer = signer_of(request)
+    try:
+        if admin_token and hmac.compare_digest(token.encode(), admin_token.encode()):
+            cookie, session = signer.issue("admin")
+        else:
+            try:
+                key = check_key(state.cache.key(key_hash(token)), datetime.now(UTC))
+            except AuthenticationError as err:
+                if wait := await lockout.failed(names):
+                    return locked_out(lockout, wait)
+                return error_reply(401, err.message, "invalid_credentials")
+            try:
+                _from_allowed_address(request, key)
+            except PermissionDeniedError as err:
+                return error_reply(403, err.message, "address_not_allowed")
+            ended = state.cache.revoked_until(key_sessions(key.key_hash))
+            cookie, session = signer.issue("key", key.key_hash, after=ended)
+    except NoSecretError:
+        return error_reply(503, "the store has not answered yet; sign in again shortly", NO_STORE)
+    return session_reply(request, cookie, session)
 
 
 async def sign_out(request: Request) -> Response:
@@ -227,9 +263,7 @@ async def sign_out(request: Request) -> Response:
                     await store.revoke_session(session.nonce, session.expires, int(time.time()))
             except Exception as exc:  # noqa: BLE001 - the store failed or did not answer
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
-                return error_reply(
-                    503, "the store does not answer; sign out again", "store_unavailable"
-                )
+                return error_reply(503, "the store does not answer; sign out again", NO_STORE)
             cache.revoke(session.nonce, session.expires)
     resp = json_reply({"signed_in": False})
     resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
@@ -248,6 +282,8 @@ def _signed_in(request: Request) -> tuple[Session, KeyRecord | None] | Response:
         return session, None
     try:
         return session, _key_of(request, session)
+    except PermissionDeniedError as err:
+        return error_reply(403, err.message, "address_not_allowed")
     except GatewayError as err:
         return error_reply(401, err.message, "not_signed_in")
 

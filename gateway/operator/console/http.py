@@ -1,7 +1,8 @@
 """What every console route reads of a request and how it answers: the request's session
 (signed cookie, not signed out, and for a user, that user still enabled: ``session_of``), its
 CSRF token (``csrf_ok``), the session cookie set on sign-in (``session_reply``), and JSON
-replies with the console's headers (``json_reply``, ``error_reply``).
+replies with the console's headers (``json_reply``, ``error_reply``, and ``locked_out``: the
+429 of a sign-in past the failed-attempt limit).
 
 Apart from the routes (``console/__init__.py`` and ``console/users.py``) so that both use it.
 """
@@ -14,7 +15,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.operator.console.session import COOKIE, CSRF_HEADER, LIFETIME, Session, Signer
+from gateway.operator.console.session import (
+    COOKIE,
+    CSRF_HEADER,
+    LIFETIME,
+    Session,
+    Signer,
+    key_sessions,
+)
+from gateway.operator.lockout import Lockout
 from gateway.types import JSON
 
 SECURITY_HEADERS = {
@@ -39,6 +48,13 @@ def error_reply(status: int, message: str, code: str) -> Response:
     return json_reply({"error": error}, status)
 
 
+def locked_out(lockout: Lockout, wait: int) -> Response:
+    """A sign-in refused for too many failures (``operator/lockout.py``): 429, Retry-After."""
+    resp = error_reply(429, lockout.message(wait), "too_many_attempts")
+    resp.headers["retry-after"] = str(wait)
+    return resp
+
+
 def signer_of(request: Request) -> Signer:
     signer: Signer = request.app.state.console
     return signer
@@ -46,9 +62,10 @@ def signer_of(request: Request) -> Signer:
 
 def session_of(request: Request) -> Session | None:
     """The request's console session, if any and not signed out (CSRF not checked: see
-    ``csrf_ok``); a user's only while that user is enabled and its sessions were not ended
-    since (``Cache.user_session_ok``); none in an app without the console (the admin routes
-    mounted on their own)."""
+    ``csrf_ok``); a key's only if it was signed in after its key was last disabled (the
+    key's revocation entry, ``key_sessions``); a user's only while that user is enabled and
+    its sessions were not ended since (``Cache.user_session_ok``); none in an app without the
+    console (the admin routes mounted on their own)."""
     signer: Signer | None = getattr(request.app.state, "console", None)
     if signer is None:
         return None
@@ -58,6 +75,10 @@ def session_of(request: Request) -> Session | None:
     cache = request.app.state.gateway.cache
     if cache.revoked(session.nonce):
         return None
+    if session.role == "key" and session.expires <= cache.revoked_until(
+        key_sessions(session.key_hash)
+    ):
+        return None  # signed in before its key was disabled: over for good
     if session.role == "user" and not cache.user_session_ok(session.user, session.expires):
         return None
     return session

@@ -16,8 +16,9 @@ Every change needs the session's CSRF header (403 without). A key's group must b
 the user's (403 otherwise). The user's session and its keys follow the user: disabled, its
 sessions end and its keys answer 401 (``store/cache.py``).
 
-Failed sign-ins (and a wrong current password) go through ``failed_sign_in``: the one place
-the sign-in rate limiter is to be called.
+Failed sign-ins (and a wrong current password) go through ``failed_sign_in``, the one place
+they reach the sign-in limiter (``operator/lockout.py``): per address and per username, as
+key and admin-token sign-ins are per address and per key hint; past it, 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from gateway.operator.console.http import (
     csrf_ok,
     error_reply,
     json_reply,
+    locked_out,
     session_of,
     session_reply,
     signer_of,
 )
-from gateway.operator.console.session import LIFETIME, Session
+from gateway.operator.console.session import LIFETIME, NoSecretError, Session
+from gateway.operator.lockout import Lockout
 from gateway.store import MICRO, KeyRecord, UsageRecord, UserRecord
 from gateway.store.backends import STORE_FAILURES
 from gateway.types import JSON
@@ -62,13 +65,32 @@ USAGE_DAYS = 30
 Handler = Callable[[Request, UserRecord], Awaitable[Response]]
 
 
+def _sign_in_names(request: Request, username: str) -> list[str]:
+    """What a user's sign-in counts against (``operator/lockout.py``): the client's address
+    range and the username."""
+    lockout: Lockout = request.app.state.gateway.lockout
+    return lockout.names(request.scope, username=username)
+
+
+def sign_in_wait(request: Request, username: str) -> Response | None:
+    """The 429 (with Retry-After) of an attempt from an address, or for a username, past the
+    failed sign-in limit, before its password is even checked (right or wrong: a limit that
+    still tried it would tell a guesser when it was right); None: it may be tried."""
+    lockout: Lockout = request.app.state.gateway.lockout
+    wait = lockout.wait(_sign_in_names(request, username))
+    return locked_out(lockout, wait) if wait else None
+
+
 async def failed_sign_in(request: Request, username: str) -> Response | None:
     """Called on every refused user sign-in (unknown user, wrong password, disabled user: one
-    answer for all) and every wrong current password, before it is answered: THE hook for the
-    failed-sign-in rate limiter (none here yet: always None). A limiter that refuses returns
-    its own reply (a 429 with Retry-After), which is sent instead of the 401/400. The admin
-    token and ``sk-`` key sign-ins fail in ``console.sign_in``, not here."""
-    return None
+    answer for all) and every wrong current password, before it is answered: the failure is
+    counted against the client's address and the username, like a key's or the admin
+    token's (``operator/lockout.py``, in the store, so every instance counts together). Past
+    the limit it returns the 429 with Retry-After, which is sent instead of the 401/400; else
+    None. The admin token and ``sk-`` key sign-ins fail in ``console.sign_in``, not here."""
+    lockout: Lockout = request.app.state.gateway.lockout
+    wait = await lockout.failed(_sign_in_names(request, username))
+    return locked_out(lockout, wait) if wait else None
 
 
 async def _refused(request: Request, username: str) -> Response:
@@ -80,16 +102,24 @@ async def sign_in(request: Request, body: dict[str, JSON]) -> Response:
     """``{username, password}`` (the body ``console.sign_in`` read) -> a user's session."""
     state = request.app.state.gateway
     username = body.get("username")
+    name = username if isinstance(username, str) else ""
+    if waiting := sign_in_wait(request, name):
+        return waiting
     user = await users.authenticate(state.store, username, body.get("password"))
     if user is None:
-        return await _refused(request, username if isinstance(username, str) else "")
+        return await _refused(request, name)
     cache = state.cache
     if not cache.user_session_ok(user.id, 2**62):  # made or enabled a moment ago elsewhere
         await cache.refresh()
     # a session begun in the second its user's sessions were ended would end with them: it
     # begins (and lasts) that second longer
     now = max(time.time(), cache.user_sessions_ended(user.id) - LIFETIME + 1)
-    cookie, session = signer_of(request).issue("user", user=user.id, now=now)
+    try:
+        cookie, session = signer_of(request).issue("user", user=user.id, now=now)
+    except NoSecretError:
+        return error_reply(
+            503, "the store has not answered yet; sign in again shortly", "store_unavailable"
+        )
     return session_reply(request, cookie, session)
 
 
@@ -231,6 +261,8 @@ async def password(request: Request, user: UserRecord) -> Response:
     body = _body(request)
     accounts.only_fields(body, {"current", "new"})
     state = request.app.state.gateway
+    if waiting := sign_in_wait(request, user.username):
+        return waiting
     if not await users.change_password(state.store, user, body.get("current"), body.get("new")):
         limited = await failed_sign_in(request, user.username)
         return limited or error_reply(400, "current: not your password", "wrong_password")

@@ -69,7 +69,7 @@ from gateway.protocols.anthropic.passthrough import AnthropicPassthrough
 from gateway.protocols.anthropic.reply import decode_message, encode_message, error_body
 from gateway.protocols.anthropic.request import decode_messages_request
 from gateway.protocols.anthropic.stream import AnthropicStreamDecoder, AnthropicStreamEncoder
-from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget, text_field
 from gateway.protocols.fields import REQUEST
 from gateway.protocols.openai.request import body_model
 from gateway.types import JSON, ChatRequest, ChatResponse, Usage
@@ -98,7 +98,14 @@ class AnthropicAdapter:
         REQUEST.opt_integer(payload.get("max_tokens"), "max_tokens")
         if stream is None:
             stream = kind == "chat" and payload.get("stream") is True
-        return RouteMatch(protocol=self.name, capability=kind, model=model, stream=stream)
+        return RouteMatch(
+            protocol=self.name,
+            capability=kind,
+            model=model,
+            stream=stream,
+            session=text_field(payload.get("metadata"), "user_id"),
+            session_late=True,  # after Codex's session_id header (CONTRACT §3)
+        )
 
     def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
         return decode_messages_request(payload, route)

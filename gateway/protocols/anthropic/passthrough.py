@@ -40,7 +40,12 @@ def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget
 
 
 def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-    if not isinstance(payload, dict):
+    # a message has its content blocks, as ``reply.decode_message`` requires of a converted
+    # one (a count_tokens reply, its ``input_tokens``): an object with neither (``{}``) is no
+    # reply, and fails over like any garbage instead of reaching the client billed nothing
+    if not isinstance(payload, dict) or not (
+        isinstance(payload.get("content"), list) or type(payload.get("input_tokens")) is int
+    ):
         raise UpstreamError("upstream sent a malformed message")
     if "model" in payload:
         payload["model"] = ctx.model

@@ -8,6 +8,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, InvalidRequestError
+from gateway.protocols.anthropic.cache import add_breakpoints, has_markers
 from gateway.protocols.anthropic.reply import assistant_blocks, decode_assistant_blocks
 from gateway.protocols.base import RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.fields import REQUEST
@@ -411,6 +412,8 @@ def encode_messages_body(req: ChatRequest, target: UpstreamTarget) -> dict[str, 
         body["metadata"] = {"user_id": REQUEST.text(req["user"], "user")}
     if target.stream:
         body["stream"] = True
+    if target.prompt_cache and not has_markers(req):
+        add_breakpoints(body)  # the channel's prompt_cache: auto (``cache.py``)
     return body
 
 

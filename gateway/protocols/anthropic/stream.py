@@ -183,6 +183,11 @@ class AnthropicStreamDecoder:
             raise UpstreamError("upstream stream ended before message_stop")
         return []
 
+    def usage_so_far(self) -> Usage | None:
+        """``message_start``'s usage (the prompt's count) and any ``message_delta``'s since:
+        what bills a stream cut short (``base.HoldsUsage``)."""
+        return decode_usage(self._usage) if self._usage else None
+
 
 # client side: chat chunks -> Anthropic events ---------------------------------------------------
 class AnthropicStreamEncoder:

@@ -250,8 +250,12 @@ class GeminiEmbeddings:
     def embeddings_passthrough_response(
         self, payload: JSON, ctx: Ctx
     ) -> tuple[JSON, EmbeddingsUsage | None]:
-        if not isinstance(payload, dict):
-            raise UpstreamError("upstream sent a malformed embeddings reply")
+        # embedContent's one ``embedding``, batchEmbedContents' ``embeddings``
+        if not isinstance(payload, dict) or not (
+            isinstance(payload.get("embedding"), dict)
+            or isinstance(payload.get("embeddings"), list)
+        ):
+            raise UpstreamError("upstream sent a malformed embeddings reply (no embeddings)")
         return payload, _usage(payload)
 
 

@@ -17,7 +17,7 @@ from gateway.protocols.base import (
     UpstreamTarget,
 )
 from gateway.protocols.gemini.dialect import standard_base64
-from gateway.protocols.gemini.reply import decode_usage, error_body
+from gateway.protocols.gemini.reply import check_reply, decode_usage, error_body
 from gateway.protocols.gemini.request import upstream_headers, upstream_url
 from gateway.protocols.gemini.stream import Framing, load_event
 from gateway.protocols.sse import SSEEvent
@@ -61,8 +61,7 @@ def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget
 
 
 def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-    if not isinstance(payload, dict):
-        raise UpstreamError("upstream reply is not a JSON object")
+    payload = check_reply(payload)
     usage = decode_usage(payload["usageMetadata"]) if "usageMetadata" in payload else None
     if "modelVersion" in payload and payload["modelVersion"] != ctx.model:
         payload = {**payload, "modelVersion": ctx.model}

@@ -192,9 +192,20 @@ def _decode_candidate(cand: JSON, calls: list[int], prefix: str) -> Choice:
     return {"index": count(cand.get("index")), "message": msg, "finish_reason": finish}
 
 
-def decode_response(payload: JSON) -> ChatResponse:
+def check_reply(payload: JSON) -> dict[str, JSON]:
+    """A generate-content reply has its candidates, or the feedback of a prompt it blocked:
+    an object with neither (``{}``) is no reply, and fails over like any garbage."""
     if not isinstance(payload, dict):
         raise UpstreamError("upstream reply is not a JSON object")
+    if not isinstance(payload.get("candidates"), list) and not isinstance(
+        payload.get("promptFeedback"), dict
+    ):
+        raise UpstreamError("upstream reply has neither candidates nor promptFeedback")
+    return payload
+
+
+def decode_response(payload: JSON) -> ChatResponse:
+    payload = check_reply(payload)
     response_id = str(payload.get("responseId") or "")
     calls = [0]
     prefix = f"call_{response_id}_" if response_id else "call_"

@@ -145,6 +145,11 @@ class GeminiStreamDecoder:
             "usage": usage,
         }
 
+    def usage_so_far(self) -> Usage | None:
+        """The last usageMetadata, not yet passed on (it goes with the finishing chunk): what
+        bills a stream cut short (``base.HoldsUsage``)."""
+        return self._usage
+
     def close(self) -> list[ChatChunk]:
         if not self._finished:
             raise UpstreamError("upstream stream ended before a finishReason")

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gateway.errors import GatewayError
-from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget, text_field
 from gateway.protocols.openai import passthrough, reply, request
 from gateway.protocols.openai.passthrough import OpenAIPassthrough
 from gateway.protocols.openai.reply import error_body
@@ -70,6 +70,7 @@ class OpenAIAdapter:
             model=model,
             stream=stream,
             include_usage=stream and usage_wanted(payload),
+            session=text_field(payload, "prompt_cache_key"),
         )
 
     def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:

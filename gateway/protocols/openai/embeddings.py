@@ -244,8 +244,8 @@ class OpenAIEmbeddings:
     def embeddings_passthrough_response(
         self, payload: JSON, ctx: Ctx
     ) -> tuple[JSON, EmbeddingsUsage | None]:
-        if not isinstance(payload, dict):
-            raise UpstreamError("upstream sent a malformed embeddings reply")
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+            raise UpstreamError("upstream sent a malformed embeddings reply (no 'data')")
         if "model" in payload:
             payload["model"] = ctx.model
         return payload, _usage(payload.get("usage"))

@@ -40,7 +40,9 @@ def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget
 
 
 def passthrough_response(payload: JSON, ctx: Ctx) -> tuple[JSON, Usage | None]:
-    if not isinstance(payload, dict):
+    # a chat completion has its choices: an object without them (``{}``) is no reply, and
+    # fails over like any garbage instead of reaching the client billed nothing
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
         raise UpstreamError("upstream sent a malformed chat completion")
     if "model" in payload:
         payload["model"] = ctx.model
@@ -248,18 +250,21 @@ class OpenAIPassthrough:
 
     def _learn(self, out: bytes) -> None:
         """The upstream's ``"model":"<name>"`` as it spells it, from the first that comes
-        (once per stream: one search and one match)."""
+        (once per stream: one search and one match). An empty name is not one: Azure's first
+        chunk (``prompt_filter_results`` only) says ``"model":""``; the next names it."""
         key = out.find(b'"model":')
-        if key < 0:
-            return  # not yet seen
-        self._learning = False
-        found = MODEL_VALUE.match(out, key)
-        if found is None:
-            return  # not a string: left as it is
-        value = found.start(1)
-        if found[1] != self._mine:
-            self._old = found[0]
-            self._new = out[key:value] + self._mine
+        while key >= 0:
+            found = MODEL_VALUE.match(out, key)
+            if found is None:
+                self._learning = False
+                return  # not a string: left as it is
+            if found[1] != b'""':
+                self._learning = False
+                if found[1] != self._mine:
+                    self._old = found[0]
+                    self._new = out[key : found.start(1)] + self._mine
+                return
+            key = out.find(b'"model":', found.end())
 
     def finish(self) -> bytes:
         if self._parser is not None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from gateway.errors import GatewayError
-from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
+from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget, text_field
 from gateway.protocols.fields import REQUEST
 from gateway.protocols.openai.reply import error_body
 from gateway.protocols.openai.request import body_model
@@ -42,6 +42,7 @@ class ResponsesAdapter:
             model=model,
             stream=payload.get("stream") is True,
             tool_namespaces=tools.namespaces(payload),
+            session=text_field(payload, "prompt_cache_key"),
         )
 
     def decode_request(self, payload: JSON, route: RouteMatch) -> ChatRequest:
@@ -69,4 +70,4 @@ class ResponsesAdapter:
     def passthrough_stream(
         self, ctx: Ctx, route: RouteMatch, target: UpstreamTarget
     ) -> ResponsesPassthrough:
-        return ResponsesPassthrough(ctx)
+        return ResponsesPassthrough(ctx, target)

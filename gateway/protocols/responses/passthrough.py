@@ -8,7 +8,10 @@ object, its model and usage) are parsed and written again. The stream is complet
 ``response.completed``, ``response.incomplete`` or ``response.failed`` arrived; an ``error``
 event before any output fails the attempt, so another channel can be tried. The gateway's own
 ``error`` event (a stream cut short, a malformed event) continues the upstream's
-``sequence_number``s; after the upstream's own ``error`` event it sends none of its own.
+``sequence_number``s. The upstream's own ``error`` event after output ends the stream as a
+gateway error too, so that its message goes out the way every upstream message does (the
+relay takes the channel's credentials out of it): it is sent as the upstream wrote it, with
+that message.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import orjson
 
 from gateway.errors import GatewayError, UpstreamError, error_for_status
+from gateway.policy.redaction import channel_secrets, redact
 from gateway.protocols.base import Ctx, EventPassthrough, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai.request import headers
 from gateway.protocols.responses.reply import decode_usage
@@ -56,10 +60,11 @@ class ResponsesPassthrough(EventPassthrough):
     """One per stream (see the module docstring)."""
 
     __slots__ = ("content_type", "usage", "generated", "_model", "_ended", "_output", "_seq",
-                 "_failed")  # fmt: skip
+                 "_failed", "_target")  # fmt: skip
 
-    def __init__(self, ctx: Ctx) -> None:
+    def __init__(self, ctx: Ctx, target: UpstreamTarget | None = None) -> None:
         super().__init__()
+        self._target = target  # its credentials are never in a failed response's error
         self.content_type = EVENT_STREAM
         self.usage: Usage | None = None
         self.generated = 0  # deltas passed: about a token each
@@ -67,7 +72,7 @@ class ResponsesPassthrough(EventPassthrough):
         self._ended = False
         self._output = False  # an output item was announced
         self._seq = -1  # the last sequence_number the upstream sent
-        self._failed: GatewayError | None = None  # the upstream's error event, passed on
+        self._failed: dict[str, JSON] | None = None  # the upstream's error event, after output
 
     def feed_event(self, event: SSEEvent) -> bytes:
         payload = _load(event.data)
@@ -85,11 +90,14 @@ class ResponsesPassthrough(EventPassthrough):
                 if kind in ENDINGS:
                     self._ended = True
                     self.usage = decode_usage(response.get("usage")) or self.usage
+                error = response.get("error")
+                if isinstance(error, dict) and isinstance(error.get("message"), str):
+                    error["message"] = redact(error["message"], channel_secrets(self._target))
             return frame(orjson.dumps(payload), name)
         if kind == "error":
-            if not self._output:
-                raise _stream_error(payload)
-            self._failed = _stream_error(payload)
+            if self._output:  # sent by ``error_event``, with the message the relay passes
+                self._failed = payload
+            raise _stream_error(payload)
         if kind in DELTAS:
             self.generated += 1
         elif kind == "response.output_item.added":
@@ -97,15 +105,13 @@ class ResponsesPassthrough(EventPassthrough):
         return frame(event.data, name)
 
     def end(self) -> bytes:
-        if self._failed is not None:
-            raise self._failed  # told already, by the upstream's event
         if not self._ended:
             raise UpstreamError("the upstream's stream ended before the response was complete")
         return b""
 
     def error_event(self, err: GatewayError) -> bytes:
         if self._failed is not None:
-            return b""
+            return frame(orjson.dumps({**self._failed, "message": err.message}), "error")
         self._seq += 1
         body = {
             "type": "error",

@@ -44,7 +44,7 @@ function pages() { return { admin: ADMIN_PAGES, key: KEY_PAGES, user: USER_PAGES
 
 async function overview() {
   const days = lastDays(30);
-  const { data } = await api("GET", `/admin/usage/daily?since=${days[0]}&until=${days[days.length - 1]}`);
+  const { data, sessions } = await api("GET", `/admin/usage/daily?since=${days[0]}&until=${days[days.length - 1]}`);
   const sum = f => data.reduce((a, d) => a + Number(d[f]), 0);
   const perModel = new Map();
   for (const d of data) {
@@ -72,6 +72,15 @@ async function overview() {
       { label: "Completion tokens", num: true, value: r => num(r.completion_tokens) },
       { label: "Cost", num: true, value: r => money(r.cost) },
     ], [...perModel.values()], "No usage yet."),
+    h("h2", { text: "Sessions and prompt cache (this instance, since its start)" }),
+    table([
+      { label: "Model", value: r => r.model },
+      { label: "Channel", value: r => r.channel },
+      { label: "Sessions pinned", num: true, value: r => num(r.pins) },
+      { label: "Prompt tokens", num: true, value: r => num(r.prompt_tokens) },
+      { label: "Cache reads", num: true, value: r => num(r.cache_read_tokens) },
+      { label: "Cache hit rate", num: true, value: r => `${(r.cache_hit_rate * 100).toFixed(1)}%` },
+    ], sessions || [], "No sessions or prompt tokens yet."),
   ];
 }
 

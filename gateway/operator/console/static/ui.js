@@ -132,10 +132,14 @@ export function download(name, text) {
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
+// every CSV the console writes: a text cell that a spreadsheet would take for a formula (it
+// starts with = + - @, a tab or a carriage return: a client chooses its model's name, e.g.
+// "=HYPERLINK(...)") is written with a ' in front, so it opens as the text it is
 export function csv(rows, columns) {
   const cell = v => {
-    const s = String(v ?? "");
-    return /[",\n]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s;
+    let s = String(v ?? "");
+    if (typeof v === "string" && /^[=+\-@\t\r]/.test(s)) s = "'" + s;
+    return /[",\r\n]/.test(s) ? `"${s.replaceAll('"', '""')}"` : s;
   };
   return [columns.join(","), ...rows.map(r => columns.map(c => cell(r[c])).join(","))].join("\n") + "\n";
 }
