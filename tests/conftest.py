@@ -54,6 +54,7 @@ SERIAL_MODULES = frozenset(
         "test_load_balancer",
         "test_metrics",
         "test_readyz",
+        "test_schemathesis",  # its last test reads what the run's cases saw, in one process
         "test_server",
         "test_store_outage",
     }

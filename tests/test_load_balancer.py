@@ -393,12 +393,16 @@ async def test_nginx_never_sends_a_post_to_a_second_instance_once_sent(tmp_path:
     could not be sent at all (the connection refused) still goes to the next instance."""
     got: dict[str, int] = {"killed": 0, "alive": 0}
 
+    writers: list[asyncio.StreamWriter] = []  # closed at the end: nginx keeps its connections
+
     async def killed(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
         await reader.readuntil(b"\r\n\r\n")
         got["killed"] += 1
         writer.transport.abort()  # as a SIGKILL leaves it: no answer, the connection reset
 
     async def alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -429,4 +433,8 @@ async def test_nginx_never_sends_a_post_to_a_second_instance_once_sent(tmp_path:
     finally:
         for srv in servers:
             srv.close()
+        for writer in writers:  # else a handler left waiting is collected after its loop ended
+            writer.transport.abort()
+        for srv in servers:
             await srv.wait_closed()
+        await asyncio.sleep(0.05)  # the handlers see their connections end and return
