@@ -251,6 +251,9 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await page.get_by_role("link", name="Models").click()
     form = page.locator("#new-model")
     await form.get_by_label("Name").fill("console-model")
+    # free, and priced here: the price table knows no such model
+    await form.get_by_label("Input price").fill("0")
+    await form.get_by_label("Output price").fill("0")
     await form.get_by_role("button", name="Add model").click()
     await page.get_by_role("cell", name="console-model", exact=True).wait_for()
     await page.get_by_role("link", name="Channels").click()
@@ -297,6 +300,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_label("Capabilities").fill("chat, embeddings")
     await form.get_by_label("Price per request").fill("0.25")
     await form.get_by_label("Price per image").fill("0.5")
+    await form.get_by_label("Cache read price").fill("0.1")
     await form.get_by_label("Default max tokens").fill("777")
     await form.get_by_role("button", name="Save model console-model").click()
     await page.get_by_text("Model console-model saved.").wait_for()
@@ -306,6 +310,9 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     edited = models["console-model"]
     assert edited["default_max_tokens"] == 777 and edited["capabilities"] == ["chat", "embeddings"]
     assert (edited["price"]["request"], edited["price"]["image"]) == (0.25, 0.5)
+    # each class at its price; a cache price left empty is not sent (the input's stands in)
+    assert (edited["price"]["input"], edited["price"]["output"]) == (0, 0)
+    assert edited["price"]["cache_read"] == 0.1 and edited["price"].get("cache_write") is None
     await shot(page, "06-models-edited")
 
     # sign-out ends the session on the server: the old cookie, sent again, is refused

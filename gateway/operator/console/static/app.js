@@ -280,10 +280,14 @@ async function channelsPage() {
   ], data, c => [c.name, c.type, c.base_url, c.status, ...(c.groups || []), ...(c.models || [])], "No channels yet: add one above."))];
 }
 
-// each price a model may have (config.PRICE_FIELDS), as the form asks for it
+// each price a model may have (config.PRICE_FIELDS), as the form asks for it; a field left
+// empty is not sent: the built-in price table's (or, for the cache prices, its ratio or the
+// input price) stands in, and a saved model keeps the prices the form does not show changed
 const PRICE_KINDS = [
   ["input", "Input price (per M tokens)"],
   ["output", "Output price (per M tokens)"],
+  ["cache_read", "Cache read price (per M tokens)"],
+  ["cache_write", "Cache write price (per M tokens)"],
   ["request", "Price per request"],
   ["image", "Price per image"],
   ["audio_second", "Price per audio second"],
@@ -298,7 +302,7 @@ async function modelsPage() {
   const form = h("form", { class: "inline", id: "new-model" },
     field("Name", h("input", { name: "name", required: true })),
     field("Capabilities (comma-separated)", h("input", { name: "capabilities", value: "chat" })),
-    PRICE_KINDS.map(([k, label]) => field(label, h("input", { name: k, type: "number", min: "0", step: "any", value: "0" }))),
+    PRICE_KINDS.map(([k, label]) => field(label, h("input", { name: k, type: "number", min: "0", step: "any", placeholder: "from the price table" }))),
     field("Default max tokens", h("input", { name: "default_max_tokens", type: "number", min: "1", step: "1", value: "4096" })),
     h("button", { type: "submit", class: "primary" }, "Add model"), cancel);
   const heading = h("h2", { text: "Add a model" });
@@ -307,7 +311,8 @@ async function modelsPage() {
     form.elements.name.value = m.name;
     form.elements.name.readOnly = true;
     form.elements.capabilities.value = m.capabilities.join(", ");
-    for (const [k] of PRICE_KINDS) form.elements[k].value = String(m.price[k] || 0);
+    const price = m.price || {};
+    for (const [k] of PRICE_KINDS) form.elements[k].value = price[k] == null ? "" : String(price[k]);
     form.elements.default_max_tokens.value = String(m.default_max_tokens);
     form.querySelector("button[type=submit]").textContent = `Save model ${m.name}`;
     heading.textContent = `Edit model ${m.name}`;
@@ -317,11 +322,14 @@ async function modelsPage() {
   form.addEventListener("submit", ev => {
     ev.preventDefault();
     const f = new FormData(form);
+    const price = Object.fromEntries(PRICE_KINDS
+      .filter(([k]) => String(f.get(k) ?? "").trim() !== "")
+      .map(([k]) => [k, Number(f.get(k))]));
     const body = {
       capabilities: String(f.get("capabilities")).split(",").map(x => x.trim()).filter(Boolean),
-      price: Object.fromEntries(PRICE_KINDS.map(([k]) => [k, Number(f.get(k) || 0)])),
       default_max_tokens: Number(f.get("default_max_tokens") || 4096),
     };
+    if (Object.keys(price).length) body.price = price;
     if (editing === null) {
       body.name = f.get("name");
       act(() => api("POST", "/admin/models", body), `Model ${body.name} added.`);
