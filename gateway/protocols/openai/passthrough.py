@@ -11,7 +11,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai.reply import error_body, stream_error
-from gateway.protocols.openai.request import headers, with_usage
+from gateway.protocols.openai.request import headers, output_limit, with_usage
 from gateway.protocols.openai.stream import EVENT_STREAM, load_chunk
 from gateway.protocols.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, Usage
@@ -30,6 +30,7 @@ MODEL_VALUE = re.compile(rb'"model": *("[^"\\]*(?:\\.[^"\\]*)*")')
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
     payload["model"] = target.model
+    output_limit(payload, target)
     if target.stream and not route.include_usage:  # match() read it from the body
         payload["stream_options"] = with_usage(payload.get("stream_options"))
     return UpstreamCall(
