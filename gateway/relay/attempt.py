@@ -150,7 +150,7 @@ class Attempts:
         span = (
             None
             if tracing is None
-            else tracing.attempt(call.span, channel, channel.upstream_model(call.model))
+            else tracing.attempt(call.span, channel, channel.upstream_model(req.model.name))
         )
         began = time.perf_counter()
         try:
