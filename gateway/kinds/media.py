@@ -7,9 +7,12 @@ Azure's deployment addresses); no other channel type has these endpoints.
 - images: the reply (``b64_json`` or ``url`` items) comes back as it is. Billed by the tokens
   the upstream reports (``usage.input_tokens``/``output_tokens``, as gpt-image models do),
   else per image returned (the catalogue's ``image`` price).
-- rerank: ``{model, query, documents, top_n}``; the reply carries the client's model name and
-  its results best first; billed by the tokens reported (``usage.prompt_tokens`` or
-  ``total_tokens``), plus the ``request`` price.
+- rerank: ``{model, query, documents, top_n}`` at ``/v1/rerank``, and Cohere's v2 shape at
+  ``/v2/rerank`` (the same fields, documents as strings; Cohere's SDK's ``v2.rerank``); the
+  reply carries the client's model name and its results best first, the rest as the upstream
+  sent it (Jina's ``usage``, Cohere's ``id`` and ``meta``); billed by the tokens reported
+  (``usage.prompt_tokens`` or ``total_tokens``, Cohere's ``meta.billed_units.input_tokens``),
+  plus the ``request`` price.
 - speech: the binary audio is streamed back as it arrives with the upstream's content type;
   billed per character of ``input`` (the ``speech_char`` price, per million characters).
 """
@@ -159,6 +162,10 @@ def rerank_used(reply: dict[str, JSON], asked: Metered) -> Metered:
         tokens = billable_tokens(usage.get("prompt_tokens")) or billable_tokens(
             usage.get("total_tokens")
         )
+    meta = reply.get("meta")  # Cohere's: meta.billed_units.input_tokens
+    units = meta.get("billed_units") if isinstance(meta, dict) else None
+    if not tokens and isinstance(units, dict):
+        tokens = billable_tokens(units.get("input_tokens"))
     return Metered(prompt_tokens=tokens)
 
 

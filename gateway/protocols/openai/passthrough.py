@@ -82,6 +82,9 @@ class OpenAIPassthrough:
         "_checked",
         "generated",
     )
+    # what precedes a chunk's generated text and tool arguments (counted for a stream cut
+    # short; legacy completions' ``text`` in their pass-through)
+    TEXT_MARKS = (b'"content":"', b'"arguments":"')
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
         self.content_type = EVENT_STREAM
@@ -127,7 +130,8 @@ class OpenAIPassthrough:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
             if not self._checked:
                 self._check_first(block)
-            self.generated += block.count(b'"content":"') + block.count(b'"arguments":"')
+            text, arguments = self.TEXT_MARKS
+            self.generated += block.count(text) + block.count(arguments)
         error = _trailing_error(block)
         if self._include_usage and error < 0:
             key = block.rfind(b'"usage"')
@@ -213,7 +217,8 @@ class OpenAIPassthrough:
             self._checked = True
             if event.data != b"[DONE]":
                 load_chunk(event.data)
-        self.generated += event.data.count(b'"content":"') + event.data.count(b'"arguments":"')
+        text, arguments = self.TEXT_MARKS
+        self.generated += event.data.count(text) + event.data.count(arguments)
         framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
         self._last = framed
         replaced = self._event(event.data)
