@@ -4,8 +4,9 @@ timeouts; the cloud types' own fields are ``config.clouds``'s).
 
 A model's ``aliases`` are more names clients may send for it: exact names (a client's
 built-in default, ``claude-sonnet-4-5``) and ``*`` patterns (``claude-*``). A catalogue name
-always means its own model; an alias means the first model in catalogue order that names it
-and that the key's group can reach (``policy.routing.Catalogue.resolve``).
+always means its own model; an exact alias the model that names it, a name that only patterns
+match the model of the most specific one; either among the models the key's group can reach
+(``policy.routing.Catalogue.resolve``).
 
 An openai-type channel sends a request's output limit as ``max_tokens``, or as
 ``max_completion_tokens`` to the models that take only that (OpenAI's reasoning models):

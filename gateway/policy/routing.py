@@ -11,9 +11,10 @@ of weight 1; weight 0 is a standby, tried last). Channels cooling down are left 
 channel of the model is cooling down the caller answers 503.
 
 ``Catalogue.resolve`` finds the model a client's name means: a catalogue name means its own
-model; otherwise the first model in catalogue order that the key's group reaches and that
-names it among its ``aliases``, exact aliases before ``*`` patterns. Requests are routed,
-priced and held by that model; the usage record and the reply keep the name asked for.
+model; otherwise a model the key's group reaches that names it among its ``aliases``: an exact
+alias first, else the most specific ``*`` pattern that matches (the most characters besides
+``*``; between equals, the first in catalogue order). Requests are routed, priced and held by
+that model; the usage record and the reply keep the name asked for.
 """
 
 from __future__ import annotations
@@ -103,13 +104,16 @@ class Catalogue:
             self._group_models[g] = tuple(self.models[n] for n in names)
         # aliases: exact ones by name, patterns in order; each to its models in catalogue order
         self._aliases: dict[str, list[str]] = {}
-        self._patterns: list[tuple[re.Pattern[str], str]] = []
+        patterns: list[tuple[int, int, str, str]] = []
         for model in settings.models:
             for alias in model.aliases:
-                if "*" in alias:
-                    self._patterns.append((alias_pattern(alias), model.name))
+                if "*" in alias:  # the most specific first: the most characters but *
+                    patterns.append(
+                        (alias.count("*") - len(alias), len(patterns), alias, model.name)
+                    )
                 elif alias not in self.models:  # a catalogue name means its own model
                     self._aliases.setdefault(alias, []).append(model.name)
+        self._patterns = [(alias_pattern(a), m) for _, _, a, m in sorted(patterns)]
         self._resolved: dict[tuple[str, str], str] = {}  # (group, name) -> model, as found
         # (group, model, capability, channel types) -> channels by priority tier, as asked
         self._tiers: dict[
