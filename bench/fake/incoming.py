@@ -1,8 +1,9 @@
 """What a chat request says, read the same way from the three providers' request shapes.
 
 Only what the fake needs: how many messages, the text of the last message when it is the
-user's (where a directive lives; system and developer messages after it are passed over), the image parts, a rough token estimate (about 4 characters a
-token, 85 per image), the first declared tool, the output limit and the stop sequences.
+user's (where a directive lives; system and developer messages after it are passed over), the
+image parts, a rough token estimate (about 4 characters a token, 85 per image), the first
+declared tool, the output limit and the stop sequences.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def _data_url_type(url: Any) -> str:
 
 def _last_turn(messages: list[Any]) -> int:
     """The index of the last message that is not a system (or developer) message: the turn a
-    directive is read from, even when instructions follow it (Claude Code puts its reminders
-    last)."""
+    directive is read from, even when instructions follow it (Claude Code ends its messages
+    with a ``system`` one)."""
     for i in range(len(messages) - 1, -1, -1):
         msg = messages[i]
         if not isinstance(msg, dict) or msg.get("role") not in INSTRUCTION_ROLES:
@@ -178,12 +179,13 @@ def from_anthropic(
     count = _Counter()
     _anthropic_blocks(payload.get("system"), count, None)
     last_user: str | None = None
+    last = _last_turn(messages)  # Claude Code sends a system message after the user's turn
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages.{i}: Input should be a valid dictionary")
         texts: list[str] = []
         _anthropic_blocks(msg.get("content"), count, texts)
-        if i == len(messages) - 1 and msg.get("role") == "user" and texts:
+        if i == last and msg.get("role") == "user" and texts:
             last_user = "\n".join(texts)
     tools = payload.get("tools")
     first_tool = None

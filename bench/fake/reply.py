@@ -2,7 +2,8 @@
 
 A ``Reply`` comes from ``FakeUpstream.queue`` (first in, first out) or, when the queue is empty,
 from a directive in the text of the request's last message when that message is the user's
-(system and developer messages after it do not count: Claude Code puts its reminders last).
+(system and developer messages after it do not count: Claude Code ends its messages with a
+``system`` one).
 A field left at ``None`` takes the server's default (``--chunks``, ``--first-ms``,
 ``--delay-ms``) or the deterministic demo behaviour.
 
