@@ -29,6 +29,8 @@ from collections.abc import AsyncIterable, Callable, Iterable, Mapping
 from typing import Protocol
 from urllib.parse import urlencode
 
+from botocore.exceptions import BotoCoreError
+
 from gateway.config import Channel, ChannelTimeouts, CloudAccess
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols import vertex
@@ -191,6 +193,9 @@ class ChannelAuths:
                 raise _unusable(
                     channel, "aws_access_key_id", "none given and none in the environment"
                 ) from None
+            except BotoCoreError as exc:  # a profile named that does not exist, a bad file
+                reason = f"the environment's AWS credentials: {type(exc).__name__}"
+                raise _unusable(channel, "aws_access_key_id", reason) from None
             return SigV4Auth(signer)
         try:
             account = await asyncio.to_thread(ServiceAccount.load, cloud.credentials)
