@@ -21,7 +21,7 @@ from gateway.config import Channel
 from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply, ReplyHeaders
-from gateway.kinds.chat import KEEPALIVES, upstream_json
+from gateway.kinds.chat import KEEPALIVES, MAX_CHOICES, upstream_json
 from gateway.kinds.media import NO_CHANNEL, OPENAI_TYPES, body_model, json_object
 from gateway.kinds.wire import chat_target, openai_call, openai_errors
 from gateway.policy.billing import MAX_TOKENS, Metered, billable_tokens, usage_classes
@@ -63,21 +63,40 @@ def check(payload: dict[str, JSON]) -> None:
         REQUEST.opt_bool(options.get("include_usage"), "stream_options", "include_usage")
 
 
+def most_output(payload: dict[str, JSON]) -> int:
+    """The most output tokens a request can have generated: ``max_tokens`` times the
+    completions generated (``n``, or ``best_of``, which the upstream generates and bills,
+    when more); 0 when it sets no maximum."""
+    limit = billable_tokens(payload.get("max_tokens"))
+    choices = 1
+    for name in ("n", "best_of"):
+        value = payload.get(name)
+        if type(value) is int and 1 <= value <= MAX_CHOICES:
+            choices = max(choices, value)
+    return limit * choices
+
+
 @dataclass(slots=True)
 class CompletionJob:
     route: RouteMatch
     payload: dict[str, JSON] | None
     estimate: int  # the prompt's tokens, estimated locally (prompt and suffix)
+    most: int = 0  # the most output it can have generated (``most_output``); 0: no maximum
 
     def release(self) -> None:
         self.payload = None
 
     def expected(self, default_output: int) -> Metered:
-        limit = self.payload.get("max_tokens") if self.payload is not None else None
-        return Metered(
-            prompt_tokens=self.estimate,
-            completion_tokens=billable_tokens(limit) or default_output,
-        )
+        return Metered(prompt_tokens=self.estimate, completion_tokens=self.most or default_output)
+
+    def output_ceiling(self) -> int | None:
+        return self.most or None
+
+    def bounded(self, used: Metered) -> Metered:
+        """``used``, its output no more than the request's maximum (``policy.spend``)."""
+        if self.most and used.completion_tokens > self.most:
+            used.completion_tokens = self.most
+        return used.classified()
 
 
 class CompletionsPassthrough(OpenAIPassthrough):
@@ -122,7 +141,7 @@ class CompletionExchange:
         used = usage_classes(payload.get("usage"))
         if "usage" not in payload or not isinstance(payload.get("usage"), dict):
             used.prompt_tokens = self._job.estimate
-        return Reply(orjson.dumps(payload), JSON_TYPE, used)
+        return Reply(orjson.dumps(payload), JSON_TYPE, self._job.bounded(used))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
         return CompletionsPassthrough(self._ctx, self._target)
@@ -133,7 +152,7 @@ class CompletionExchange:
             used.prompt_tokens = self._job.estimate
         if not complete:
             used.completion_tokens = max(used.completion_tokens, min(stream.generated, MAX_TOKENS))
-        return used.classified()
+        return self._job.bounded(used)
 
 
 class CompletionsKind:
@@ -167,7 +186,7 @@ class CompletionsKind:
             include_usage=stream and usage_wanted(body),
         )
         chars = prompt_chars(body["prompt"]) + len(body.get("suffix") or "")
-        return CompletionJob(route, body, -(-chars // CHARS_PER_TOKEN))
+        return CompletionJob(route, body, -(-chars // CHARS_PER_TOKEN), most_output(body))
 
     def exchange(
         self, job: CompletionJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
