@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
+from gateway.config import CHANNEL_TYPES, CLOUD_FIELDS
 from gateway.edge.routes import ROUTES, RouteSpec
 
 JSONObject = dict[str, Any]
@@ -226,10 +227,11 @@ MODEL_FIELDS: JSONObject = {
     "capabilities": {"type": "array", "items": STRING},
     "price": OBJECT,
     "default_max_tokens": {"type": "integer"},
+    "aliases": {"type": "array", "items": STRING},
 }
 CHANNEL_FIELDS: JSONObject = {
     "name": STRING,
-    "type": {"enum": ["openai", "anthropic", "gemini"]},
+    "type": {"enum": list(CHANNEL_TYPES)},
     "base_url": STRING,
     "api_key": STRING,
     "api_keys": {"type": "array", "items": STRING},
@@ -240,6 +242,10 @@ CHANNEL_FIELDS: JSONObject = {
     "weight": {"type": "integer"},
     "status": {"enum": ["enabled", "disabled"]},
     "prompt_cache": {"enum": ["auto", "off"]},
+    "responses": {"type": "boolean"},
+    "max_tokens_field": {"enum": ["max_tokens", "max_completion_tokens"]},
+    # the cloud types' own (docs/channels.md); the secrets are never shown again
+    **{name: STRING for name in sorted(CLOUD_FIELDS)},
 }
 KEY_FIELDS: JSONObject = {
     "account": STRING,
