@@ -105,8 +105,11 @@ def _dumps(out: Path, patience: float = 60.0) -> list[str]:
     raise RuntimeError(f"callgrind's dumps in {out} did not complete")
 
 
-def _callgrind(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], capture_output=True, timeout=60)
+def _callgrind(command: str, pid: int) -> None:
+    """``callgrind_control`` for the target's processes only: without a pid it would zero or
+    dump every process callgrind runs on the machine, another bench's among them."""
+    for each in procs.tree(pid):
+        subprocess.run(["callgrind_control", command, str(each)], capture_output=True, timeout=60)
 
 
 def measure(
@@ -134,11 +137,11 @@ def measure(
             return results
         for kind, cell in cells.items():
             asyncio.run(_drive(port, cell, WARM_UP))
-            _callgrind("-z")
+            _callgrind("-z", proc.pid)
             began = time.monotonic()
             asyncio.run(_drive(port, cell, REQUESTS))
             rate = REQUESTS / (time.monotonic() - began)
-            _callgrind("-d")
+            _callgrind("-d", proc.pid)
             print(f"  (e) {name} {kind}: {rate:.1f} req/s under callgrind", flush=True)
             dumps = _dumps(out)
             results[kind] = sum(_total(Path(d)) for d in dumps) / REQUESTS
