@@ -1,18 +1,23 @@
-"""The bundled fake upstream: OpenAI, Anthropic, Gemini and AWS Bedrock wire formats on one port.
+"""The bundled fake upstream: OpenAI, Anthropic, Gemini, AWS Bedrock, Google Vertex AI and
+Azure OpenAI wire formats on one port.
 
     python -m bench.fake_upstream [--host 127.0.0.1] [--port 9001] [--require-key K]
                                   [--chunks N] [--first-ms X] [--delay-ms Y]
+                                  [--service-account FILE]
 
 Serves the demo channels of ``make run`` (openai at ``/v1``, anthropic, gemini and bedrock at
-the root; bedrock requests must be signed with SigV4 by ``bench.fake.aws_auth``'s test key)
-and the benchmarks' paced streams. In tests: ``async with FakeUpstream() as fake`` (see
-``bench.fake``). Prints one line once listening; nothing per request.
+the root; bedrock requests must be signed with SigV4 by ``bench.fake.aws_auth``'s test key,
+azure ones carry ``bench.fake.azure``'s key; vertex ones a token of its ``/token`` endpoint,
+which knows the service account whose key file ``--service-account`` writes: a vertex
+channel's ``credentials``) and the benchmarks' paced streams. In tests: ``async with
+FakeUpstream() as fake`` (see ``bench.fake``). Prints one line once listening; nothing per request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 
 from bench.fake import Defaults, FakeUpstream, RecordedRequest, Reply
@@ -28,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunks", type=int, default=None, help="stream pieces per reply")
     parser.add_argument("--first-ms", type=float, default=0.0, help="wait before answering")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="wait between stream pieces")
+    parser.add_argument(
+        "--service-account",
+        default=None,
+        metavar="FILE",
+        help="write the key file of a service account the token endpoint knows (vertex)",
+    )
     return parser
 
 
@@ -41,6 +52,9 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with fake:
+        if args.service_account:
+            with open(args.service_account, "w") as out:
+                json.dump(fake.service_account(), out)
         print(f"fake upstream listening on {fake.url}", flush=True)
         await stop.wait()
 

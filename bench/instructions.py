@@ -8,6 +8,14 @@ are dumped, and the instructions of every process of the target are summed and d
 The ratio bare/gateway estimates the throughput share without the machine's noise (both
 spend about the same instructions per nanosecond).
 
+``run_converted``: the same count for chat-completions streams converted from the other
+upstream protocols, each from the bundled fake upstream (the same 20 pieces of text and a
+usage report): an anthropic channel's SSE, and Bedrock's event streams (Claude through
+``invoke-with-response-stream``, Nova through ``converse-stream``; SigV4 signing included), so
+a Bedrock stream's cost per request is seen beside an Anthropic one's.
+
+    python -m bench.instructions converted
+
 callgrind slows a process ~40×, and the gateway's periodic work (usage batches, disconnect
 watchlist, key cache reloads, periodic collections) follows the clock: counted as it is, each
 request would carry ~40× its real share of that work. So the gateway runs through
@@ -24,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +40,7 @@ import aiohttp
 import orjson
 
 from bench import payloads, procs, targets
+from bench.fake import aws_auth
 from bench.targets import Upstream
 
 REQUESTS = 400
@@ -38,14 +48,27 @@ WARM_UP = 100
 CONNS = 8
 KINDS = ("json", "sse")
 SLOWDOWN = 40  # callgrind's, roughly: the gateway's intervals are stretched by it
+UPSTREAM_CORE = 1
+# the converted streams: kind -> (channel type, upstream model) at the fake upstream
+CONVERTED = {
+    "anthropic-sse": ("anthropic", "claude-bench-1"),
+    "bedrock-invoke-sse": ("bedrock", "anthropic.claude-bench-v1:0"),
+    "bedrock-converse-sse": ("bedrock", "amazon.nova-bench-v1:0"),
+}
+FAKE_CHUNKS = 20  # the fake's pieces of text per reply: payloads.SSE_CHUNKS's count
+Cell = tuple[bytes, list[str]]  # a request body and what each reply must hold
 
 
 def available() -> bool:
     return shutil.which("valgrind") is not None and shutil.which("callgrind_control") is not None
 
 
-async def _drive(port: int, kind: str, n: int) -> None:
-    body = payloads.chat_request(kind, kind == "sse")
+def relay_cells() -> dict[str, Cell]:
+    return {k: (payloads.chat_request(k, k == "sse"), payloads.EXPECT[k][:1]) for k in KINDS}
+
+
+async def _drive(port: int, cell: Cell, n: int) -> None:
+    body, expect = cell
     headers = {"Authorization": f"Bearer {payloads.BENCH_KEY}", "Content-Type": "application/json"}
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     todo = iter(range(n))
@@ -55,7 +78,7 @@ async def _drive(port: int, kind: str, n: int) -> None:
             for _ in todo:
                 async with session.post(url, data=body, headers=headers) as resp:
                     data = await resp.read()
-                    if resp.status != 200 or payloads.EXPECT[kind][0].encode() not in data:
+                    if resp.status != 200 or any(e.encode() not in data for e in expect):
                         raise RuntimeError(f"bad reply {resp.status}: {data[:200]!r}")
 
         await asyncio.gather(*(worker() for _ in range(CONNS)))
@@ -68,12 +91,33 @@ def _total(path: Path) -> int:
     return 0
 
 
-def _callgrind(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], capture_output=True, timeout=60)
+def _dumps(out: Path, patience: float = 60.0) -> list[str]:
+    """The dump files of the last ``callgrind_control -d``, once each is whole (its summary
+    written) and no new one came for a second: on a busy machine a dump takes a while."""
+    deadline = time.monotonic() + patience
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        dumps = sorted(glob.glob(f"{out}/cg.*.*"))
+        if dumps and dumps == seen and all(_total(Path(d)) for d in dumps):
+            return dumps
+        seen = dumps
+    raise RuntimeError(f"callgrind's dumps in {out} did not complete")
 
 
-def measure(tmp: Path, name: str, cmd: list[str], env: dict[str, str]) -> dict[str, float]:
-    """Instructions per request of one target for each kind; {} when it did not come up."""
+def _callgrind(command: str, pid: int) -> None:
+    """``callgrind_control`` for the target's processes only: without a pid it would zero or
+    dump every process callgrind runs on the machine, another bench's among them."""
+    for each in procs.tree(pid):
+        subprocess.run(["callgrind_control", command, str(each)], capture_output=True, timeout=60)
+
+
+def measure(
+    tmp: Path, name: str, cmd: list[str], env: dict[str, str], cells: dict[str, Cell] | None = None
+) -> dict[str, float]:
+    """Instructions per request of one target for each cell (the relay kinds unless given);
+    {} when it did not come up."""
+    cells = cells if cells is not None else relay_cells()
     port = procs.free_port()
     cmd = [c.replace("{port}", str(port)) for c in cmd]
     out = tmp / f"callgrind-{name}"
@@ -91,16 +135,15 @@ def measure(tmp: Path, name: str, cmd: list[str], env: dict[str, str]) -> dict[s
     try:
         if not procs.wait_port(port, proc, 300):
             return results
-        for kind in KINDS:
-            asyncio.run(_drive(port, kind, WARM_UP))
-            _callgrind("-z")
+        for kind, cell in cells.items():
+            asyncio.run(_drive(port, cell, WARM_UP))
+            _callgrind("-z", proc.pid)
             began = time.monotonic()
-            asyncio.run(_drive(port, kind, REQUESTS))
+            asyncio.run(_drive(port, cell, REQUESTS))
             rate = REQUESTS / (time.monotonic() - began)
-            _callgrind("-d")
+            _callgrind("-d", proc.pid)
             print(f"  (e) {name} {kind}: {rate:.1f} req/s under callgrind", flush=True)
-            time.sleep(1)
-            dumps = glob.glob(f"{out}/cg.*.*")
+            dumps = _dumps(out)
             results[kind] = sum(_total(Path(d)) for d in dumps) / REQUESTS
             for d in dumps:
                 os.unlink(d)
@@ -149,3 +192,95 @@ def run(tmp: Path, up: Upstream) -> dict[str, dict[str, float]]:
         out[name] = measure(tmp, name, cmd, env)
         print(f"  (e) {name}: {out[name]}", flush=True)
     return out
+
+
+def converted_config(tmp: Path, upstream: str) -> Path:
+    """A gateway with one model per converted kind, each on its channel at the fake."""
+    models = [
+        {"name": kind, "capabilities": ["chat"], "price": {"input": 0.5, "output": 1.5}}
+        for kind in CONVERTED
+    ]
+    channels = []
+    for kind, (ctype, upstream_model) in CONVERTED.items():
+        channel = {"name": kind, "type": ctype, "base_url": upstream, "models": [kind],
+                   "model_map": {kind: upstream_model}}  # fmt: skip
+        if ctype == "bedrock":
+            channel.update(region="us-east-1", aws_access_key_id=aws_auth.ACCESS_KEY,
+                           aws_secret_access_key=aws_auth.SECRET_KEY)  # fmt: skip
+        else:
+            channel["api_key"] = payloads.UPSTREAM_KEY
+        channels.append(channel)
+    config = {
+        "store": f"sqlite:///{tmp}/gateway-converted.db",
+        "admin_token": "bench-admin-token",
+        "groups": ["default"],
+        "models": models,
+        "channels": channels,
+        "accounts": [{"id": "bench", "balance": 1_000_000_000_000}],
+        "keys": [
+            {"id": "k-bench", "key": payloads.BENCH_KEY, "account": "bench", "group": "default"}
+        ],
+    }
+    path = tmp / "gateway-converted.bench.yaml"
+    path.write_bytes(orjson.dumps(config))  # JSON is YAML
+    return path
+
+
+def converted_cells() -> dict[str, Cell]:
+    """A streamed chat-completions request per converted kind, its usage asked for."""
+    cells = {}
+    for kind in CONVERTED:
+        body = orjson.loads(payloads.chat_request("sse", True))
+        body["model"] = kind
+        cells[kind] = (orjson.dumps(body), ["[DONE]", '"usage"'])
+    return cells
+
+
+def run_converted(tmp: Path) -> dict[str, float]:
+    """Instructions per converted stream (module docstring), the gateway under callgrind (one
+    hypercorn worker), the fake upstream on its own core, not counted."""
+    port = procs.free_port()
+    fake = procs.start(
+        procs.pinned(
+            [
+                sys.executable,
+                "-m",
+                "bench.fake_upstream",
+                "--port",
+                str(port),
+                "--chunks",
+                str(FAKE_CHUNKS),
+            ],
+            UPSTREAM_CORE,
+        ),  # fmt: skip
+        tmp / "fake-converted.log",
+        cwd=str(targets.ROOT),
+    )
+    try:
+        if not procs.wait_port(port, fake, 20):
+            raise RuntimeError("bench.fake_upstream did not start")
+        config = converted_config(tmp, f"http://127.0.0.1:{port}")
+        cmd = [sys.executable, "-m", "bench.clock_scaled", str(SLOWDOWN), "serve", "--config",
+               str(config), "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+        env = {"PYTHONPATH": str(targets.ROOT)}
+        return measure(tmp, "gateway-converted", cmd, env, converted_cells())
+    finally:
+        procs.stop(fake)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["converted"] or not available():
+        print("usage: python -m bench.instructions converted (needs valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench-converted-") as tmp:
+        counted = run_converted(Path(tmp))
+    print(orjson.dumps(counted, option=orjson.OPT_INDENT_2).decode())
+    anthropic = counted.get("anthropic-sse")
+    for kind, count in counted.items():
+        if anthropic and kind != "anthropic-sse":
+            print(f"{kind}: {count / anthropic:.3f} of an anthropic stream's instructions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -367,6 +367,7 @@ def render(
         out.append(f"| {name} | {_num(a, 0)} | {_num(b, 0)} |")
     out.append("")
     out += _instructions_table(results.get("e_instructions", {}))
+    out += _converted_table(results.get("e_converted", {}))
     for name, note in results.get("e", {}).items():
         out.append(f"- py-spy profile of {name}: {note}")
     out.append("")
@@ -415,5 +416,34 @@ def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:
         shares = [f"{bare[k] / per[k]:.1%}" if bare.get(k) and per.get(k) else "–" for k in KINDS]
         kinstr = [_num(per[k] / 1000, 0) if per.get(k) else "–" for k in KINDS]
         out.append(f"| {name} | {kinstr[0]} | {kinstr[1]} | {shares[0]} | {shares[1]} |")
+    out.append("")
+    return out
+
+
+# the converted-stream cell the others are held to: within 15% of its instructions a request
+CONVERTED_REFERENCE = "anthropic-sse"
+CONVERTED_BOUND = 1.15
+
+
+def _converted_table(cells: dict[str, float]) -> list[str]:
+    """Instructions per converted chat-completions stream, by upstream protocol."""
+    ref = cells.get(CONVERTED_REFERENCE)
+    if not cells or not ref:
+        return []
+    out = [
+        "Converted streams (`python -m bench.instructions converted`): a chat-completions "
+        "client's stream with usage, 20 pieces of text, converted from each upstream protocol "
+        "the bundled fake upstream speaks (an anthropic channel's SSE; Bedrock's event streams "
+        "of Claude through invoke and of Nova through Converse, SigV4 signing included), "
+        "counted as above on one hypercorn worker. Held to within "
+        f"{CONVERTED_BOUND - 1:.0%} of the Anthropic stream's instructions a request.",
+        "",
+        "| upstream | k instr/req | of anthropic | verdict |",
+        "|---|---:|---:|---|",
+    ]
+    for name, per in cells.items():
+        ratio = per / ref
+        verdict = "" if name == CONVERTED_REFERENCE else _verdict(ratio <= CONVERTED_BOUND)
+        out.append(f"| {name} | {_num(per / 1000, 0)} | {ratio:.3f} | {verdict} |")
     out.append("")
     return out

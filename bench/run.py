@@ -487,6 +487,8 @@ def main() -> int:
                 stop_target(target)
         if "e" in SCENARIOS and instructions.available():
             results["e_instructions"] = instructions.run(tmp, up)
+            # converted streams: a Bedrock stream's cost beside an Anthropic one's
+            results["e_converted"] = instructions.run_converted(tmp)
         elif "e" in SCENARIOS:
             settings.notes.append("instructions per request: valgrind not installed")
     finally:

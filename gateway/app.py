@@ -60,6 +60,7 @@ from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
 from gateway.types import Receive, Scope, Send
 from gateway.upstream import UpstreamPool
+from gateway.upstream.auth import ChannelAuths
 from gateway.upstream.pool import Upstream
 
 log = logging.getLogger("gateway.app")
@@ -311,7 +312,7 @@ def create_app(
     With no settings, as a server's worker process builds it from ``GATEWAY_CONFIG``, the
     worker's logging is set up as the config says and its garbage collector is tuned
     (``gc_tuning``). ``upstream``: the pool upstream calls go through (the aiohttp pool; tests
-    hand a scripted one)."""
+    hand a scripted one), each channel's credentials added on the way (``auth.ChannelAuths``)."""
     if settings is None:
         settings = load_settings()
         configure_logging(settings)  # a worker process: the server's set-up was in its parent
@@ -320,7 +321,7 @@ def create_app(
         return built
     if upstream is None:
         upstream = Upstream(settings.upstream, settings.limits.max_response_bytes)
-    services = build_services(settings, upstream)
+    services = build_services(settings, ChannelAuths(upstream, settings.channels))
     attempts = Attempts(
         services.upstream,
         services.health,

@@ -2,7 +2,8 @@
 annotations and error bodies.
 
 Paths (POST): ``/openai/deployments/{deployment}/chat/completions`` (``/completions``,
-``/embeddings``, ``/images/generations``, ``/audio/transcriptions``, ``/audio/speech``) and
+``/embeddings``, ``/images/generations``, ``/audio/transcriptions``, ``/audio/translations``,
+``/audio/speech``) and
 ``/openai/responses``, each with ``?api-version=YYYY-MM-DD[-preview]`` (without it: 404
 ``Resource not found``, as Azure answers); and the v1 API, ``/openai/v1/{endpoint}``, which
 takes no dated version and names the deployment in the body's ``model``.
@@ -35,7 +36,9 @@ ENDPOINTS = {
     "/embeddings": "embeddings",
     "/images/generations": "images",
     "/audio/transcriptions": "transcriptions",
+    "/audio/translations": "translations",
     "/audio/speech": "speech",
+    "/completions": "completions",
 }
 V1_ENDPOINTS = {**ENDPOINTS, "/responses": "responses"}
 DENIED = (

@@ -1,8 +1,9 @@
 """What a chat request says, read the same way from the three providers' request shapes.
 
 Only what the fake needs: how many messages, the text of the last message when it is the
-user's (where a directive lives), the image parts, a rough token estimate (about 4 characters a
-token, 85 per image), the first declared tool, the output limit and the stop sequences.
+user's (where a directive lives; system and developer messages after it are passed over), the
+image parts, a rough token estimate (about 4 characters a token, 85 per image), the first
+declared tool, the output limit and the stop sequences.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 IMAGE_TOKENS = 85
+INSTRUCTION_ROLES = frozenset({"system", "developer"})  # skipped to find the last turn
 
 
 class RequestShapeError(ValueError):
@@ -68,6 +70,17 @@ def _data_url_type(url: Any) -> str:
     return "url"
 
 
+def _last_turn(messages: list[Any]) -> int:
+    """The index of the last message that is not a system (or developer) message: the turn a
+    directive is read from, even when instructions follow it (Claude Code ends its messages
+    with a ``system`` one)."""
+    for i in range(len(messages) - 1, -1, -1):
+        msg = messages[i]
+        if not isinstance(msg, dict) or msg.get("role") not in INSTRUCTION_ROLES:
+            return i
+    return len(messages) - 1
+
+
 def from_openai(payload: Any) -> Incoming:
     if not isinstance(payload, dict):
         raise RequestShapeError("We could not parse the JSON body of your request.")
@@ -78,6 +91,7 @@ def from_openai(payload: Any) -> Incoming:
         raise RequestShapeError("Missing required parameter: 'messages'.", "messages")
     count = _Counter()
     last_user: str | None = None
+    last = _last_turn(messages)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"Invalid type for 'messages[{i}]'.", f"messages[{i}]")
@@ -99,7 +113,7 @@ def from_openai(payload: Any) -> Incoming:
         for call in msg.get("tool_calls") or ():
             if isinstance(call, dict) and isinstance(call.get("function"), dict):
                 count.text(call["function"].get("arguments"))
-        if i == len(messages) - 1:
+        if i == last:
             last_user = "\n".join(texts) if msg.get("role") == "user" else None
     first_tool = None
     tools = payload.get("tools")
@@ -165,12 +179,13 @@ def from_anthropic(
     count = _Counter()
     _anthropic_blocks(payload.get("system"), count, None)
     last_user: str | None = None
+    last = _last_turn(messages)  # Claude Code sends a system message after the user's turn
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages.{i}: Input should be a valid dictionary")
         texts: list[str] = []
         _anthropic_blocks(msg.get("content"), count, texts)
-        if i == len(messages) - 1 and msg.get("role") == "user" and texts:
+        if i == last and msg.get("role") == "user" and texts:
             last_user = "\n".join(texts)
     tools = payload.get("tools")
     first_tool = None

@@ -1,7 +1,9 @@
 """What the fake upstream answers: the ``Reply`` script and the ``[[fake ...]]`` directive.
 
 A ``Reply`` comes from ``FakeUpstream.queue`` (first in, first out) or, when the queue is empty,
-from a directive in the text of the request's last message when that message is the user's.
+from a directive in the text of the request's last message when that message is the user's
+(system and developer messages after it do not count: Claude Code ends its messages with a
+``system`` one).
 A field left at ``None`` takes the server's default (``--chunks``, ``--first-ms``,
 ``--delay-ms``) or the deterministic demo behaviour.
 

@@ -44,10 +44,7 @@ def incoming(payload: Any) -> Incoming:
         if kind == "message":
             content = item.get("content")
             if isinstance(content, list):
-                text = "".join(
-                    p.get("text", "") for p in content if isinstance(p, dict) and "text" in p
-                )
-                content = text
+                content = [_chat_part(p) for p in content if isinstance(p, dict)]
             messages.append({"role": item.get("role"), "content": content})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "content": str(item.get("output"))})
@@ -62,6 +59,13 @@ def incoming(payload: Any) -> Incoming:
         "max_tokens": payload.get("max_output_tokens"),
     }
     return from_openai(chat)
+
+
+def _chat_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A Responses content part as chat completions has it (text, or an image's URL)."""
+    if part.get("type") == "input_image":
+        return {"type": "image_url", "image_url": {"url": part.get("image_url")}}
+    return {"type": "text", "text": part.get("text", "")}
 
 
 def _usage(plan: Plan) -> dict[str, Any]:

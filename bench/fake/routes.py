@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.fake import azure, bedrock, media, responses, vertex
+from bench.fake import azure, bedrock, completions, media, responses, vertex
 from bench.fake.incoming import Incoming, from_anthropic, from_gemini, from_openai
 
 GEMINI_ACTIONS = frozenset(
@@ -32,7 +32,7 @@ GEMINI_ACTIONS = frozenset(
     }
 )
 CHAT_KINDS = frozenset(
-    {"chat", "messages", "generateContent", "streamGenerateContent", "responses"}
+    {"chat", "messages", "generateContent", "streamGenerateContent", "responses", "completions"}
     | bedrock.KINDS
     | vertex.CLAUDE_KINDS
 )
@@ -42,10 +42,13 @@ OPENAI_POSTS = {
     "/v1/embeddings": "embeddings",
     "/v1/images/generations": "images",
     "/v1/audio/transcriptions": "transcriptions",
+    "/v1/audio/translations": "translations",
     "/v1/audio/speech": "speech",
     "/v1/rerank": "rerank",
     "/v1/responses": "responses",
+    "/v1/completions": "completions",
 }
+UPLOADS = frozenset({"transcriptions", "translations"})  # multipart bodies
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,8 @@ def incoming_for(where: Route, body: dict[str, Any]) -> Incoming | None:
         return from_openai(body)
     if kind == "responses":
         return responses.incoming(body)
+    if kind == "completions":
+        return completions.incoming(body)
     if kind == "messages":
         return from_anthropic(body)
     if kind == "count_tokens":
@@ -143,7 +148,7 @@ def directive_text(where: Route, body: dict[str, Any], form: dict[str, str]) -> 
         value = body.get("input")
     elif kind == "rerank":
         value = body.get("query")
-    elif kind == "transcriptions":
+    elif kind in UPLOADS:
         value = form.get("prompt")
     elif kind == "embedContent":
         value = media.gemini_content_text(body.get("content"))

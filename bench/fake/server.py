@@ -30,6 +30,7 @@ from bench.fake import (
     azure,
     bedrock,
     clouds,
+    completions,
     gemini,
     google_auth,
     media,
@@ -43,6 +44,7 @@ from bench.fake.reply import DirectiveError, Reply, find_directive
 from bench.fake.routes import (
     CHAT_KINDS,
     TOKEN_PATH,
+    UPLOADS,
     Route,
     bad_json_message,
     bearer,
@@ -53,6 +55,7 @@ from bench.fake.routes import (
 )
 
 JSON_TYPE = "application/json"
+FORMATS = {"responses": responses, "completions": completions}  # OpenAI's other text APIs
 AUDIO_PIECE = 8192
 DEMO_TRANSCRIPT = "This is the demo transcription."
 
@@ -206,7 +209,7 @@ class FakeUpstream:
         payload: Any = None
         form: dict[str, str] = {}
         files: dict[str, bytes] = {}
-        if where.kind == "transcriptions":
+        if where.kind in UPLOADS:
             form, files = multipart(request.headers.get("Content-Type", ""), raw)
         elif raw:
             try:
@@ -231,7 +234,7 @@ class FakeUpstream:
         rejected = self._check_auth(where, request, raw)
         if rejected is not None:
             return rejected
-        if request.method == "POST" and where.kind != "transcriptions":
+        if request.method == "POST" and where.kind not in UPLOADS:
             if not isinstance(payload, dict):
                 message = bad_json_message(where.protocol)
                 return self._error(where.protocol, 400, None, message, cloud=where.cloud)
@@ -425,7 +428,7 @@ class FakeUpstream:
             return self._json(media.images(body, base, int(time.time())), headers)
         if kind == "rerank":
             return self._json(media.rerank(body, self._request_id()), headers)
-        if kind == "transcriptions":
+        if kind in UPLOADS:
             audio = files.get("file", b"")
             text = reply.text if reply.text is not None else DEMO_TRANSCRIPT
             seconds = media.audio_seconds(audio)
@@ -458,8 +461,8 @@ class FakeUpstream:
         self, where: Route, body: dict[str, Any], reply: Reply, incoming: Incoming
     ) -> bytes:
         plan = self._plan_for(where, body, reply, incoming)
-        if where.kind == "responses":
-            return responses.render(plan, body)
+        if where.kind in FORMATS:
+            return FORMATS[where.kind].render(plan, body)
         if where.protocol == "openai":
             raw = openai.render(plan)
             return azure.chat_reply(raw) if where.cloud == "azure" else raw
@@ -477,11 +480,10 @@ class FakeUpstream:
         incoming: Incoming,
     ) -> web.StreamResponse:
         plan = self._plan_for(where, body, reply, incoming)
-        if where.kind == "responses":
-            events = responses.stream(plan, body)
-            return await self._stream(
-                request, events, responses.SSE_TYPE, responses.stream_error, reply
-            )
+        if where.kind in FORMATS:
+            api = FORMATS[where.kind]
+            events = api.stream(plan, body)
+            return await self._stream(request, events, api.SSE_TYPE, api.stream_error, reply)
         if where.protocol == "openai":
             options = body.get("stream_options")
             usage = isinstance(options, dict) and bool(options.get("include_usage"))

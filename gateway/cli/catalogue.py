@@ -118,6 +118,18 @@ def channels_table(v: View, names: Sequence[str] | None = None) -> str:
     return table(headers, rows, right=[3, 4])
 
 
+# the cloud types' fields (docs/channels.md), given as they are
+CLOUD_FLAGS = {
+    "api_version": "azure: the API version (2024-10-21, or v1)",
+    "region": "bedrock, vertex: the region",
+    "project": "vertex: the Google Cloud project",
+    "credentials": "vertex: a service account's key file (its path)",
+    "aws_access_key_id": "bedrock: the access key (none: the environment's AWS chain)",
+    "max_tokens_field": "openai, azure: max_tokens or max_completion_tokens",
+}
+SECRET_FLAGS = ("aws_secret_access_key", "aws_session_token")
+
+
 def channel_body(args: argparse.Namespace) -> dict[str, object]:
     """The admin API body the flags given make (a flag not given: not in the body)."""
     body: dict[str, object] = {}
@@ -127,10 +139,16 @@ def channel_body(args: argparse.Namespace) -> dict[str, object]:
         body["api_key"] = os.environ[args.api_key_env]
     elif args.api_key is not None:
         body["api_key"] = args.api_key
-    for name in ("type", "base_url", "priority", "weight", "status", "responses"):
+    for name in ("type", "base_url", "priority", "weight", "status", "responses", *CLOUD_FLAGS):
         value = getattr(args, name)
         if value is not None:
             body[name] = value
+    for name in SECRET_FLAGS:  # secrets from the environment, never from the command line
+        variable = getattr(args, f"{name}_env")
+        if variable is not None:
+            if variable not in os.environ:
+                raise InvalidRequestError(f"--{flag(name)}-env: ${variable} is not set")
+            body[name] = os.environ[variable]
     if args.groups is not None:
         body["groups"] = comma_separated(args.groups)
     if args.models is not None:
@@ -152,9 +170,13 @@ async def _channel_changes(
     return channel_body(args)
 
 
+def flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
 def _channel_arguments(p: argparse.ArgumentParser, adding: bool) -> None:
     p.add_argument("--type", choices=CHANNEL_TYPES, required=adding, default=None)
-    p.add_argument("--base-url", required=adding, default=None)
+    p.add_argument("--base-url", default=None, help="bedrock and vertex: the region's if none")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--api-key", default=None, help="the upstream's credential")
     key.add_argument("--api-key-env", default=None, metavar="NAME",
@@ -168,12 +190,18 @@ def _channel_arguments(p: argparse.ArgumentParser, adding: bool) -> None:
     p.add_argument("--responses", action=argparse.BooleanOptionalAction, default=None,
                    help="an openai upstream that serves /responses itself")  # fmt: skip
     p.add_argument("--status", choices=CHANNEL_STATUSES, default=None)
+    for name, text in CLOUD_FLAGS.items():
+        p.add_argument(f"--{flag(name)}", default=None, help=text)
+    for name in SECRET_FLAGS:
+        p.add_argument(f"--{flag(name)}-env", default=None, metavar="NAME",
+                       help=f"read {name} from this environment variable")  # fmt: skip
 
 
 async def cmd_channels_test(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
+    from gateway.upstream.auth import ChannelAuths
     from gateway.upstream.pool import Upstream
 
-    upstream = Upstream(settings.upstream)
+    upstream = ChannelAuths(Upstream(settings.upstream))  # the clouds' credentials added
     await upstream.start()
     try:
         result = await catalogue.try_channel(store, settings, upstream, args.name)

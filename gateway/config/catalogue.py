@@ -1,13 +1,35 @@
 """The catalogue's configuration: groups (a name, and a price ratio), models (capabilities,
-prices) and channels (type, base URL, keys, groups, models, routing weights, timeouts)."""
+prices, aliases) and channels (type, base URL, keys, groups, models, routing weights,
+timeouts; the cloud types' own fields are ``config.clouds``'s).
+
+A model's ``aliases`` are more names clients may send for it: exact names (a client's
+built-in default, ``claude-sonnet-4-5``) and ``*`` patterns (``claude-*``). A catalogue name
+always means its own model; an exact alias the model that names it, a name that only patterns
+match the model of the most specific one; either among the models the key's group can reach
+(``policy.routing.Catalogue.resolve``).
+
+An openai-type channel sends a request's output limit as ``max_tokens``, or as
+``max_completion_tokens`` to the models that take only that (OpenAI's reasoning models):
+``max_tokens_field`` says which for every model of the channel; left out, the upstream model's
+name decides, by the prefixes in ``COMPLETION_TOKENS_MODELS``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.config.clouds import (
+    CLOUD_FIELDS,
+    CLOUD_TYPES,
+    DEFAULT_URL_TYPES,
+    NO_CLOUD,
+    CloudAccess,
+    default_base_url,
+    parse_cloud,
+)
 from gateway.config.values import (
     ConfigError,
     at,
@@ -21,7 +43,26 @@ from gateway.config.values import (
 )
 from gateway.policy.prices import TablePrice
 
-CHANNEL_TYPES = ("openai", "anthropic", "gemini")
+CHANNEL_TYPES = ("openai", "anthropic", "gemini", *CLOUD_TYPES)
+# the client protocols whose bodies a channel type may take unconverted (a cloud type's own
+# models decide among them: a bedrock channel passes the messages protocol through to Claude
+# only, a vertex channel the messages protocol to Claude and generate-content to Gemini)
+NATIVE: dict[str, frozenset[str]] = {
+    "openai": frozenset({"openai"}),
+    "anthropic": frozenset({"anthropic"}),
+    "gemini": frozenset({"gemini"}),
+    "azure": frozenset({"openai"}),
+    "bedrock": frozenset({"anthropic"}),
+    "vertex": frozenset({"anthropic", "gemini"}),
+}
+# the types that speak chat completions upstream (the Responses API too, with responses: true)
+OPENAI_TYPES = frozenset({"openai", "azure"})
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+# upstream model names (their beginnings) that take ``max_completion_tokens`` only: OpenAI's
+# reasoning models. Data, not a rule of the adapters: a channel's ``max_tokens_field`` wins
+COMPLETION_TOKENS_MODELS = ("o1", "o3", "o4", "gpt-5")
+MAX_ALIASES = 100  # per model
+ALIAS_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")  # a name, with * anywhere
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
 PRICE_FIELDS = (
     "input", "output", "cache_read", "cache_write", "request", "image", "audio_second",
@@ -88,6 +129,7 @@ class Model:
     # the price table's row for the model's upstream name, when it has one: its prices when
     # the model has none, its cache ratios when the model leaves them unset
     table: TablePrice | None = None
+    aliases: tuple[str, ...] = ()  # more names clients may send: exact, or * patterns
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +170,24 @@ class Channel:
     # ``prompt_cache: auto``: cache breakpoints added to requests converted to the messages
     # protocol that carry none (default on for anthropic channels; ``off`` to leave them out)
     prompt_cache: bool = False
+    cloud: CloudAccess = NO_CLOUD  # azure, bedrock, vertex: their own fields
+    # openai-type channels: the output limit's field, "" for the upstream model's name to say
+    max_tokens_field: str = ""
 
     def __post_init__(self) -> None:
         if not self.speaks:
-            object.__setattr__(self, "speaks", frozenset({self.type}))
+            object.__setattr__(self, "speaks", NATIVE.get(self.type, frozenset({self.type})))
 
     def upstream_model(self, model: str) -> str:
         return self.model_map.get(model, model)
+
+    def output_limit_field(self, upstream_model: str) -> str:
+        """Where this channel's requests to ``upstream_model`` carry their output limit."""
+        if self.max_tokens_field:
+            return self.max_tokens_field
+        if upstream_model.startswith(COMPLETION_TOKENS_MODELS):
+            return "max_completion_tokens"
+        return "max_tokens"
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -148,7 +201,7 @@ def price_value(v: Any, where: str) -> float:
     return float(v)
 
 
-MODEL_FIELDS = frozenset({"name", "capabilities", "price", "default_max_tokens"})
+MODEL_FIELDS = frozenset({"name", "capabilities", "price", "default_max_tokens", "aliases"})
 CHANNEL_FIELDS = frozenset(
     {
         "name",
@@ -165,6 +218,8 @@ CHANNEL_FIELDS = frozenset(
         "status",
         "api_keys",
         "prompt_cache",
+        "max_tokens_field",
+        *CLOUD_FIELDS,
     }
 )
 PROMPT_CACHE_VALUES = ("auto", "off")
@@ -198,8 +253,30 @@ def parse_model(v: Any, where: str = "") -> Model:
     if dmt > MAX_DEFAULT_TOKENS:
         raise ConfigError(f"{dmt_at}: must be at most {MAX_DEFAULT_TOKENS}")
     return Model(
-        name=name, capabilities=frozenset(caps), price=price, default_max_tokens=dmt, priced=priced
+        name=name,
+        capabilities=frozenset(caps),
+        price=price,
+        default_max_tokens=dmt,
+        priced=priced,
+        aliases=parse_aliases(d.get("aliases"), name, at(where, "aliases")),
     )
+
+
+def parse_aliases(v: Any, name: str, where: str) -> tuple[str, ...]:
+    """A model's ``aliases``: names (``*`` matching any run of characters), none its own."""
+    if v is None:
+        return ()
+    aliases = strings(v, where)
+    if len(aliases) > MAX_ALIASES:
+        raise ConfigError(f"{where}: at most {MAX_ALIASES} aliases")
+    for i, alias in enumerate(aliases):
+        if not ALIAS_RE.match(alias):
+            raise ConfigError(f"{where}[{i}]: {alias!r} is not a valid name or pattern")
+        if alias == name:
+            raise ConfigError(f"{where}[{i}]: {alias!r} is the model's own name")
+    if len(set(aliases)) != len(aliases):
+        raise ConfigError(f"{where}: an alias is listed twice")
+    return tuple(aliases)
 
 
 def parse_channel(v: Any, where: str, groups: Collection[str], models: Collection[str]) -> Channel:
@@ -211,10 +288,8 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
     ctype = d.get("type")
     if ctype not in CHANNEL_TYPES:
         raise ConfigError(f"{at(where, 'type')}: must be one of {', '.join(CHANNEL_TYPES)}")
-    base_url = string(d.get("base_url"), at(where, "base_url"))
-    parts = urlsplit(base_url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"{at(where, 'base_url')}: not a URL")
+    cloud = parse_cloud(d, ctype, where)
+    base_url = parse_base_url(d.get("base_url"), ctype, cloud, where)
     api_key, api_keys = parse_keys(d, where)
     groups_at = at(where, "groups")
     ch_groups = strings(d.get("groups", ["default"]), groups_at)
@@ -236,9 +311,9 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
     responses = d.get("responses", False)
     if not isinstance(responses, bool):
         raise ConfigError(f"{at(where, 'responses')}: must be true or false")
-    if responses and ctype != "openai":
+    if responses and ctype not in OPENAI_TYPES:
         raise ConfigError(
-            f"{at(where, 'responses')}: only an openai channel serves the Responses API"
+            f"{at(where, 'responses')}: only an openai or azure channel serves the Responses API"
         )
     status = d.get("status", "enabled")
     if status not in CHANNEL_STATUSES:
@@ -246,19 +321,44 @@ def parse_channel(v: Any, where: str, groups: Collection[str], models: Collectio
     return Channel(
         name=name,
         type=ctype,
-        base_url=base_url.rstrip("/"),
+        base_url=base_url,
         api_key=api_key,
         groups=tuple(ch_groups),
         models=tuple(ch_models),
         model_map=model_map,
         priority=priority,
         weight=weight,
-        speaks=frozenset({ctype, "responses"} if responses else {ctype}),
+        speaks=NATIVE[ctype] | {"responses"} if responses else NATIVE[ctype],
         timeouts=parse_timeouts(d.get("timeouts") or {}, at(where, "timeouts")),
         status=status,
         api_keys=api_keys,
         prompt_cache=parse_prompt_cache(d.get("prompt_cache"), ctype, where),
+        cloud=cloud,
+        max_tokens_field=parse_max_tokens_field(d.get("max_tokens_field"), ctype, where),
     )
+
+
+def parse_base_url(v: Any, ctype: str, cloud: CloudAccess, where: str) -> str:
+    """``base_url``: an http(s) URL, without its trailing ``/``; for a type in
+    ``DEFAULT_URL_TYPES`` left out, the region's."""
+    if v is None and ctype in DEFAULT_URL_TYPES:
+        return default_base_url(ctype, cloud.region)
+    base_url = string(v, at(where, "base_url"))
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{at(where, 'base_url')}: not a URL")
+    return base_url.rstrip("/")
+
+
+def parse_max_tokens_field(v: Any, ctype: str, where: str) -> str:
+    if v is None:
+        return ""
+    field_at = at(where, "max_tokens_field")
+    if v not in MAX_TOKENS_FIELDS:
+        raise ConfigError(f"{field_at}: must be {' or '.join(MAX_TOKENS_FIELDS)}")
+    if ctype not in OPENAI_TYPES:
+        raise ConfigError(f"{field_at}: only openai and azure channels take it")
+    return str(v)
 
 
 def parse_keys(d: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:

@@ -149,6 +149,23 @@ TOP_LEVEL = frozenset(
 )  # fmt: skip
 
 
+def check_aliases(models: tuple[Model, ...]) -> None:
+    """No exact alias is another model's name or another model's alias (a pattern may match
+    either: a catalogue name wins, then the first model in catalogue order)."""
+    names = {m.name for m in models}
+    owner: dict[str, str] = {}
+    for i, m in enumerate(models):
+        for j, alias in enumerate(m.aliases):
+            if "*" in alias:
+                continue
+            where = f"models[{i}].aliases[{j}]"
+            if alias in names:
+                raise ConfigError(f"{where}: {alias!r} is the name of a model")
+            if alias in owner:
+                raise ConfigError(f"{where}: {alias!r} is already an alias of {owner[alias]!r}")
+            owner[alias] = m.name
+
+
 def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     """Validate an already-expanded mapping into Settings. Raises ConfigError."""
     for k in raw:
@@ -162,6 +179,7 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
     names = [m.name for m in models]
     unique(names, "models", "name")
+    check_aliases(models)
     channels = tuple(
         parse_channel(c, f"channels[{i}]", set(groups), set(names))
         for i, c in enumerate(list_of(raw, "channels"))

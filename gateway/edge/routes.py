@@ -41,9 +41,13 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("/v1/embeddings", "POST", "openai", "embeddings"),
     RouteSpec("/v1/images/generations", "POST", "openai", "images"),
     RouteSpec("/v1/audio/transcriptions", "POST", "openai", "audio_transcription"),
+    RouteSpec("/v1/audio/translations", "POST", "openai", "audio_translation"),
     RouteSpec("/v1/audio/speech", "POST", "openai", "audio_speech"),
     RouteSpec("/v1/rerank", "POST", "openai", "rerank"),
+    RouteSpec("/v2/rerank", "POST", "openai", "rerank_v2"),  # Cohere's v2 shape
+    RouteSpec("/v1/completions", "POST", "openai", "completions"),  # legacy, with suffix
     RouteSpec("/v1/responses", "POST", "responses", "chat"),
+    RouteSpec("/v1/responses/input_tokens", "POST", "responses", "count_tokens"),
     RouteSpec("/v1/messages", "POST", "anthropic", "chat"),
     RouteSpec("/v1/messages/count_tokens", "POST", "anthropic", "count_tokens"),
     RouteSpec("/v1/models", "GET", "openai", "models"),

@@ -1,5 +1,6 @@
-"""The transcription kind: ``POST /v1/audio/transcriptions``, a multipart upload relayed to an
-openai-type channel as it arrives, never held whole in memory.
+"""The transcription kinds: ``POST /v1/audio/transcriptions`` and ``/v1/audio/translations``
+(speech to English text), a multipart upload relayed to an openai-type channel (openai, or
+azure at its deployment's address) as it arrives, never held whole in memory.
 
 The text fields may come before or after the file (the Python SDK sends them first, others
 may not): the body is read until the ``model`` field is complete, the bytes read so far are
@@ -31,10 +32,10 @@ from gateway.config import Channel
 from gateway.edge.asgi import BodyRead, ClientGone
 from gateway.edge.multipart import MultipartRewriter, boundary_of
 from gateway.errors import GatewayError, InvalidRequestError, PayloadTooLargeError
-from gateway.kinds.base import Incoming, Reply
-from gateway.kinds.media import NO_CHANNEL, OPENAI_ONLY, RawStream
+from gateway.kinds.base import Incoming, Reply, ReplyHeaders
+from gateway.kinds.media import NO_CHANNEL, OPENAI_TYPES, RawStream
+from gateway.kinds.wire import openai_call, openai_errors
 from gateway.policy.billing import Metered, billable_seconds, billable_tokens
-from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.types import Receive
 
@@ -142,27 +143,32 @@ def transcription_used(reply: object) -> Metered:
 
 
 class TranscriptionExchange:
-    __slots__ = ("call", "upload", "keepalive", "_job")
+    __slots__ = ("call", "upload", "keepalive", "_job", "_errors")
 
-    def __init__(self, job: TranscriptionJob, target: UpstreamTarget) -> None:
-        self.call: UpstreamCall | None = UpstreamCall(
-            url=target.base_url + "/audio/transcriptions",
+    def __init__(
+        self, job: TranscriptionJob, path: str, channel: Channel, target: UpstreamTarget
+    ) -> None:
+        call = UpstreamCall(
+            url=target.base_url + path,
             headers={
                 "Authorization": f"Bearer {target.api_key}",
                 "Content-Type": f"multipart/form-data; boundary={job.boundary.decode()}",
             },
             body=b"",
         )
+        address = openai_call(channel, target)
+        self.call: UpstreamCall | None = call if address is None else address(call)
         self.upload: AsyncIterable[bytes] | None = job.upload(target.model)
         self.keepalive = b""
         self._job = job
+        self._errors = openai_errors(channel)
 
     @property
     def replayable(self) -> bool:
         return not self._job.started
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._job.failure or ADAPTERS["openai"].decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._job.failure or self._errors(status, raw)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         if self._job.failure is not None:
@@ -186,12 +192,17 @@ class TranscriptionExchange:
 
 
 class TranscriptionKind:
-    name = "audio_transcription"
+    """Speech to text: ``path`` is the endpoint under an openai-type channel's base URL."""
+
     capability = "audio"
     billed = True
 
+    def __init__(self, name: str, path: str) -> None:
+        self.name = name
+        self.path = path
+
     def channel_types(self, protocol: str) -> frozenset[str]:
-        return OPENAI_ONLY if protocol == "openai" else NO_CHANNEL
+        return OPENAI_TYPES if protocol == "openai" else NO_CHANNEL
 
     async def read(self, incoming: Incoming) -> TranscriptionJob:
         limit = incoming.limits.max_upload_bytes
@@ -246,7 +257,8 @@ class TranscriptionKind:
     def exchange(
         self, job: TranscriptionJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> TranscriptionExchange:
-        return TranscriptionExchange(job, target)
+        return TranscriptionExchange(job, self.path, channel, target)
 
 
-TRANSCRIPTION = TranscriptionKind()
+TRANSCRIPTION = TranscriptionKind("audio_transcription", "/audio/transcriptions")
+TRANSLATION = TranscriptionKind("audio_translation", "/audio/translations")

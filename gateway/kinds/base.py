@@ -24,6 +24,7 @@ from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, U
 from gateway.types import Receive, Scope
 
 JSON_TYPE = b"application/json"
+ReplyHeaders = Mapping[str, str] | None  # an upstream reply's headers, where a caller has them
 
 
 @dataclass(slots=True)
@@ -83,7 +84,10 @@ class Exchange(Protocol):
         """Whether another channel may still be tried after this attempt failed."""
         ...
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        """An upstream's error reply; ``headers``: its headers (Bedrock names the error in
+        one)."""
+        ...
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         """The client's reply from the upstream's whole body."""

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 
 import orjson
 
+from gateway.config import CHANNEL_TYPES as TYPES
 from gateway.config import Channel
 from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
-from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.kinds.base import JSON_TYPE, Incoming, Reply, ReplyHeaders
+from gateway.kinds.wire import Wire, chat_target, wire_for
 from gateway.policy.billing import MAX_TOKENS, Metered, billable_tokens, usage_classes
 from gateway.policy.tokens import CHARS_PER_TOKEN, estimate_prompt_tokens
-from gateway.protocols import ADAPTERS, CLIENTS, Adapter, ClientSide
+from gateway.protocols import CLIENTS, ClientSide
 from gateway.protocols.base import (
     ConvertedStream,
     Counter,
@@ -30,12 +32,11 @@ from gateway.protocols.base import (
     RelayStream,
     RouteMatch,
     UpstreamCall,
-    UpstreamSide,
     UpstreamTarget,
 )
 from gateway.types import JSON, ChatRequest, Usage
 
-CHANNEL_TYPES = frozenset(ADAPTERS)
+CHANNEL_TYPES = frozenset(TYPES)  # every type serves chat (kinds.wire: how)
 # what a quiet stream sends, by the client's protocol (and, for generate-content, its framing):
 # an SSE comment for chat completions; the messages protocol's own ping event; for
 # generate-content a blank line, which an SSE parser reads as no event and the JSON-array
@@ -47,12 +48,8 @@ KEEPALIVES = {
     ("gemini", True): b"\n",
     ("gemini", False): b"\n",
 }
-# the optional abilities, looked up once: isinstance() against a Protocol walks its members
-PASSTHROUGH: dict[str, Passthrough] = {
-    name: a for name, a in CLIENTS.items() if isinstance(a, Passthrough)
-}
+# the optional ability, looked up once: isinstance() against a Protocol walks its members
 COUNTING: dict[str, Counting] = {n: a for n, a in CLIENTS.items() if isinstance(a, Counting)}
-COUNTERS: dict[str, Counter] = {n: a for n, a in ADAPTERS.items() if isinstance(a, Counter)}
 
 
 @dataclass(slots=True)
@@ -208,14 +205,14 @@ class PassthroughChat:
     """Client protocol == channel type: the body and the reply go through, model renamed."""
 
     __slots__ = (
-        "call", "upload", "replayable", "keepalive", "_adapter", "_upstream", "_job", "_ctx",
+        "call", "upload", "replayable", "keepalive", "_adapter", "_wire", "_job", "_ctx",
         "_target",
     )  # fmt: skip
 
     def __init__(
         self,
         adapter: Passthrough,
-        upstream: UpstreamSide,
+        wire: Wire,
         job: ChatJob,
         ctx: Ctx,
         target: UpstreamTarget,
@@ -227,13 +224,13 @@ class PassthroughChat:
         self.replayable = True
         self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")
         self._adapter = adapter
-        self._upstream = upstream
+        self._wire = wire
         self._job = job
         self._ctx = ctx
         self._target = target
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._upstream.decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._wire.errors(status, raw, headers)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         out, usage = self._adapter.passthrough_response(upstream_json(raw), self._ctx)
@@ -255,33 +252,33 @@ class ConvertedChat:
         "replayable",
         "keepalive",
         "_client",
-        "_upstream",
+        "_wire",
         "_job",
         "_ctx",
     )
 
-    def __init__(self, upstream: Adapter, job: ChatJob, ctx: Ctx, target: UpstreamTarget) -> None:
-        self.call: UpstreamCall | None = upstream.encode_request(job.decoded(ctx), target)
+    def __init__(self, wire: Wire, job: ChatJob, ctx: Ctx, target: UpstreamTarget) -> None:
+        self.call: UpstreamCall | None = wire.upstream.encode_request(job.decoded(ctx), target)
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")
         self._client = job.client
-        self._upstream = upstream
+        self._wire = wire
         self._job = job
         self._ctx = ctx
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._upstream.decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._wire.errors(status, raw, headers)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
-        resp = self._upstream.decode_response(upstream_json(raw))
+        resp = self._wire.upstream.decode_response(upstream_json(raw))
         usage = resp.get("usage")
         out = self._client.encode_response(resp, self._ctx)
         return Reply(orjson.dumps(out), JSON_TYPE, self._job.bounded(chat_used(usage)))
 
     def stream(self, headers: Mapping[str, str]) -> RelayStream:
-        return ConvertedStream(
-            self._upstream.stream_decoder(self._ctx),
+        return self._wire.stream(
+            self._wire.upstream.stream_decoder(self._ctx),
             self._client.stream_encoder(self._ctx, self._job.route),
         )
 
@@ -303,11 +300,12 @@ class ChatKind:
     def exchange(
         self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> PassthroughChat | ConvertedChat:
-        if job.route.protocol in channel.speaks:
-            same = PASSTHROUGH.get(job.route.protocol)
-            if same is not None:
-                return PassthroughChat(same, ADAPTERS[channel.type], job, ctx, target, last)
-        return ConvertedChat(ADAPTERS[channel.type], job, ctx, target)
+        target = chat_target(channel, target)
+        wire = wire_for(channel, target)
+        same = wire.passthrough.get(job.route.protocol)
+        if same is not None:
+            return PassthroughChat(same, wire, job, ctx, target, last)
+        return ConvertedChat(wire, job, ctx, target)
 
 
 class Count:
@@ -319,20 +317,15 @@ class Count:
         "replayable",
         "keepalive",
         "_client",
-        "_upstream",
+        "_wire",
         "_counter",
         "_ctx",
     )
 
     def __init__(
-        self,
-        client: Counting,
-        upstream: Adapter,
-        counter: Counter | None,
-        req: ChatRequest,
-        ctx: Ctx,
-        target: UpstreamTarget,
+        self, client: Counting, wire: Wire, req: ChatRequest, ctx: Ctx, target: UpstreamTarget
     ) -> None:
+        counter: Counter | None = wire.counter
         self.call: UpstreamCall | None = (
             counter.count_request(req, target) if counter is not None else None
         )
@@ -341,11 +334,11 @@ class Count:
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self._client = client
-        self._upstream = upstream
+        self._wire = wire
         self._ctx = ctx
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._upstream.decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._wire.errors(status, raw, headers)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         tokens = self._ctx.prompt_tokens_estimate
@@ -379,11 +372,5 @@ class CountKind:
         self, job: ChatJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> Count:
         client = COUNTING[job.route.protocol]  # channel_types() admits no other client
-        return Count(
-            client,
-            ADAPTERS[channel.type],
-            COUNTERS.get(channel.type),
-            job.decoded(ctx),
-            ctx,
-            target,
-        )
+        target = chat_target(channel, target)
+        return Count(client, wire_for(channel, target), job.decoded(ctx), ctx, target)

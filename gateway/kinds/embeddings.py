@@ -1,5 +1,6 @@
 """The embeddings kind: ``POST /v1/embeddings`` and generate-content's ``:embedContent`` and
-``:batchEmbedContents``, served by openai and gemini channels.
+``:batchEmbedContents``, served by openai, azure (OpenAI's shape, at Azure's addresses) and
+gemini channels.
 
 The request is decoded once at arrival (so a malformed one is a 400 whichever channel would
 have served it). Same protocol on both sides: the body goes through with the model renamed;
@@ -18,8 +19,9 @@ import orjson
 from gateway.config import Channel
 from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
-from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.kinds.base import JSON_TYPE, Incoming, Reply, ReplyHeaders
 from gateway.kinds.chat import upstream_json
+from gateway.kinds.wire import openai_call, openai_errors
 from gateway.policy.billing import Metered, billable_tokens
 from gateway.policy.tokens import CHARS_PER_TOKEN
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
@@ -32,7 +34,13 @@ EMBEDDINGS: dict[str, EmbeddingsAdapter] = {
     "openai": OPENAI_EMBEDDINGS,
     "gemini": GEMINI_EMBEDDINGS,
 }
-CHANNEL_TYPES = frozenset(EMBEDDINGS)
+# the channel types and the protocol each speaks for embeddings
+SPOKEN: dict[str, EmbeddingsAdapter] = {
+    "openai": OPENAI_EMBEDDINGS,
+    "azure": OPENAI_EMBEDDINGS,
+    "gemini": GEMINI_EMBEDDINGS,
+}
+CHANNEL_TYPES = frozenset(SPOKEN)
 
 
 def estimate_tokens(req: EmbeddingsRequest) -> int:
@@ -64,24 +72,24 @@ class EmbeddingsJob:
 class EmbeddingsExchange:
     """One attempt: through the body as it is (same protocol) or converted."""
 
-    __slots__ = ("call", "upload", "replayable", "keepalive", "_job", "_upstream", "_ctx", "_same")
+    __slots__ = (
+        "call", "upload", "replayable", "keepalive", "_job", "_upstream", "_ctx", "_same",
+        "_errors",
+    )  # fmt: skip
 
     def __init__(
-        self,
-        job: EmbeddingsJob,
-        upstream: EmbeddingsAdapter,
-        target: UpstreamTarget,
-        ctx: Ctx,
-        last: bool,
+        self, job: EmbeddingsJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> None:
+        upstream = SPOKEN[channel.type]
         self._same = upstream is job.client
         if self._same:
             payload = job.payload if last else orjson.loads(orjson.dumps(job.payload))
-            self.call: UpstreamCall | None = upstream.embeddings_passthrough(
-                payload, job.route, target
-            )
+            call = upstream.embeddings_passthrough(payload, job.route, target)
         else:
-            self.call = upstream.embeddings_request(job.req, target)
+            call = upstream.embeddings_request(job.req, target)
+        address = openai_call(channel, target)
+        self.call: UpstreamCall | None = call if address is None else address(call)
+        self._errors = openai_errors(channel) if address is not None else upstream.decode_error
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self.keepalive = b""
@@ -89,8 +97,8 @@ class EmbeddingsExchange:
         self._upstream = upstream
         self._ctx = ctx
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return self._upstream.decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._errors(status, raw)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         payload = upstream_json(raw)
@@ -148,4 +156,4 @@ class EmbeddingsKind:
     def exchange(
         self, job: EmbeddingsJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> EmbeddingsExchange:
-        return EmbeddingsExchange(job, EMBEDDINGS[channel.type], target, ctx, last)
+        return EmbeddingsExchange(job, channel, target, ctx, last)

@@ -1,14 +1,18 @@
 """The openai-only kinds with JSON requests: images, rerank and speech.
 
 Each goes to an openai-type channel (``{base_url}/images/generations``, ``/rerank``,
-``/audio/speech``) with only the model renamed; no other channel type has these endpoints.
+``/audio/speech``) with only the model renamed; images and speech to azure channels too (at
+Azure's deployment addresses); no other channel type has these endpoints.
 
 - images: the reply (``b64_json`` or ``url`` items) comes back as it is. Billed by the tokens
   the upstream reports (``usage.input_tokens``/``output_tokens``, as gpt-image models do),
   else per image returned (the catalogue's ``image`` price).
-- rerank: ``{model, query, documents, top_n}``; the reply carries the client's model name and
-  its results best first; billed by the tokens reported (``usage.prompt_tokens`` or
-  ``total_tokens``), plus the ``request`` price.
+- rerank: ``{model, query, documents, top_n}`` at ``/v1/rerank``, and Cohere's v2 shape at
+  ``/v2/rerank`` (the same fields, documents as strings; Cohere's SDK's ``v2.rerank``); the
+  reply carries the client's model name and its results best first, the rest as the upstream
+  sent it (Jina's ``usage``, Cohere's ``id`` and ``meta``); billed by the tokens reported
+  (``usage.prompt_tokens`` or ``total_tokens``, Cohere's ``meta.billed_units.input_tokens``),
+  plus the ``request`` price.
 - speech: the binary audio is streamed back as it arrives with the upstream's content type;
   billed per character of ``input`` (the ``speech_char`` price, per million characters).
 """
@@ -23,15 +27,16 @@ import orjson
 from gateway.config import Channel
 from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, InvalidRequestError, UpstreamError
-from gateway.kinds.base import JSON_TYPE, Incoming, Reply
+from gateway.kinds.base import JSON_TYPE, Incoming, Reply, ReplyHeaders
 from gateway.kinds.chat import upstream_json
+from gateway.kinds.wire import openai_call, openai_errors
 from gateway.policy.billing import MAX_IMAGES, MAX_SPEECH_CHARS, Metered, billable_tokens
-from gateway.protocols import ADAPTERS
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.fields import REQUEST
 from gateway.types import JSON, Usage
 
 OPENAI_ONLY = frozenset({"openai"})
+OPENAI_TYPES = frozenset({"openai", "azure"})  # chat completions' endpoints, Azure's too
 NO_CHANNEL: frozenset[str] = frozenset()
 
 
@@ -89,24 +94,29 @@ class RawStream:
 
 
 class MediaExchange:
-    __slots__ = ("call", "upload", "replayable", "keepalive", "_kind", "_job", "_ctx")
+    __slots__ = ("call", "upload", "replayable", "keepalive", "_kind", "_job", "_ctx", "_errors")
 
-    def __init__(self, kind: MediaKind, job: MediaJob, target: UpstreamTarget, ctx: Ctx) -> None:
+    def __init__(
+        self, kind: MediaKind, job: MediaJob, channel: Channel, target: UpstreamTarget, ctx: Ctx
+    ) -> None:
         assert job.payload is not None
         body = dict(job.payload)
         body["model"] = target.model
-        self.call: UpstreamCall | None = UpstreamCall(
+        call = UpstreamCall(
             url=target.base_url + kind.path, headers=openai_headers(target), body=orjson.dumps(body)
         )
+        address = openai_call(channel, target)
+        self.call: UpstreamCall | None = call if address is None else address(call)
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self.keepalive = b""
         self._kind = kind
         self._job = job
         self._ctx = ctx
+        self._errors = openai_errors(channel)
 
-    def decode_error(self, status: int, raw: bytes) -> GatewayError:
-        return ADAPTERS["openai"].decode_error(status, raw)
+    def decode_error(self, status: int, raw: bytes, headers: ReplyHeaders = None) -> GatewayError:
+        return self._errors(status, raw)
 
     def reply(self, raw: bytes, headers: Mapping[str, str]) -> Reply:
         payload = upstream_json(raw)
@@ -152,6 +162,10 @@ def rerank_used(reply: dict[str, JSON], asked: Metered) -> Metered:
         tokens = billable_tokens(usage.get("prompt_tokens")) or billable_tokens(
             usage.get("total_tokens")
         )
+    meta = reply.get("meta")  # Cohere's: meta.billed_units.input_tokens
+    units = meta.get("billed_units") if isinstance(meta, dict) else None
+    if not tokens and isinstance(units, dict):
+        tokens = billable_tokens(units.get("input_tokens"))
     return Metered(prompt_tokens=tokens)
 
 
@@ -206,6 +220,7 @@ class MediaKind:
         meter: Callable[[dict[str, JSON], Metered], Metered],
         asks: Callable[[dict[str, JSON]], Metered] = nothing_asked,
         streams: bool = False,
+        types: frozenset[str] = OPENAI_TYPES,
     ) -> None:
         self.name = name
         self.capability = capability
@@ -213,9 +228,10 @@ class MediaKind:
         self.meter = meter
         self.asks = asks
         self.streams = streams  # the reply is always relayed as it arrives
+        self.types = types  # the channel types with the endpoint
 
     def channel_types(self, protocol: str) -> frozenset[str]:
-        return OPENAI_ONLY if protocol == "openai" else NO_CHANNEL
+        return self.types if protocol == "openai" else NO_CHANNEL
 
     async def read(self, incoming: Incoming) -> MediaJob:
         raw = await read_body(
@@ -237,11 +253,13 @@ class MediaKind:
     def exchange(
         self, job: MediaJob, channel: Channel, target: UpstreamTarget, ctx: Ctx, last: bool
     ) -> MediaExchange:
-        return MediaExchange(self, job, target, ctx)
+        return MediaExchange(self, job, channel, target, ctx)
 
 
 IMAGES = MediaKind("images", "images", "/images/generations", images_used, asks=images_asks)
-RERANK = MediaKind("rerank", "rerank", "/rerank", rerank_used, asks=rerank_asks)
+RERANK = MediaKind(
+    "rerank", "rerank", "/rerank", rerank_used, asks=rerank_asks, types=OPENAI_ONLY
+)  # Azure OpenAI has no rerank
 SPEECH = MediaKind(
     "audio_speech", "audio", "/audio/speech", speech_used, asks=speech_asks, streams=True
 )

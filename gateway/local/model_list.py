@@ -4,11 +4,16 @@ Answered from the catalogue, after authentication, with no usage record (CONTRAC
 ``GET /v1/models`` serves three shapes: Anthropic's when the request carries
 ``anthropic-version``; Gemini's when it carries only ``x-goog-api-key`` (google-genai's
 default API version is v1); else OpenAI's.
+
+A model's exact ``aliases`` are listed after the catalogue's names, as models of their own:
+the names clients look for (Claude Code's model discovery keeps the ids starting ``claude``).
+One model is found by any name that reaches it, a ``*`` alias's too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from gateway.config import Model
@@ -82,9 +87,17 @@ class ModelLists:
         try:
             headers = request_headers(scope)
             key = self.gate.authenticate(spec, scope, headers, datetime.now(UTC))
-            models = self.catalogue.current.group_models(key.group)
+            catalogue = self.catalogue.current
+            models = catalogue.group_models(key.group)
             if key.models is not None:
                 models = tuple(m for m in models if m.name in key.models)
+            if spec.kind == "model":
+                name = (path_model or "").removeprefix("models/")
+                meant = catalogue.resolve(key.group, name)
+                models = tuple(replace(m, name=name) for m in models if m.name == meant)
+            else:
+                named = [replace(m, name=a) for m in models for a in catalogue.aliases(m)]
+                models = (*models, *named)
             shape = spec.protocol
             if shape == "openai":
                 if b"anthropic-version" in headers:

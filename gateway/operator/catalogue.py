@@ -8,8 +8,9 @@ the groups and models named exist, nothing still uses what is deleted) and the w
 together, against the catalogue as it is in the store. The configuration file's entries are
 its own: changing or deleting one answers 409 (edit the file and restart instead).
 
-A channel's upstream ``api_key`` goes into the store as given and never comes out of here:
-replies show ``api_key_hint`` at most.
+A channel's upstream ``api_key`` (and a cloud channel's credentials) goes into the store as
+given and never comes out of here: replies show ``api_key_hint`` (``aws_secret_access_key_hint``,
+``credentials_hint``, ...) at most.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import asyncio
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import orjson
 
 from gateway.config import (
     CHANNEL_FIELDS,
@@ -34,14 +37,15 @@ from gateway.config import (
 )
 from gateway.config.pricing import priced_model
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
+from gateway.kinds.wire import chat_target, wire_for
 from gateway.operator.accounts import MAX_ID_LEN, AlreadyExistsError, only_fields
 from gateway.policy.redaction import channel_secrets, redact
-from gateway.protocols import ADAPTERS
 from gateway.protocols.base import UpstreamTarget
 from gateway.store import Store
 from gateway.store.catalogue import (
     API,
     CHANNEL,
+    CREDENTIAL_FIELDS,
     FILE,
     GROUP,
     MODEL,
@@ -99,7 +103,26 @@ def channel_out(ch: Channel, v: View) -> dict[str, JSON]:
     }
     if ch.api_keys:  # several keys: a hint of each, never a key
         out["api_key_hints"] = [secret_hint(k) for k in ch.api_keys]
+    for name in CREDENTIAL_FIELDS:  # a cloud channel's credentials: a hint of each
+        value = getattr(ch.cloud, name)
+        if value:
+            out[f"{name}_hint"] = (
+                credentials_hint(value) if name == "credentials" else (secret_hint(value))
+            )
     return out
+
+
+def credentials_hint(source: str) -> str:
+    """A vertex channel's ``credentials``: the service account it names (a key file's JSON),
+    or the file's path; never the key."""
+    if not source.lstrip().startswith("{"):
+        return source
+    try:
+        info = orjson.loads(source)
+    except orjson.JSONDecodeError:
+        return "…"
+    email = info.get("client_email") if isinstance(info, dict) else None
+    return f"service account {email}" if isinstance(email, str) else "…"
 
 
 def model_out(m: Model, v: View) -> dict[str, JSON]:
@@ -392,7 +415,6 @@ async def try_channel(
     if model is None:
         return {"ok": False, "status": None, "latency_ms": 0,
                 "error": "the channel serves no chat model to test with"}  # fmt: skip
-    adapter = ADAPTERS[ch.type]
     req: ChatRequest = {
         "model": model.name,
         "messages": [{"role": "user", "content": TEST_PROMPT}],
@@ -407,20 +429,21 @@ async def try_channel(
         default_max_tokens=1,
         stream=False,
     )
-    call = adapter.encode_request(req, target)
+    wire = wire_for(ch, chat_target(ch, target))  # the wire of the channel type and model
     started = time.monotonic()
     status: int | None = None
     error: str | None = None
     try:
+        call = wire.upstream.encode_request(req, target)
         async with asyncio.timeout(CHANNEL_TEST_TIMEOUT):
-            resp = await upstream.request(call, None, ch.timeouts)
+            resp = await upstream.request(call, None, ch.timeouts, ch)
             try:
                 raw = await resp.read()
             finally:
                 resp.close()
         status = resp.status
         if status >= 400:
-            error = adapter.decode_error(status, raw).message
+            error = wire.errors(status, raw, resp.headers).message
     except GatewayError as err:
         error = err.message
     except TimeoutError:

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
+from gateway.config import CHANNEL_TYPES, CLOUD_FIELDS
 from gateway.edge.routes import ROUTES, RouteSpec
 
 JSONObject = dict[str, Any]
@@ -88,6 +89,29 @@ REQUESTS: dict[tuple[str, str], JSONObject] = {
             "top_n": {"type": "integer"},
         },
     ),
+    ("openai", "rerank_v2"): body(
+        ["model", "query", "documents"],
+        {
+            "model": STRING,
+            "query": STRING,
+            "documents": {"type": "array", "items": STRING},
+            "top_n": {"type": "integer"},
+            "max_tokens_per_doc": {"type": "integer"},
+        },
+    ),
+    ("openai", "completions"): body(
+        ["model", "prompt"],
+        {
+            "model": STRING,
+            "prompt": TEXT_OR_LIST,
+            "suffix": STRING,
+            "max_tokens": {"type": "integer"},
+            "stream": {"type": "boolean"},
+        },
+    ),
+    ("responses", "count_tokens"): body(
+        ["model"], {"model": STRING, "input": TEXT_OR_LIST, "instructions": STRING}
+    ),
     ("gemini", "chat"): body(
         ["contents"], {"contents": {"type": "array", "items": OBJECT}, "generationConfig": OBJECT}
     ),
@@ -105,6 +129,8 @@ MULTIPART = {
         }
     }
 }
+UPLOAD_KINDS = frozenset({"audio_transcription", "audio_translation"})  # multipart bodies
+STREAMING_KINDS = frozenset({"chat", "completions", "audio_transcription"})  # may answer SSE
 ERRORS = {
     "openai": "#/components/schemas/OpenAIError",
     "responses": "#/components/schemas/OpenAIError",
@@ -130,7 +156,7 @@ def _success(spec: RouteSpec) -> JSONObject:
     content: JSONObject = {"application/json": {"schema": OBJECT}}
     if spec.stream:  # streamGenerateContent without ?alt=sse: its chunks in one JSON array
         content["application/json"] = {"schema": {"type": "array", "items": OBJECT}}
-    if spec.kind == "chat" or spec.kind == "audio_transcription":
+    if spec.kind in STREAMING_KINDS:
         content["text/event-stream"] = {"schema": STRING}  # when the request streams
     return {"description": "the reply", "content": content}
 
@@ -157,7 +183,7 @@ def _operation(spec: RouteSpec) -> JSONObject:
     if params:
         op["parameters"] = params
     if spec.method == "POST":
-        if spec.kind == "audio_transcription":
+        if spec.kind in UPLOAD_KINDS:
             op["requestBody"] = {"required": True, "content": MULTIPART}
         else:
             schema = REQUESTS[(spec.protocol, spec.kind)]
@@ -201,10 +227,11 @@ MODEL_FIELDS: JSONObject = {
     "capabilities": {"type": "array", "items": STRING},
     "price": OBJECT,
     "default_max_tokens": {"type": "integer"},
+    "aliases": {"type": "array", "items": STRING},
 }
 CHANNEL_FIELDS: JSONObject = {
     "name": STRING,
-    "type": {"enum": ["openai", "anthropic", "gemini"]},
+    "type": {"enum": list(CHANNEL_TYPES)},
     "base_url": STRING,
     "api_key": STRING,
     "api_keys": {"type": "array", "items": STRING},
@@ -215,6 +242,10 @@ CHANNEL_FIELDS: JSONObject = {
     "weight": {"type": "integer"},
     "status": {"enum": ["enabled", "disabled"]},
     "prompt_cache": {"enum": ["auto", "off"]},
+    "responses": {"type": "boolean"},
+    "max_tokens_field": {"enum": ["max_tokens", "max_completion_tokens"]},
+    # the cloud types' own (docs/channels.md); the secrets are never shown again
+    **{name: STRING for name in sorted(CLOUD_FIELDS)},
 }
 KEY_FIELDS: JSONObject = {
     "account": STRING,

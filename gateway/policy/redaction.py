@@ -60,10 +60,12 @@ def channel_secrets(channel: object) -> tuple[str, ...]:
     """The credentials a channel (or an upstream target) holds, longest first (a key that
     contains another is replaced whole)."""
     found: list[str] = []
-    for name in SECRET_FIELDS:
-        value = getattr(channel, name, None)
-        values = value if isinstance(value, list | tuple) else (value,)
-        found += [v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET]
+    # a cloud channel keeps its own credentials apart (``config.clouds.CloudAccess``)
+    for holder in (channel, getattr(channel, "cloud", None)):
+        for name in SECRET_FIELDS:
+            value = getattr(holder, name, None)
+            values = value if isinstance(value, list | tuple) else (value,)
+            found += [v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET]
     return tuple(sorted(set(found), key=len, reverse=True))
 
 

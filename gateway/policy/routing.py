@@ -9,11 +9,18 @@ started with.
 priority, a weighted random order (a channel of weight 2 comes first twice as often as one
 of weight 1; weight 0 is a standby, tried last). Channels cooling down are left out; when every
 channel of the model is cooling down the caller answers 503.
+
+``Catalogue.resolve`` finds the model a client's name means: a catalogue name means its own
+model; otherwise a model the key's group reaches that names it among its ``aliases``: an exact
+alias first, else the most specific ``*`` pattern that matches (the most characters besides
+``*``; between equals, the first in catalogue order). Requests are routed, priced and held by
+that model; the usage record and the reply keep the name asked for.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Protocol
@@ -64,6 +71,9 @@ class Catalogue:
         "_by_group_model",
         "_group_models",
         "_tiers",
+        "_aliases",
+        "_patterns",
+        "_resolved",
     )
 
     def __init__(self, settings: CatalogueSource) -> None:
@@ -92,6 +102,19 @@ class Catalogue:
         for g in settings.groups:
             names = [m.name for m in settings.models if (g, m.name) in self._by_group_model]
             self._group_models[g] = tuple(self.models[n] for n in names)
+        # aliases: exact ones by name, patterns in order; each to its models in catalogue order
+        self._aliases: dict[str, list[str]] = {}
+        patterns: list[tuple[int, int, str, str]] = []
+        for model in settings.models:
+            for alias in model.aliases:
+                if "*" in alias:  # the most specific first: the most characters but *
+                    patterns.append(
+                        (alias.count("*") - len(alias), len(patterns), alias, model.name)
+                    )
+                elif alias not in self.models:  # a catalogue name means its own model
+                    self._aliases.setdefault(alias, []).append(model.name)
+        self._patterns = [(alias_pattern(a), m) for _, _, a, m in sorted(patterns)]
+        self._resolved: dict[tuple[str, str], str] = {}  # (group, name) -> model, as found
         # (group, model, capability, channel types) -> channels by priority tier, as asked
         self._tiers: dict[
             tuple[str, str, str, frozenset[str]], tuple[tuple[Channel, ...], ...]
@@ -104,6 +127,34 @@ class Catalogue:
     def group_models(self, group: str) -> tuple[Model, ...]:
         """The models a key of this group can reach, in catalogue order."""
         return self._group_models.get(group, ())
+
+    def resolve(self, group: str, name: str) -> str:
+        """The catalogue model ``name`` means to a key of ``group`` (module docstring);
+        ``name`` itself when it is a model's name or no alias matches."""
+        if name in self.models:
+            return name
+        found = self._resolved.get((group, name))
+        if found is not None:
+            return found
+        reach = self._by_group_model
+        found = next((m for m in self._aliases.get(name, ()) if (group, m) in reach), None)
+        if found is None:
+            found = next(
+                (m for p, m in self._patterns if (group, m) in reach and p.fullmatch(name)),
+                None,
+            )
+        if found is None:
+            return name
+        if len(self._resolved) >= MAX_RESOLVED:  # names are the clients': the memo is bounded
+            self._resolved.clear()
+        self._resolved[(group, name)] = found
+        return found
+
+    def aliases(self, model: Model) -> tuple[str, ...]:
+        """The exact aliases that mean ``model`` (what a model list shows besides its name)."""
+        return tuple(
+            a for a in model.aliases if "*" not in a and self._aliases.get(a, [""])[0] == model.name
+        )
 
     def channels(self, group: str, model: str) -> tuple[Channel, ...]:
         return self._by_group_model.get((group, model), ())
@@ -143,6 +194,14 @@ class Catalogue:
             else:
                 tiers.append((ch,))
         return tuple(tiers)
+
+
+MAX_RESOLVED = 4096  # names remembered per catalogue, with the model each means
+
+
+def alias_pattern(alias: str) -> re.Pattern[str]:
+    """An alias with ``*`` (any run of characters) as a regular expression to match whole."""
+    return re.compile(".*".join(re.escape(part) for part in alias.split("*")), re.DOTALL)
 
 
 def _weighted_order(channels: list[Channel], rng: random.Random) -> list[Channel]:

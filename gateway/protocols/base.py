@@ -66,6 +66,9 @@ class UpstreamTarget:
     # the channel's ``prompt_cache: auto``: a messages-protocol request converted from a
     # protocol without cache markers gets breakpoints (``anthropic/cache.py``)
     prompt_cache: bool = False
+    # chat completions: where the output limit goes (``max_completion_tokens`` for the models
+    # that take only that: the channel says, ``config.Channel.output_limit_field``)
+    max_tokens_field: str = "max_tokens"
 
 
 @dataclass(slots=True)

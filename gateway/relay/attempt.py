@@ -59,7 +59,7 @@ async def open_attempt(
     assert exchange.call is not None
     channel = target.name
     try:
-        resp = await upstream.request(exchange.call, exchange.upload, target.timeouts)
+        resp = await upstream.request(exchange.call, exchange.upload, target.timeouts, target)
     except GatewayError as err:
         health.failed(channel, err, rid)
         raise
@@ -69,7 +69,9 @@ async def open_attempt(
         raw = await resp.read()
     finally:
         resp.close()
-    failure = redact_error(exchange.decode_error(resp.status, raw), channel_secrets(target))
+    failure = redact_error(
+        exchange.decode_error(resp.status, raw, resp.headers), channel_secrets(target)
+    )
     log.warning(
         "relay.upstream_status request_id=%s channel=%s status=%d", rid, channel, resp.status
     )
@@ -148,7 +150,7 @@ class Attempts:
         span = (
             None
             if tracing is None
-            else tracing.attempt(call.span, channel, channel.upstream_model(call.model))
+            else tracing.attempt(call.span, channel, channel.upstream_model(req.model.name))
         )
         began = time.perf_counter()
         try:

@@ -185,8 +185,10 @@ class Relay:
         channel serves it; what it is expected to cost is held against the balance."""
         key = call.key
         assert key is not None
-        call.model = job.route.model or ""
-        if key.models is not None and call.model not in key.models:
+        call.model = job.route.model or ""  # as asked: the record's and the reply's
+        catalogue = self.catalogue.current  # once: the whole request sees one catalogue
+        name = catalogue.resolve(key.group, call.model)  # the model an alias means
+        if key.models is not None and name not in key.models:
             raise NotFoundError(
                 f"The model '{call.model}' does not exist or you do not have access to it."
             )
@@ -195,12 +197,11 @@ class Relay:
             raise InsufficientBalanceError(
                 f"Your account balance is exhausted; {TOP_UP} to continue."
             )
-        catalogue = self.catalogue.current  # once: the whole request sees one catalogue
         now = time.monotonic()
         channels = candidates(
             catalogue,
             key.group,
-            call.model,
+            name,
             kind.capability,
             kind.channel_types(call.protocol),
             self.rng,
@@ -212,14 +213,14 @@ class Relay:
         if affinity is not None:
             session = session_of(headers, job.route)
             if session:
-                pid = pin_id(key.account, call.model, session)
-                channels = await affinity.place(pid, call.model, channels, now)
+                pid = pin_id(key.account, name, session)
+                channels = await affinity.place(pid, name, channels, now)
             else:
                 channels = affinity.with_keys(channels, now)
         channels = channels[: 1 + self.retries]
         # --
-        model = catalogue.models[call.model]
-        rate = catalogue.rates.get(call.model) if kind.billed else None
+        model = catalogue.models[name]
+        rate = catalogue.rates.get(name) if kind.billed else None
         # -- group ratio (CONTRACT §2, §5b): the key's group's price ratio multiplies the
         # hold, what a metered stream may spend, and every bill of this request (``req.ratio``;
         # ``Rate.charge`` applies it)
@@ -441,7 +442,7 @@ def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:
         channel=channel.name,
         base_url=channel.base_url,
         api_key=channel.api_key,
-        model=channel.upstream_model(req.call.model),
+        model=channel.upstream_model(req.model.name),
         default_max_tokens=req.model.default_max_tokens,
         stream=req.stream,
         client_headers=req.client_headers,

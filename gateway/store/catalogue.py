@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.config import ConfigError, parse_channel, parse_model, parse_ratio
+from gateway.config.clouds import DEFAULT_URL_TYPES, TYPE_FIELDS, default_base_url
 from gateway.config.pricing import priced_models
 from gateway.types import JSON
 
@@ -40,6 +41,10 @@ KINDS = (GROUP, MODEL, CHANNEL)
 FILE, API = "file", "api"
 META_FIELDS = ("origin", "seq")
 API_SEQ_START = 1_000_000  # entries made at run time list after any file's
+# a cloud channel's credentials: stored (as api_key is) only for channels made through the API
+CREDENTIAL_FIELDS = (
+    "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "credentials",
+)  # fmt: skip
 
 Entry = tuple[str, str]  # (kind, name)
 
@@ -60,6 +65,7 @@ def model_json(model: Model) -> dict[str, JSON]:
             "speech_char": price.speech_char,
         },
         "default_max_tokens": model.default_max_tokens,
+        "aliases": list(model.aliases),
     }
 
 
@@ -83,17 +89,35 @@ def channel_json(ch: Channel) -> dict[str, JSON]:
         "timeouts": timeouts,
         "status": ch.status,
         "prompt_cache": "auto" if ch.prompt_cache else "off",
+        **cloud_json(ch),
     }
 
 
+def cloud_json(ch: Channel) -> dict[str, JSON]:
+    """A cloud channel's own fields but its credentials; a channel's ``max_tokens_field``."""
+    out: dict[str, JSON] = {}
+    for name in ("api_version", "region", "project"):
+        if name in TYPE_FIELDS.get(ch.type, ()):
+            out[name] = getattr(ch.cloud, name)
+    if ch.max_tokens_field:
+        out["max_tokens_field"] = ch.max_tokens_field
+    return out
+
+
 def channel_record(ch: Channel, origin: str, seq: int) -> dict[str, JSON]:
-    """What the store keeps of a channel: its api_key only when made through the API."""
+    """What the store keeps of a channel: its credentials only when made through the API; no
+    ``base_url`` when it is the region's (a new region brings its own)."""
     out = channel_json(ch)
+    if ch.type in DEFAULT_URL_TYPES and ch.base_url == default_base_url(ch.type, ch.cloud.region):
+        del out["base_url"]
     if origin == API:
         if ch.api_keys:
             out["api_keys"] = list(ch.api_keys)
         else:
             out["api_key"] = ch.api_key
+        for name in CREDENTIAL_FIELDS:
+            if getattr(ch.cloud, name):
+                out[name] = getattr(ch.cloud, name)
     return {**out, "origin": origin, "seq": seq}
 
 

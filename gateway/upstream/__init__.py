@@ -1,13 +1,16 @@
 """The upstream side: what the relay needs of an upstream (``UpstreamPool``, ``UpstreamReply``)
 and the aiohttp pool that provides it (``pool``), the one place aiohttp errors become gateway
-errors. Tests hand the app a scripted pool instead (``create_app(upstream=...)``)."""
+errors; per channel type, what signs or authorises a call (``auth``, over ``sigv4`` and
+``google_token``), and the framing of AWS's streams (``eventstream``). Tests hand the app a
+scripted pool instead (``create_app(upstream=...)``), which ``auth`` wraps as it wraps the
+aiohttp one."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Mapping
 from typing import Protocol
 
-from gateway.config import ChannelTimeouts
+from gateway.config import Channel, ChannelTimeouts
 from gateway.protocols.base import UpstreamCall
 
 
@@ -32,7 +35,9 @@ class UpstreamReply(Protocol):
 
 
 class UpstreamPool(Protocol):
-    """Sends upstream calls; raises only ``GatewayError``."""
+    """Sends upstream calls; raises only ``GatewayError``. A call sent with its ``channel``
+    gets that channel's credentials first where a header written by the adapter is not
+    enough (a signature, an access token: ``auth.ChannelAuths``, the pool the app hands out)."""
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
@@ -41,4 +46,5 @@ class UpstreamPool(Protocol):
         call: UpstreamCall,
         upload: AsyncIterable[bytes] | None = None,
         timeouts: ChannelTimeouts | None = None,
+        channel: Channel | None = None,
     ) -> UpstreamReply: ...

@@ -16,7 +16,9 @@ gives, and it is the reference the tests hold this decoder to.
 - ``EventStreamDecoder``: fed byte chunks split anywhere, it returns the messages completed so
   far as ``(headers, payload)``; every CRC is checked, and a corrupt, oversized or cut stream
   raises ``EventStreamError`` (an ``UpstreamError``: the upstream sent bytes that are not its
-  protocol), never skipped.
+  protocol), never skipped. The CRCs are computed over views of the buffer, not copies; a
+  stream's messages carry the same few headers, so headers already read are looked up by their
+  bytes rather than read again (``KNOWN_HEADERS``: their dicts are shared, read-only).
 - ``EventStreamParser``: the same stream as the ``SSEEvent`` values the protocols' stream
   decoders read (see ``gateway.protocols.bedrock``): an event is ``SSEEvent(:event-type,
   payload)``; an exception (``:message-type: exception``) is ``SSEEvent("exception:" +
@@ -38,7 +40,7 @@ from typing import NamedTuple
 import orjson
 
 from gateway.errors import UpstreamError
-from gateway.protocols.bedrock import EXCEPTION_PREFIX
+from gateway.protocols.bedrock import EXCEPTION_PREFIX, is_exception
 from gateway.protocols.sse import SSEEvent
 
 HeaderValue = bool | int | bytes | str
@@ -53,6 +55,7 @@ INT64 = struct.Struct(">q")
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 TRUE, FALSE, INT8, INT16, INT32, INT64_TYPE, BYTES, STRING, TIMESTAMP, UUID = range(10)
+MAX_KNOWN_HEADERS = 64  # distinct header blocks remembered (Bedrock's streams use a few)
 
 
 class EventStreamError(UpstreamError):
@@ -112,6 +115,23 @@ def _headers(raw: bytes) -> dict[str, HeaderValue]:
     return headers
 
 
+# the headers of the header blocks seen last, by their bytes (read-only: shared by messages)
+KNOWN_HEADERS: dict[bytes, dict[str, HeaderValue]] = {}
+# the names of plain events (``:message-type: event``), by their headers' bytes
+KNOWN_EVENTS: dict[bytes, str] = {}
+
+
+def headers_of(raw: bytes) -> dict[str, HeaderValue]:
+    """``_headers(raw)``, read once per distinct block."""
+    found = KNOWN_HEADERS.get(raw)
+    if found is None:
+        found = _headers(raw)
+        if len(KNOWN_HEADERS) >= MAX_KNOWN_HEADERS:
+            KNOWN_HEADERS.clear()
+        KNOWN_HEADERS[raw] = found
+    return found
+
+
 class EventStreamDecoder:
     """Feed it bytes as they arrive; it returns the messages completed so far."""
 
@@ -121,35 +141,40 @@ class EventStreamDecoder:
         self._buf = bytearray()
 
     def feed(self, raw: bytes) -> list[EventMessage]:
+        return [EventMessage(headers_of(head), payload) for head, payload in self.frames(raw)]
+
+    def frames(self, raw: bytes) -> list[tuple[bytes, bytes]]:
+        """The messages completed so far as (their headers' bytes, their payload), checked."""
         buf = self._buf
         buf += raw
-        messages: list[EventMessage] = []
+        frames: list[tuple[bytes, bytes]] = []
         pos = 0
         size = len(buf)
-        while size - pos >= PRELUDE_LENGTH:
-            total, headers_length, prelude_crc = PRELUDE.unpack_from(buf, pos)
-            if zlib.crc32(buf[pos : pos + 8]) != prelude_crc:
-                raise EventStreamError("prelude checksum mismatch")
-            payload_length = total - headers_length - MIN_LENGTH
-            if headers_length > MAX_HEADERS_LENGTH:
-                raise EventStreamError(f"headers of {headers_length} bytes")
-            if payload_length > MAX_PAYLOAD_LENGTH:
-                raise EventStreamError(f"a payload of {payload_length} bytes")
-            if payload_length < 0:
-                raise EventStreamError("lengths that do not add up")
-            if size - pos < total:
-                break
-            end = pos + total - CRC_LENGTH
-            (message_crc,) = U32.unpack_from(buf, end)
-            if zlib.crc32(buf[pos:end]) != message_crc:
-                raise EventStreamError("message checksum mismatch")
-            start = pos + PRELUDE_LENGTH
-            headers = _headers(bytes(buf[start : start + headers_length]))
-            messages.append(EventMessage(headers, bytes(buf[start + headers_length : end])))
-            pos += total
+        with memoryview(buf) as view:  # released before the buffer is cut below
+            while size - pos >= PRELUDE_LENGTH:
+                total, headers_length, prelude_crc = PRELUDE.unpack_from(buf, pos)
+                if zlib.crc32(view[pos : pos + 8]) != prelude_crc:
+                    raise EventStreamError("prelude checksum mismatch")
+                payload_length = total - headers_length - MIN_LENGTH
+                if headers_length > MAX_HEADERS_LENGTH:
+                    raise EventStreamError(f"headers of {headers_length} bytes")
+                if payload_length > MAX_PAYLOAD_LENGTH:
+                    raise EventStreamError(f"a payload of {payload_length} bytes")
+                if payload_length < 0:
+                    raise EventStreamError("lengths that do not add up")
+                if size - pos < total:
+                    break
+                end = pos + total - CRC_LENGTH
+                (message_crc,) = U32.unpack_from(buf, end)
+                if zlib.crc32(view[pos:end]) != message_crc:
+                    raise EventStreamError("message checksum mismatch")
+                start = pos + PRELUDE_LENGTH
+                split = start + headers_length
+                frames.append((bytes(view[start:split]), bytes(view[split:end])))
+                pos += total
         if pos:
             del buf[:pos]
-        return messages
+        return frames
 
     @property
     def pending(self) -> bool:
@@ -189,8 +214,19 @@ class EventStreamParser:
         self._decoder = EventStreamDecoder()
 
     def feed(self, raw: bytes) -> list[SSEEvent]:
-        messages = self._decoder.feed(raw)
-        return [event_of(m) for m in messages] if messages else []
+        events: list[SSEEvent] = []
+        for head, payload in self._decoder.frames(raw):
+            name = KNOWN_EVENTS.get(head)  # a plain event's name, by its headers' bytes
+            if name is None:
+                event = event_of(EventMessage(headers_of(head), payload))
+                if len(KNOWN_EVENTS) >= MAX_KNOWN_HEADERS:
+                    KNOWN_EVENTS.clear()
+                if event.event and not is_exception(event):
+                    KNOWN_EVENTS[head] = event.event
+                events.append(event)
+            else:
+                events.append(SSEEvent(name, payload))
+        return events
 
     def close(self) -> list[SSEEvent]:
         self._decoder.close()

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from gateway import __version__
-from gateway.config import ChannelTimeouts, Limits, UpstreamSettings
+from gateway.config import Channel, ChannelTimeouts, Limits, UpstreamSettings
 from gateway.errors import (
     GatewayError,
     GatewayOverloadedError,
@@ -156,10 +156,12 @@ class Upstream:
         call: UpstreamCall,
         upload: AsyncIterable[bytes] | None = None,
         timeouts: ChannelTimeouts | None = None,
+        channel: Channel | None = None,
     ) -> UpstreamResponse:
         """Send the call (its body, or ``upload`` streamed chunked as it is produced); the
         response once its status and headers arrived. ``timeouts``: the channel's own, where
-        it has some. Raises only ``GatewayError``."""
+        it has some. ``channel`` is not read: its credentials are in the call already
+        (``auth.ChannelAuths`` sends through this pool). Raises only ``GatewayError``."""
         assert self._session is not None, "Upstream.start() was not awaited"
         timeout = self._timeout(timeouts) if timeouts is not None and timeouts.custom else None
         data: bytes | AsyncIterable[bytes]

@@ -37,6 +37,12 @@ HOSTS = {
     "ab": "http://ab.test",
     "gm": "http://gm.test",
     "gb": "http://gb.test",
+    # the clouds' channels, and Google's token endpoint (a service account's token_uri)
+    "az": "http://az.test",
+    "bed": "http://bed.test",
+    "bed2": "http://bed2.test",
+    "vx": "http://vx.test",
+    "token": "http://token.test",
 }
 
 
@@ -114,7 +120,8 @@ class Sent:
 
     url: str
     headers: dict[str, str]
-    body: Any  # the decoded JSON body
+    body: Any  # the decoded JSON body (a form's bytes as they are)
+    raw: bytes = b""  # the body as sent
 
 
 class ScriptedUpstream:
@@ -140,7 +147,11 @@ class ScriptedUpstream:
         upload: AsyncIterable[bytes] | None = None,
         timeouts: ChannelTimeouts | None = None,
     ) -> ScriptedReply:
-        self.sent.append(Sent(call.url, dict(call.headers), orjson.loads(call.body)))
+        try:
+            body = orjson.loads(call.body)
+        except orjson.JSONDecodeError:
+            body = bytes(call.body)  # a form (a token request)
+        self.sent.append(Sent(call.url, dict(call.headers), body, bytes(call.body)))
         host = next((h for h in self.scripts if call.url.startswith(h)), None)
         if host is None or not self.scripts[host]:
             raise AssertionError(f"no scripted answer for {call.url}")

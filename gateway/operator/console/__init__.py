@@ -86,11 +86,16 @@ ENDPOINTS = {
         "POST /v1/responses",
         "POST /v1/messages",
         "POST /v1beta/models/{model}:generateContent",
+        "POST /v1/completions",
     ],
     "embeddings": ["POST /v1/embeddings", "POST /v1beta/models/{model}:embedContent"],
     "images": ["POST /v1/images/generations"],
-    "audio": ["POST /v1/audio/transcriptions", "POST /v1/audio/speech"],
-    "rerank": ["POST /v1/rerank"],
+    "audio": [
+        "POST /v1/audio/transcriptions",
+        "POST /v1/audio/translations",
+        "POST /v1/audio/speech",
+    ],
+    "rerank": ["POST /v1/rerank", "POST /v2/rerank"],
 }
 USAGE_DAYS = 30
 USAGE_RECORDS = 100  # a page of the key's records, unless the request asks for up to 1000

@@ -23,7 +23,6 @@ an anthropic client and is ignored by the decoder.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Callable
 from typing import ClassVar
@@ -45,6 +44,8 @@ BEDROCK_VERSION = "bedrock-2023-05-31"
 DROPPED = frozenset({"model", "stream"})
 HEADERS = {"content-type": "application/json", "accept": "application/json"}
 TYPE_PREFIX = b'{"type":"'  # how Anthropic's events begin
+BYTES_PREFIX = b'{"bytes":"'  # how Bedrock's chunk events begin
+CHUNK = "chunk"  # the event type of an invoke stream's Messages events
 
 
 def invoke_body(body: dict[str, JSON], beta: str | None = None) -> dict[str, JSON]:
@@ -94,16 +95,28 @@ def _event_name(data: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def chunk_event(data: bytes) -> SSEEvent:
+    """A ``chunk`` event's payload -> the Messages stream event it carries. Its ``bytes`` is
+    read without parsing when it comes first, as Bedrock writes it (base64 holds no quote or
+    escape), else from the JSON."""
+    try:
+        if data.startswith(BYTES_PREFIX) and (end := data.find(b'"', len(BYTES_PREFIX))) > 0:
+            text: bytes | str = data[len(BYTES_PREFIX) : end]
+        else:
+            text = orjson.loads(data)["bytes"]
+            if not isinstance(text, str):
+                raise TypeError("bytes")
+        inner = binascii.a2b_base64(text, strict_mode=True)
+    except (orjson.JSONDecodeError, binascii.Error, KeyError, TypeError, ValueError):
+        raise UpstreamError("upstream sent a malformed chunk event") from None
+    return SSEEvent(_event_name(inner), inner)
+
+
 def messages_event(event: SSEEvent) -> SSEEvent | None:
     """One event of an invoke stream -> the Messages stream event it carries (named by its
     ``type``), an exception -> a Messages ``error`` event; None for other events."""
-    if event.event == "chunk":
-        try:
-            payload = orjson.loads(event.data)
-            data = base64.b64decode(payload["bytes"], validate=True)
-        except (orjson.JSONDecodeError, binascii.Error, KeyError, TypeError, ValueError):
-            raise UpstreamError("upstream sent a malformed chunk event") from None
-        return SSEEvent(_event_name(data), data)
+    if event.event == CHUNK:
+        return chunk_event(event.data)
     if is_exception(event):
         return SSEEvent("error", orjson.dumps(error_body(stream_error(event))))
     return None
@@ -119,10 +132,11 @@ class InvokeStreamDecoder:
         self._inner = AnthropicStreamDecoder(ctx)
 
     def feed(self, event: SSEEvent) -> list[ChatChunk]:
+        if event.event == CHUNK:  # nearly every event: looked at first
+            return self._inner.feed(chunk_event(event.data))
         if is_exception(event):
             raise stream_error(event)
-        inner = messages_event(event)
-        return self._inner.feed(inner) if inner is not None else []
+        return []
 
     def close(self) -> list[ChatChunk]:
         return self._inner.close()

@@ -11,7 +11,7 @@ import orjson
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols.base import Ctx, RouteMatch, UpstreamCall, UpstreamTarget
 from gateway.protocols.openai.reply import error_body, stream_error
-from gateway.protocols.openai.request import headers, with_usage
+from gateway.protocols.openai.request import headers, output_limit, with_usage
 from gateway.protocols.openai.stream import EVENT_STREAM, load_chunk
 from gateway.protocols.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, Usage
@@ -30,6 +30,7 @@ MODEL_VALUE = re.compile(rb'"model": *("[^"\\]*(?:\\.[^"\\]*)*")')
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:
     payload["model"] = target.model
+    output_limit(payload, target)
     if target.stream and not route.include_usage:  # match() read it from the body
         payload["stream_options"] = with_usage(payload.get("stream_options"))
     return UpstreamCall(
@@ -81,6 +82,9 @@ class OpenAIPassthrough:
         "_checked",
         "generated",
     )
+    # what precedes a chunk's generated text and tool arguments (counted for a stream cut
+    # short; legacy completions' ``text`` in their pass-through)
+    TEXT_MARKS = (b'"content":"', b'"arguments":"')
 
     def __init__(self, ctx: Ctx, target: UpstreamTarget) -> None:
         self.content_type = EVENT_STREAM
@@ -126,7 +130,8 @@ class OpenAIPassthrough:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
             if not self._checked:
                 self._check_first(block)
-            self.generated += block.count(b'"content":"') + block.count(b'"arguments":"')
+            text, arguments = self.TEXT_MARKS
+            self.generated += block.count(text) + block.count(arguments)
         error = _trailing_error(block)
         if self._include_usage and error < 0:
             key = block.rfind(b'"usage"')
@@ -212,7 +217,8 @@ class OpenAIPassthrough:
             self._checked = True
             if event.data != b"[DONE]":
                 load_chunk(event.data)
-        self.generated += event.data.count(b'"content":"') + event.data.count(b'"arguments":"')
+        text, arguments = self.TEXT_MARKS
+        self.generated += event.data.count(text) + event.data.count(arguments)
         framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
         self._last = framed
         replaced = self._event(event.data)

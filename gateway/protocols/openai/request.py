@@ -13,6 +13,7 @@ from gateway.protocols.fields import REQUEST
 from gateway.types import JSON, ChatRequest
 
 DROP_UPSTREAM = ("top_k",)
+COMPLETION_LIMIT = "max_completion_tokens"
 MESSAGE_EXTENSIONS = ("reasoning_signature", "redacted_reasoning", "reasoning_content", "is_error")
 
 
@@ -88,9 +89,18 @@ def with_usage(options: JSON) -> JSON:
     return {**(options if isinstance(options, dict) else {}), "include_usage": True}
 
 
+def output_limit(body: dict[str, JSON], target: UpstreamTarget) -> None:
+    """``max_tokens`` moved to ``max_completion_tokens`` for an upstream model that takes only
+    that (``target.max_tokens_field``); a body that has both keeps the latter."""
+    if target.max_tokens_field == COMPLETION_LIMIT and "max_tokens" in body:
+        limit = body.pop("max_tokens")
+        body.setdefault(COMPLETION_LIMIT, limit)
+
+
 def encode_request(req: ChatRequest, target: UpstreamTarget) -> UpstreamCall:
     body: dict[str, JSON] = {k: v for k, v in req.items() if k not in DROP_UPSTREAM}
     body["model"] = target.model
+    output_limit(body, target)
     body["messages"] = _strip_extensions(REQUEST.opt_array(body.get("messages"), "messages"))
     if target.stream:
         body["stream"] = True

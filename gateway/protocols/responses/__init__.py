@@ -5,7 +5,9 @@ type; the reply and the stream convert back (``reply``, ``stream``). An openai c
 ``responses: true`` gets the body unconverted (``passthrough``). Errors are in the OpenAI
 shape, so the ``openai`` SDK raises its typed errors; after a stream started, an error arrives
 as ``response.failed``. Nothing is kept: ``store`` is always false, and a request that needs a
-kept response (``previous_response_id``, ``conversation``) is refused with a 400.
+kept response (``previous_response_id``, ``conversation``) is refused with a 400. A request
+body's tokens are counted at ``POST /v1/responses/input_tokens`` (``Counting``): by the
+channel where its protocol counts, else by the local estimate.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class ResponsesAdapter:
 
     def encode_error(self, err: GatewayError) -> tuple[int, JSON]:
         return err.status, error_body(err)
+
+    # token counting (``POST /v1/responses/input_tokens``) ----------------------------------
+    def encode_count(self, tokens: int, ctx: Ctx) -> JSON:
+        return {"object": "response.input_tokens", "input_tokens": tokens}
 
     # passthrough -------------------------------------------------------------------------
     def passthrough_request(
