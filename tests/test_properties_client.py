@@ -18,9 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.errors import GatewayError, InvalidRequestError
-from gateway.kinds.chat import PASSTHROUGH, max_output
+from gateway.kinds.chat import max_output
 from gateway.kinds.embeddings import EMBEDDINGS, estimate_tokens
 from gateway.kinds.media import IMAGES, RERANK, SPEECH, MediaKind
+from gateway.kinds.wire import PASSTHROUGH
 from gateway.policy.tokens import estimate_prompt_tokens
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import Counter, RouteMatch, UpstreamTarget

@@ -29,9 +29,10 @@ from hypothesis import strategies as st
 from gateway.config import MAX_PRICE, PRICE_FIELDS, Price
 from gateway.errors import GatewayError
 from gateway.kinds.audio import transcription_used
-from gateway.kinds.chat import PASSTHROUGH, ChatJob, chat_used, stream_used
+from gateway.kinds.chat import ChatJob, chat_used, stream_used
 from gateway.kinds.embeddings import EMBEDDINGS
 from gateway.kinds.media import IMAGES, RERANK, SPEECH
+from gateway.kinds.wire import PASSTHROUGH
 from gateway.policy.billing import MAX_COST, Metered, Rate, billable_tokens
 from gateway.protocols import ADAPTERS, CLIENTS
 from gateway.protocols.base import ConvertedStream, Counter, Ctx, RouteMatch, UpstreamTarget
