@@ -169,6 +169,14 @@ async def root(request: Request) -> Response:
     return JSONResponse({"service": "model-gateway", "version": __version__})
 
 
+async def unrouted(request: Request, exc: Exception) -> Response:
+    """A path under a mounted tree (``/admin/...``, ``/console/...``) that none of its routes
+    matches: the same JSON 404 as any unknown path, not Starlette's plain text."""
+    err = UnknownURLError(f"Unknown request URL: {request.method} {request.url.path}")
+    status, body = CLIENTS[protocol_of_path(request.url.path)].encode_error(err)
+    return JSONResponse(body, status_code=status)
+
+
 class NotFoundApp:
     """Unknown paths: 404 in the protocol the path belongs to (any method)."""
 
@@ -337,7 +345,11 @@ def create_app(
         attempts,
         services.observers,
     )
-    app = Starlette(routes=own_routes(services), lifespan=Lifespan(services))
+    app = Starlette(
+        routes=own_routes(services),
+        lifespan=Lifespan(services),
+        exception_handlers={404: unrouted},
+    )
     app.state.gateway = services
     app.state.console = Signer(services.cache, settings.admin_token)
     return GatewayApp(app, relay, services)

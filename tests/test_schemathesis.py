@@ -71,6 +71,9 @@ MODELS = {
     "/v1/audio/speech": ["tts-small"],
     "/v1/audio/transcriptions": ["whisper-small"],
     "/v1/rerank": ["rerank-small"],
+    "/v2/rerank": ["rerank-small"],
+    "/v1/completions": ["chat-small"],  # legacy completions: openai-type channels only
+    "/v1/responses/input_tokens": CHAT_MODELS,
     "{model}": CHAT_MODELS,  # the generate-content paths, the model lookups
     "{model}:embedContent": ["embed-gm", "embed-small"],
     "{model}:batchEmbedContents": ["embed-gm", "embed-small"],
@@ -129,6 +132,9 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], Any]] = {
     ("POST", "/v1/audio/speech"): ({}, {"model": "tts-small", "input": "hi", "voice": "alloy"}),
     ("POST", "/v1/audio/transcriptions"): ({}, {"model": "whisper-small", "file": "RIFF...."}),
     ("POST", "/v1/rerank"): ({}, {"model": "rerank-small", "query": "q", "documents": ["a"]}),
+    ("POST", "/v2/rerank"): ({}, {"model": "rerank-small", "query": "q", "documents": ["a"]}),
+    ("POST", "/v1/completions"): ({}, {"model": "chat-small", "prompt": "hi", "max_tokens": 8}),
+    ("POST", "/v1/responses/input_tokens"): ({}, {"model": "claude-small", "input": "hi"}),
     ("GET", "{model}"): ({"model": "chat-small"}, None),
     ("POST", "{model}:generateContent"): ({"model": "gemini-small"}, {"contents": CONTENTS}),
     ("POST", "{model}:streamGenerateContent"): (
