@@ -641,6 +641,50 @@ async def test_cache_balance_counts_writer_debits_before_and_after_flush(store: 
         await cache.stop()
 
 
+class PausingStore:
+    """A store whose ``settle`` commits, then waits for ``resume`` before it returns: the
+    moment a reload reading the store would see a debit the cache still holds as pending."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.committed = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def settle(self, batch: Sequence[UsageRecord]) -> None:
+        await self.inner.settle(batch)
+        self.committed.set()
+        await self.resume.wait()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_reload_during_a_settle_never_counts_its_debits_twice(store: Store) -> None:
+    """A key with quota left was refused (402) after a burst: a reload that read the store
+    while the writer's settle returned counted the burst's debits twice for a tick."""
+    await store.create_account("alice", 1_000)
+    pausing = PausingStore(store)
+    cache = Cache(pausing, interval=3600)  # type: ignore[arg-type]
+    await cache.start()
+    writer = UsageWriter(pausing, cache)  # type: ignore[arg-type]
+    await writer.start()
+    try:
+        for i in range(3):
+            writer.submit(usage_rec(i, cost=100))
+        flushed = asyncio.create_task(writer.flush())
+        await pausing.committed.wait()  # in the store, not yet known to the cache as settled
+        reload = asyncio.create_task(cache.refresh())
+        for _ in range(20):
+            await asyncio.sleep(0)  # a reload that could read the store has read it now
+        pausing.resume.set()
+        await asyncio.gather(flushed, reload)
+        assert cache.balance("alice") == 700
+    finally:
+        pausing.resume.set()
+        await writer.stop()
+        await cache.stop()
+
+
 # -- writer --------------------------------------------------------------------------------
 
 

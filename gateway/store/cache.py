@@ -24,8 +24,10 @@ Local debits are tracked until the store's snapshot certainly includes them, so 
 - ``settled()`` (called by the writer once ``store.settle`` returned) moves the amounts to
   ``unseen``, tagged with a sequence number;
 - a reload drops the ``unseen`` amounts settled before it started reading: those are in the
-  snapshot. Amounts settled while it was reading stay until the next reload, so a balance may
-  show a just-settled debit twice for one tick (briefly lower, never higher than the truth).
+  snapshot. The writer settles under the reload's lock (``settling()``), so no reload reads
+  the store between a settle and its ``settled()``: one that did would read the debit in the
+  store while it is still pending here, count it twice, and refuse an account or a key with
+  money left for a tick (a key with a quota was refused its next request that way).
 
 A failed reload (the store briefly down) logs one line, keeps the old snapshot and tries again
 on the next tick.
@@ -301,6 +303,11 @@ class Cache:
             self._held[entry] = left
         else:
             self._held.pop(entry, None)
+
+    def settling(self) -> asyncio.Lock:
+        """Held by the writer around ``store.settle`` and its ``settled()``: a reload waits
+        for both, so it never reads a debit that is still pending here."""
+        return self._lock
 
     def settled(self, amounts: Mapping[str, int]) -> None:
         """The writer stored these debits (per account, and per ``KEY_SLOT`` + key id): the

@@ -223,7 +223,7 @@ class UsageWriter:
         attempt = 0
         while True:
             try:
-                await self._store.settle(batch)
+                await self._settle(batch)
                 break
             except Exception as exc:
                 raise_if_cancelled()
@@ -251,19 +251,22 @@ class UsageWriter:
             log.info("writer.settle_recovered records=%d attempts=%d", len(batch), attempt + 1)
         await self._settled(batch)
 
+    async def _settle(self, batch: Sequence[UsageRecord]) -> None:
+        """``store.settle``, and the cache told its debits are in the store, with no reload of
+        the cache in between (``Cache.settling``)."""
+        cache = self._cache
+        if cache is None:
+            await self._store.settle(batch)
+            return
+        async with cache.settling():
+            await self._store.settle(batch)
+            cache.settled(debits(batch))
+
     async def _settled(self, batch: Sequence[UsageRecord]) -> None:
-        """Count a batch the store took, and tell the cache (its debits are in the store)
-        and the journal (the records need not be kept)."""
+        """Count a batch the store took, and tell the journal (the records need not be
+        kept)."""
         if self._journal is not None:
             self._journal.settled(batch)
-        if self._cache is not None:
-            amounts: dict[str, int] = {}
-            for rec in batch:
-                if rec.cost:
-                    amounts[rec.account] = amounts.get(rec.account, 0) + rec.cost
-                    slot = KEY_SLOT + rec.key_id
-                    amounts[slot] = amounts.get(slot, 0) + rec.cost
-            self._cache.settled(amounts)
         async with self._progress:
             self._written += len(batch)
             self._progress.notify_all()
@@ -308,7 +311,7 @@ class UsageWriter:
         """Try each parked record once, on its own."""
         for rec in list(self._parked):
             try:
-                await self._store.settle([rec])
+                await self._settle([rec])
             except Exception:
                 raise_if_cancelled()
                 continue
@@ -329,3 +332,14 @@ class UsageWriter:
 def _wake(waker: asyncio.Future[None]) -> None:
     if not waker.done():
         waker.set_result(None)
+
+
+def debits(batch: Sequence[UsageRecord]) -> dict[str, int]:
+    """What a batch debits, per account and per ``KEY_SLOT`` + key id."""
+    amounts: dict[str, int] = {}
+    for rec in batch:
+        if rec.cost:
+            amounts[rec.account] = amounts.get(rec.account, 0) + rec.cost
+            slot = KEY_SLOT + rec.key_id
+            amounts[slot] = amounts.get(slot, 0) + rec.cost
+    return amounts
