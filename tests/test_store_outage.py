@@ -221,13 +221,27 @@ def missing_database(redis_url: str) -> str:
     return redis_url.rsplit("/", 1)[0] + "/99"
 
 
-async def test_a_redis_database_that_does_not_exist_ends_start_up_with_one_line(
-    redis_url: str, tmp_path: Path
+def wrong_password(redis_url: str) -> str:
+    """The test Redis (no password set) named with a user and password it does not know."""
+    return redis_url.replace("redis://", "redis://nobody:not-the-password@", 1)
+
+
+NEVER_WORKS = {
+    "database": (missing_database, "redis database 99 does not exist"),
+    "password": (wrong_password, "redis on 127.0.0.1:"),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(NEVER_WORKS))
+async def test_a_redis_store_that_can_never_work_ends_start_up_with_one_line(
+    problem: str, redis_url: str, tmp_path: Path
 ) -> None:
-    """Not 'not ready, retrying' for ever: a configuration error, exit code 2."""
+    """Not 'not ready, retrying' for ever: a configuration error, exit code 2; the line never
+    holds the password."""
+    url_of, said = NEVER_WORKS[problem]
     config = tmp_path / "gateway.yaml"
     config.write_text(
-        f"store: {missing_database(redis_url)}\nadmin_token: t\ngroups: [default]\n"
+        f"store: {url_of(redis_url)}\nadmin_token: t\ngroups: [default]\n"
         f"models: []\nchannels: []\njournal: {tmp_path}/journal\n"
     )
     proc = await asyncio.create_subprocess_exec(
@@ -243,7 +257,8 @@ async def test_a_redis_database_that_does_not_exist_ends_start_up_with_one_line(
     assert proc.returncode == 2
     lines = err.decode().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith("gateway: config error: store: redis database 99 does not exist")
+    assert lines[0].startswith(f"gateway: config error: store: {said}")
+    assert "not-the-password" not in lines[0]
     assert out == b""
 
 

@@ -5,7 +5,8 @@ backends import.
 A store that does not answer may answer later (the gateway serves 503 and retries); one whose
 URL names what cannot exist never will: ``permanent_problem`` tells the two apart, so that
 start-up fails with one line (exit code 2, as for any configuration error) instead of
-retrying for ever. Today that is a Redis database number past the server's ``databases``.
+retrying for ever: a Redis database number past the server's ``databases``, or credentials
+the server refuses (a wrong password is as permanent as a typo in the host is not).
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import asyncio
 import sqlite3
 from urllib.parse import urlsplit
 
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from gateway.store import Store, StoreError
 from gateway.store.redis import RedisStore
@@ -45,14 +51,18 @@ def open_store(url: str) -> Store:
 def permanent_problem(exc: BaseException, url: str) -> str | None:
     """What makes the store of ``url`` never work, from what opening it raised; None when
     the failure may pass (not reachable, not answering in time: keep retrying)."""
+    parts = urlsplit(url)  # named without its password
+    where = f"{parts.hostname}:{parts.port or 6379}"
     if isinstance(exc, ResponseError) and "DB index is out of range" in str(exc):
-        parts = urlsplit(url)  # named without its password
-        where = f"{parts.hostname}:{parts.port or 6379}"
         db = parts.path.lstrip("/") or "0"
         return (
             f"redis database {db} does not exist on {where} (a Redis server has the "
             f"databases 0 to its 'databases' setting less one: 0-15 by default)"
         )
+    if isinstance(exc, AuthenticationError):
+        # the server's own words name no secret: "invalid username-password pair", "AUTH
+        # <password> called without any password configured", "Authentication required"
+        return f"redis on {where} refused the store URL's credentials ({exc})"
     return None
 
 
