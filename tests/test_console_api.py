@@ -314,6 +314,30 @@ async def test_a_disabled_key_s_sessions_end_for_good(fake: Any, store_url: str)
         assert await me_status(c, fresh) == 401
 
 
+async def test_an_expired_key_given_a_new_expiry_keeps_its_old_sessions_over(
+    fake: Any, store_url: str
+) -> None:
+    """A key that lapsed and was extended is like one disabled and enabled again: the console
+    session it had stays over; a new sign-in works."""
+    settings = parse_settings(make_config(fake.url, store_url))
+    async with serve_app(settings) as a:
+        async with session() as s:
+            await sign_in(s, a, KEYS["alice"])
+            old = next(c for c in s.cookie_jar if c.key == "gw_console").value
+        assert await me_status(a, old) == 200
+        async with aiohttp.ClientSession() as s:
+            for when in ("2001-01-01T00:00:00Z", "2099-01-01T00:00:00Z"):
+                body = {"expires_at": when}
+                async with s.patch(a.url + "/admin/keys/k-alice", json=body, headers=ADMIN) as r:
+                    assert r.status == 200
+                assert await me_status(a, old) == 401
+        assert await key_works(a, KEYS["alice"])  # the key itself works again
+        async with session() as s:
+            await sign_in(s, a, KEYS["alice"])
+            fresh = next(c for c in s.cookie_jar if c.key == "gw_console").value
+        assert await me_status(a, fresh) == 200
+
+
 async def me_status(gw: ServedGateway, cookie: str) -> int:
     async with aiohttp.ClientSession(headers={"cookie": f"gw_console={cookie}"}) as s:
         async with s.get(gw.url + "/console/me") as r:

@@ -367,8 +367,11 @@ async def update_key(
         names = body["models"] if "models" in body else current.models
         if isinstance(names, list | tuple):
             _models_in_group(names, live, group)
+    lapsed = False
     if "expires_at" in body:
         changes["expires_at"] = _time(body["expires_at"], "expires_at")
+        expires = (await get_key(store, key_id)).expires_at
+        lapsed = expires is not None and expires <= datetime.now(UTC)
     if "name" in body:
         changes["name"] = _name(body["name"])
     if not changes:
@@ -377,7 +380,9 @@ async def update_key(
         rec = await store.update_key(key_id, changes)
     except MissingError:
         raise NotFoundError(f"key {key_id!r} not found") from None
-    if changes.get("status") == "disabled":
+    # an expired key given a new expiry is like a disabled one enabled again: the sessions
+    # it had when it lapsed stay over
+    if changes.get("status") == "disabled" or lapsed:
         await end_key_sessions(store, rec)
     return rec
 
