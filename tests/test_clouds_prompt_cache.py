@@ -109,3 +109,40 @@ async def test_converse_cache_usage_is_read_into_the_classes(
     assert fake.requests[-1].path == MODELS["bed-nova"][2 if stream else 1]
     assert (rec.prompt_tokens, rec.cache_read_tokens, rec.cache_write_tokens) == (3000, 2000, 600)
     assert exact(rec) == priced(rec) == Decimal("0.0042")  # 400x3 + 2000x0.3 + 600x3.75 + 10x15
+
+
+def messages(model: str, turns: int, stream: bool) -> dict[str, Any]:
+    """Claude Code's shape: its own marks on the system prompt and the last block."""
+    body = chat(model, turns, stream)
+    history = body["messages"][1:]
+    history[-1] = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": history[-1]["content"], "cache_control": {"type": "ephemeral"}}
+        ],
+    }
+    system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    return {"model": model, "max_tokens": 256, "system": system, "messages": history,
+            "stream": stream}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", ["bed-claude", "vx-claude"])
+async def test_a_messages_client_on_a_cloud_keeps_its_marks_and_is_billed_its_cache(
+    fake: FakeUpstream, gateway_factory: Factory, model: str, stream: bool
+) -> None:
+    headers = {**HEADERS, "anthropic-version": "2023-06-01"}
+    async with gateway_factory(**priced_config(fake)) as gw, aiohttp.ClientSession() as s:
+        for turns in (1, 2):
+            async with s.post(gw.v1 + "/messages", json=messages(model, turns, stream),
+                              headers=headers) as r:  # fmt: skip
+                assert r.status == 200, await r.text()
+                await r.read()
+        await gw.state.writer.flush()
+        first, second = sorted(await gw.state.store.usage("alice", limit=5), key=lambda r: r.time)
+    sent = [q.json for q in fake.requests if q.path != "/token"]
+    assert [marks(body) for body in sent] == [2, 2]  # the client's own, passed through
+    assert first.cache_read_tokens == 0 and first.cache_write_tokens > 1000
+    assert second.cache_read_tokens == first.cache_write_tokens and second.cache_write_tokens > 0
+    for rec in (first, second):
+        assert rec.protocol == "anthropic" and exact(rec) == priced(rec) > 0
