@@ -3,13 +3,14 @@ Azure OpenAI wire formats on one port.
 
     python -m bench.fake_upstream [--host 127.0.0.1] [--port 9001] [--require-key K]
                                   [--chunks N] [--first-ms X] [--delay-ms Y]
-                                  [--service-account FILE]
+                                  [--service-account FILE] [--no-prompt-cache]
 
 Serves the demo channels of ``make run`` (openai at ``/v1``, anthropic, gemini and bedrock at
 the root; bedrock requests must be signed with SigV4 by ``bench.fake.aws_auth``'s test key,
 azure ones carry ``bench.fake.azure``'s key; vertex ones a token of its ``/token`` endpoint,
 which knows the service account whose key file ``--service-account`` writes: a vertex
-channel's ``credentials``) and the benchmarks' paced streams. In tests: ``async with
+channel's ``credentials``) and the benchmarks' paced streams. Its usage reports the providers'
+prompt caches (``bench.fake.prompt_cache``) unless ``--no-prompt-cache``. In tests: ``async with
 FakeUpstream() as fake`` (see ``bench.fake``). Prints one line once listening; nothing per request.
 """
 
@@ -39,13 +40,23 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the key file of a service account the token endpoint knows (vertex)",
     )
+    parser.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="report no prompt-cache reads or writes (every prompt fresh)",
+    )
     return parser
 
 
 async def _serve(args: argparse.Namespace) -> None:
     defaults = Defaults(chunks=args.chunks, first_ms=args.first_ms, delay_ms=args.delay_ms)
     fake = FakeUpstream(
-        args.host, args.port, require_key=args.require_key, defaults=defaults, record=False
+        args.host,
+        args.port,
+        require_key=args.require_key,
+        defaults=defaults,
+        record=False,
+        prompt_cache=not args.no_prompt_cache,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

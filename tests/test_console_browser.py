@@ -379,7 +379,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     # the only request of this key was free: no chart of zeros, an empty state instead
     await page.get_by_text("No cost in the last 30 days.").wait_for()
     assert await page.get_by_text("highest 1 a day").count() == 0
-    await page.get_by_role("cell", name="console-model").wait_for()
+    await page.locator("#usage-results").get_by_role("cell", name="console-model").wait_for()
     assert await page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     await shot(page, "09-phone-usage")
     await page.get_by_role("button", name="Sign out").click()

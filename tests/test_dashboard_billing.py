@@ -150,3 +150,55 @@ async def test_a_sqlite_file_from_before_the_daily_totals_gets_them_from_its_rec
         assert (row.requests, row.prompt_tokens, row.completion_tokens, row.cost) == (3, 9, 12, 30)
     finally:
         await store.close()
+
+
+def cached(i: int, read: int, write: int, when: datetime) -> UsageRecord:
+    return UsageRecord(when, f"c{i}", "alice", "k-alice", "claude-small", "an", "anthropic",
+                       "chat", 1000, 4, 10, 200, 5, "", cache_read_tokens=read,
+                       cache_write_tokens=write)  # fmt: skip
+
+
+async def test_daily_totals_keep_the_cache_classes(gateway: ServedGateway) -> None:
+    """The overview's cache hit rates come from the days' totals, never from every record."""
+    when = datetime(2026, 3, 4, 12, tzinfo=UTC)
+    await gateway.state.store.settle([cached(0, 0, 900, when), cached(1, 900, 50, when),
+                                      cached(2, 950, 0, when)])  # fmt: skip
+    (row,) = await gateway.state.store.usage_daily("2026-03-04", "2026-03-04", "alice")
+    assert (row.requests, row.prompt_tokens) == (3, 3000)
+    assert (row.cache_read_tokens, row.cache_write_tokens) == (1850, 950)
+    async with aiohttp.ClientSession() as s:
+        url = gateway.url + "/admin/usage/daily?since=2026-03-04&until=2026-03-04"
+        status, body = await get(s, url, ADMIN)
+    assert status == 200
+    (day,) = body["data"]
+    assert (day["cache_read_tokens"], day["cache_write_tokens"]) == (1850, 950)
+
+
+async def test_a_sqlite_file_from_before_the_daily_cache_classes_gets_them(
+    tmp_path: Any,
+) -> None:
+    import sqlite3
+
+    from gateway.store.sqlite import SQLiteStore
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    when = datetime(2026, 3, 4, 12, tzinfo=UTC)
+    store = SQLiteStore(url)
+    await store.open()
+    await store.settle([cached(0, 0, 900, when)])
+    await store.close()
+    conn = sqlite3.connect(tmp_path / "old.db")
+    for column in ("cache_read_tokens", "cache_write_tokens"):
+        conn.execute(f"ALTER TABLE usage_daily DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(url)
+    await store.open()
+    try:
+        (row,) = await store.usage_daily("2026-03-04", "2026-03-04")
+        assert (row.requests, row.cache_read_tokens, row.cache_write_tokens) == (1, 0, 0)
+        await store.settle([cached(1, 900, 50, when)])
+        (row,) = await store.usage_daily("2026-03-04", "2026-03-04")
+        assert (row.requests, row.cache_read_tokens, row.cache_write_tokens) == (2, 900, 50)
+    finally:
+        await store.close()

@@ -85,6 +85,30 @@ def test_every_builtin_row_has_a_date_a_source_and_sane_prices() -> None:
     assert sonnet is not None and (sonnet.input, sonnet.cache_write) == (3, 3.75)
 
 
+# the providers' published rules for cached input, as ratios of the input price: (provider,
+# model prefix) -> (cache read, cache write); the first prefix that matches decides
+CACHE_RULES = [
+    (("anthropic", "claude-3-haiku"), (0.12, 1.2)),  # published rounded: 0.03 and 0.30 of 0.25
+    (("anthropic", "claude"), (0.1, 1.25)),  # reads 0.1x, 5-minute writes 1.25x
+    (("openai", "gpt-4o"), (0.5, 1.0)),
+    (("openai", "gpt-4.1"), (0.25, 1.0)),
+    (("openai", "o"), (0.25, 1.0)),  # o3, o4-mini
+    (("openai", "gpt-5"), (0.1, 1.0)),
+    (("gemini", "gemini"), (0.1, 1.0)),  # the 2.5 and 3 families' cached input
+]
+
+
+@pytest.mark.parametrize("row", list(builtin().rows.values()), ids=lambda r: r.model)
+def test_cache_prices_follow_the_providers_rules(row: Any) -> None:
+    rule = next(
+        (r for (p, m), r in CACHE_RULES if row.provider == p and row.model.startswith(m)), None
+    )
+    if rule is None or row.cache_read is None:  # another provider's, or no cached price at all
+        assert row.provider not in ("anthropic", "gemini") or row.cache_read is not None
+        return
+    assert (row.ratio(row.cache_read), row.ratio(row.cache_write)) == pytest.approx(rule), row
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [

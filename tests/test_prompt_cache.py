@@ -83,6 +83,7 @@ def test_prompt_cache_is_on_for_anthropic_channels_by_default() -> None:
     assert settings({"type": "anthropic"}).channels[0].prompt_cache is True
     assert settings({"type": "anthropic", "prompt_cache": "off"}).channels[0].prompt_cache is False
     assert settings({"type": "openai"}).channels[0].prompt_cache is False
+    assert settings({"type": "bedrock", "region": "us-east-1"}).channels[0].prompt_cache is True
     with pytest.raises(ConfigError, match=r"^channels\[0\]\.prompt_cache: only anthropic"):
         settings({"type": "openai", "prompt_cache": "auto"})
     with pytest.raises(ConfigError, match=r"^channels\[0\]\.prompt_cache: must be auto or off"):

@@ -64,8 +64,8 @@ def error_payload(
 
 def usage(plan: Plan) -> dict[str, Any]:
     return {
-        "input_tokens": plan.prompt_tokens - plan.cached_tokens,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": plan.prompt_tokens - plan.cached_tokens - plan.cache_write_tokens,
+        "cache_creation_input_tokens": plan.cache_write_tokens,
         "cache_read_input_tokens": plan.cached_tokens,
         "output_tokens": plan.completion_tokens,
         "service_tier": "standard",

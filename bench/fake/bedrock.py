@@ -189,13 +189,13 @@ def from_invoke(body: dict[str, Any]) -> Incoming:
 # replies -------------------------------------------------------------------------------------
 def usage(plan: Plan) -> dict[str, int]:
     out = {
-        "inputTokens": plan.prompt_tokens - plan.cached_tokens,
+        "inputTokens": plan.prompt_tokens - plan.cached_tokens - plan.cache_write_tokens,
         "outputTokens": plan.completion_tokens,
         "totalTokens": plan.prompt_tokens + plan.completion_tokens,
     }
-    if plan.cached_tokens:
+    if plan.cached_tokens or plan.cache_write_tokens:
         out["cacheReadInputTokens"] = plan.cached_tokens
-        out["cacheWriteInputTokens"] = 0
+        out["cacheWriteInputTokens"] = plan.cache_write_tokens
     return out
 
 

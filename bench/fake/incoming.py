@@ -38,12 +38,20 @@ class Incoming:
         return max(1, (self.text_chars + 3) // 4 + IMAGE_TOKENS * len(self.images))
 
 
-class _Counter:
+class Counter:
+    """Characters and image parts counted, the measure of the fake's token estimate."""
+
     __slots__ = ("chars", "images")
 
     def __init__(self) -> None:
         self.chars = 0
         self.images: list[str] = []
+
+    @property
+    def tokens(self) -> int:
+        """The estimate of what was counted, rounded down (a prefix never outgrows the whole
+        prompt's ``Incoming.prompt_tokens``)."""
+        return self.chars // 4 + IMAGE_TOKENS * len(self.images)
 
     def text(self, value: Any) -> str:
         if isinstance(value, str):
@@ -81,6 +89,29 @@ def _last_turn(messages: list[Any]) -> int:
     return len(messages) - 1
 
 
+def openai_message(msg: dict[str, Any], count: Counter) -> list[str]:
+    """Count one chat-completions message; its text parts."""
+    content = msg.get("content")
+    texts: list[str] = []
+    if isinstance(content, str):
+        texts.append(count.text(content))
+    elif isinstance(content, list):
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind == "text":
+                texts.append(count.text(part.get("text")))
+            elif kind == "image_url":
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else image
+                count.images.append(_data_url_type(url))
+    for call in msg.get("tool_calls") or ():
+        if isinstance(call, dict) and isinstance(call.get("function"), dict):
+            count.text(call["function"].get("arguments"))
+    return texts
+
+
 def from_openai(payload: Any) -> Incoming:
     if not isinstance(payload, dict):
         raise RequestShapeError("We could not parse the JSON body of your request.")
@@ -89,30 +120,13 @@ def from_openai(payload: Any) -> Incoming:
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestShapeError("Missing required parameter: 'messages'.", "messages")
-    count = _Counter()
+    count = Counter()
     last_user: str | None = None
     last = _last_turn(messages)
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"Invalid type for 'messages[{i}]'.", f"messages[{i}]")
-        content = msg.get("content")
-        texts: list[str] = []
-        if isinstance(content, str):
-            texts.append(count.text(content))
-        elif isinstance(content, list):
-            for part in content:
-                if not isinstance(part, dict):
-                    continue
-                kind = part.get("type")
-                if kind == "text":
-                    texts.append(count.text(part.get("text")))
-                elif kind == "image_url":
-                    image = part.get("image_url")
-                    url = image.get("url") if isinstance(image, dict) else image
-                    count.images.append(_data_url_type(url))
-        for call in msg.get("tool_calls") or ():
-            if isinstance(call, dict) and isinstance(call.get("function"), dict):
-                count.text(call["function"].get("arguments"))
+        texts = openai_message(msg, count)
         if i == last:
             last_user = "\n".join(texts) if msg.get("role") == "user" else None
     first_tool = None
@@ -135,7 +149,7 @@ def from_openai(payload: Any) -> Incoming:
     )
 
 
-def _anthropic_blocks(content: Any, count: _Counter, texts: list[str] | None) -> None:
+def anthropic_blocks(content: Any, count: Counter, texts: list[str] | None) -> None:
     if isinstance(content, str):
         text = count.text(content)
         if texts is not None:
@@ -156,7 +170,7 @@ def _anthropic_blocks(content: Any, count: _Counter, texts: list[str] | None) ->
             media = source.get("media_type") if isinstance(source, dict) else None
             count.images.append(media if isinstance(media, str) else "url")
         elif kind == "tool_result":
-            _anthropic_blocks(block.get("content"), count, None)
+            anthropic_blocks(block.get("content"), count, None)
         elif kind == "tool_use":
             count.chars += len(str(block.get("input")))
         elif kind == "thinking":
@@ -176,15 +190,15 @@ def from_anthropic(
         raise RequestShapeError("messages: Field required")
     if not counting and _int_or_none(payload.get("max_tokens")) is None:
         raise RequestShapeError("max_tokens: Field required")
-    count = _Counter()
-    _anthropic_blocks(payload.get("system"), count, None)
+    count = Counter()
+    anthropic_blocks(payload.get("system"), count, None)
     last_user: str | None = None
     last = _last_turn(messages)  # Claude Code sends a system message after the user's turn
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise RequestShapeError(f"messages.{i}: Input should be a valid dictionary")
         texts: list[str] = []
-        _anthropic_blocks(msg.get("content"), count, texts)
+        anthropic_blocks(msg.get("content"), count, texts)
         if i == last and msg.get("role") == "user" and texts:
             last_user = "\n".join(texts)
     tools = payload.get("tools")
@@ -203,7 +217,7 @@ def from_anthropic(
     )
 
 
-def _gemini_parts(content: Any, count: _Counter, texts: list[str] | None) -> None:
+def gemini_parts(content: Any, count: Counter, texts: list[str] | None) -> None:
     parts = content.get("parts") if isinstance(content, dict) else None
     if not isinstance(parts, list):
         return
@@ -233,14 +247,12 @@ def from_gemini(payload: Any) -> Incoming:
     contents = payload.get("contents")
     if not isinstance(contents, list) or not contents:
         raise RequestShapeError("* GenerateContentRequest.contents: contents is not specified\n")
-    count = _Counter()
-    _gemini_parts(
-        payload.get("systemInstruction") or payload.get("system_instruction"), count, None
-    )
+    count = Counter()
+    gemini_parts(payload.get("systemInstruction") or payload.get("system_instruction"), count, None)
     last_user: str | None = None
     for i, content in enumerate(contents):
         texts: list[str] = []
-        _gemini_parts(content, count, texts)
+        gemini_parts(content, count, texts)
         role = content.get("role") if isinstance(content, dict) else None
         if i == len(contents) - 1 and role in (None, "user") and texts:
             last_user = "\n".join(texts)

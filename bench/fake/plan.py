@@ -62,8 +62,9 @@ class Plan:
     stop_sequence: str | None
     prompt_tokens: int  # cached included
     completion_tokens: int  # reasoning included
-    cached_tokens: int
+    cached_tokens: int  # read from the prompt cache
     reasoning_tokens: int
+    cache_write_tokens: int = 0  # written to the prompt cache
 
 
 @functools.lru_cache(maxsize=256)
@@ -146,6 +147,7 @@ def make_plan(
         completion = reply.completion_tokens
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else incoming.prompt_tokens
     cached = min(reply.cached_tokens or 0, prompt)
+    written = min(reply.cache_write_tokens or 0, prompt - cached)
     signature = ""
     if reasoning:
         digest = hashlib.sha256(reasoning.encode()).digest()[:24]
@@ -168,4 +170,5 @@ def make_plan(
         completion_tokens=completion,
         cached_tokens=cached,
         reasoning_tokens=min(reasoning_tokens, completion),
+        cache_write_tokens=written,
     )

@@ -36,6 +36,7 @@ _INT_KEYS = frozenset(
         "prompt_tokens",
         "completion_tokens",
         "cached_tokens",
+        "cache_write_tokens",
         "retry_after",
         "tools",
     }
@@ -86,7 +87,8 @@ class Reply:
     finish: str | None = None  # stop | length | tool_calls | stop_sequence
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # read from the prompt cache (None: the fake's cache)
+    cache_write_tokens: int | None = None  # written to it (Anthropic, Bedrock Converse)
     headers: Mapping[str, str] = field(default_factory=dict)
     retry_after: int | None = None  # seconds, on 429 (Gemini puts it in RetryInfo)
     echo: bool = False  # reply with the last user text, directive removed

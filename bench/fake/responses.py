@@ -29,6 +29,18 @@ def incoming(payload: Any) -> Incoming:
     """The request as chat messages, for the fake's counting and its directive."""
     if not isinstance(payload, dict):
         raise RequestShapeError("We could not parse the JSON body of your request.")
+    tools = [t for t in payload.get("tools") or () if isinstance(t, dict)]
+    chat = {
+        "model": payload.get("model"),
+        "messages": chat_messages(payload),
+        "tools": tools,
+        "max_tokens": payload.get("max_output_tokens"),
+    }
+    return from_openai(chat)
+
+
+def chat_messages(payload: dict[str, Any]) -> list[Any]:
+    """The instructions and input items as chat-completions messages."""
     messages: list[Any] = []
     if isinstance(payload.get("instructions"), str):
         messages.append({"role": "system", "content": payload["instructions"]})
@@ -51,14 +63,7 @@ def incoming(payload: Any) -> Incoming:
         elif kind == "function_call":
             call = {"function": {"arguments": item.get("arguments")}}
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    tools = [t for t in payload.get("tools") or () if isinstance(t, dict)]
-    chat = {
-        "model": payload.get("model"),
-        "messages": messages,
-        "tools": tools,
-        "max_tokens": payload.get("max_output_tokens"),
-    }
-    return from_openai(chat)
+    return messages
 
 
 def _chat_part(part: dict[str, Any]) -> dict[str, Any]:

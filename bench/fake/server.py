@@ -40,6 +40,7 @@ from bench.fake import (
 )
 from bench.fake.incoming import Incoming, RequestShapeError
 from bench.fake.plan import CONTENT, HEAD, TAIL, Defaults, Plan, make_plan
+from bench.fake.prompt_cache import PromptCache, with_cache
 from bench.fake.reply import DirectiveError, Reply, find_directive
 from bench.fake.routes import (
     CHAT_KINDS,
@@ -84,7 +85,8 @@ class FakeUpstream:
     ``fake.service_account()`` is the key file of a service account the token endpoint
     (``/token``) knows, ``fake.google`` the issuer of the tokens the Vertex paths accept;
     ``fake.disconnects``, ``await fake.wait_disconnect()`` and ``fake.open_streams`` observe
-    clients that leave.
+    clients that leave; ``fake.prompt_cache`` (``prompt_cache=False``: None) is the providers'
+    prompt caches its usage reports (``bench.fake.prompt_cache``).
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class FakeUpstream:
         record: bool = True,
         aws_credentials: Mapping[str, str] | None = None,
         azure_keys: Iterable[str] | None = None,
+        prompt_cache: bool = True,
     ) -> None:
         self.host = host
         self.aws_credentials = dict(aws_credentials or aws_auth.CREDENTIALS)
@@ -106,6 +109,7 @@ class FakeUpstream:
         self.require_key = require_key
         self.defaults = defaults or Defaults()
         self.record = record
+        self.prompt_cache = PromptCache() if prompt_cache else None
         self.requests: list[RecordedRequest] = []
         self.streamed: list[bytes] = []
         self.disconnects = 0
@@ -393,6 +397,7 @@ class FakeUpstream:
         kind = where.kind
         headers = dict(reply.headers)
         if incoming is not None and kind in CHAT_KINDS:
+            reply = with_cache(self.prompt_cache, request, where, body, reply, incoming)
             if where.protocol == "bedrock":
                 return await self._bedrock(request, where, body, reply, incoming, headers)
             if kind in ("streamGenerateContent", "streamRawPredict") or (

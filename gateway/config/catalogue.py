@@ -168,7 +168,8 @@ class Channel:
     # the relay chose another); empty for a channel of one key
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     # ``prompt_cache: auto``: cache breakpoints added to requests converted to the messages
-    # protocol that carry none (default on for anthropic channels; ``off`` to leave them out)
+    # protocol that carry none (default on for anthropic channels and Claude on bedrock and
+    # vertex; ``off`` to leave them out)
     prompt_cache: bool = False
     cloud: CloudAccess = NO_CLOUD  # azure, bedrock, vertex: their own fields
     # openai-type channels: the output limit's field, "" for the upstream model's name to say
@@ -223,8 +224,10 @@ CHANNEL_FIELDS = frozenset(
     }
 )
 PROMPT_CACHE_VALUES = ("auto", "off")
-# the channel types whose requests carry cache breakpoints (the messages protocol)
-PROMPT_CACHE_TYPES = frozenset({"anthropic"})
+# the channel types whose requests carry cache breakpoints: those that speak the messages
+# protocol (bedrock to Claude through invoke, vertex to Claude through rawPredict; the flag
+# changes nothing for their other models, whose encoders take no marks)
+PROMPT_CACHE_TYPES = frozenset({"anthropic", "bedrock", "vertex"})
 
 
 def parse_model(v: Any, where: str = "") -> Model:

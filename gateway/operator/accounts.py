@@ -448,6 +448,8 @@ def daily_json(d: DailyUsage) -> dict[str, JSON]:
         "prompt_tokens": d.prompt_tokens,
         "completion_tokens": d.completion_tokens,
         "cost": from_micro(d.cost),
+        "cache_read_tokens": d.cache_read_tokens,
+        "cache_write_tokens": d.cache_write_tokens,
     }
 
 

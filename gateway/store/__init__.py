@@ -161,6 +161,10 @@ class DailyUsage:
     prompt_tokens: int
     completion_tokens: int
     cost: int  # micro-units
+    # added later (0 on the days before): the prompt tokens read from and written to the
+    # provider's prompt cache, of prompt_tokens
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 # where a listing of usage records stands: (time in microseconds since the epoch, the store's

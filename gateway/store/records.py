@@ -210,7 +210,7 @@ def debits(records: Iterable[UsageRecord], carry: dict[str, int]) -> list[int]:
 
 def daily_rows(
     records: Iterable[UsageRecord], debits: Iterable[int]
-) -> list[tuple[str, str, str, str, int, int, int, int]]:
+) -> list[tuple[str, str, str, str, int, int, int, int, int, int]]:
     """The records summed per (day, account, key, model): the rows of ``DailyUsage``, their
     cost what settlement debited for each record (``debits``, in the records' order)."""
     sums: dict[tuple[str, str, str, str], list[int]] = {}
@@ -218,12 +218,15 @@ def daily_rows(
         group = (day_of(r), r.account, r.key_id, r.model)
         found = sums.get(group)
         if found is None:
-            sums[group] = [1, r.prompt_tokens, r.completion_tokens, debit]
+            sums[group] = [1, r.prompt_tokens, r.completion_tokens, debit,
+                           r.cache_read_tokens, r.cache_write_tokens]  # fmt: skip
         else:
             found[0] += 1
             found[1] += r.prompt_tokens
             found[2] += r.completion_tokens
             found[3] += debit
+            found[4] += r.cache_read_tokens
+            found[5] += r.cache_write_tokens
     return [(*group, *totals) for group, totals in sums.items()]  # type: ignore[misc]
 
 

@@ -164,6 +164,8 @@ def _settle_call(rec: UsageRecord) -> tuple[list[str], list[bytes | str | int]]:
         rec.prompt_tokens,
         rec.completion_tokens,
         rec.cost_pico,
+        rec.cache_read_tokens,
+        rec.cache_write_tokens,
     ]
     return keys, args
 

@@ -13,7 +13,8 @@ from redis.commands.core import AsyncScript
 
 # KEYS: balance, usage, spent, day, carry   ARGV: cost (whole micro-units), time µs, record
 #   JSON, keep, key id, the day's field prefix (key id TAB model TAB), prompt tokens, completion
-#   tokens, pico-units of the cost below its micro-units (0 to 999999)
+#   tokens, pico-units of the cost below its micro-units (0 to 999999), cache read tokens, cache
+#   write tokens (the day's ``h`` and ``w``)
 # The carry (pico-units billed and not yet debited, 0 to 999999) of an account that exists takes
 # the pico-units; when it reaches a micro-unit, one more is debited, spent and summed for the day.
 # Counts go to the commands as the text they came as: Lua's numbers are doubles, exact only to 2^53
@@ -37,6 +38,8 @@ redis.call('HINCRBY', KEYS[4], f .. 'r', 1)
 redis.call('HINCRBY', KEYS[4], f .. 'p', ARGV[7])
 redis.call('HINCRBY', KEYS[4], f .. 'c', ARGV[8])
 redis.call('HINCRBY', KEYS[4], f .. '$', ARGV[1])
+if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[4], f .. 'h', ARGV[10]) end
+if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[4], f .. 'w', ARGV[11]) end
 if whole == 1 then
   redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
   redis.call('HINCRBY', KEYS[4], f .. '$', 1)

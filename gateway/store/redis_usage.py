@@ -40,11 +40,8 @@ def daily_totals(
             key_id, model, metric = _text(field).split("\t")
             sums.setdefault((key_id, model), {})[metric] = int(value)
         for (key_id, model), m in sums.items():
-            out.append(
-                DailyUsage(
-                    d, a, key_id, model, m.get("r", 0), m.get("p", 0), m.get("c", 0), m.get("$", 0)
-                )
-            )
+            counts = (m.get(f, 0) for f in "rpc$hw")  # requests ... cost, cache read, write
+            out.append(DailyUsage(d, a, key_id, model, *counts))
     return out
 
 

@@ -69,12 +69,16 @@ URL_PREFIX = "sqlite:///"
 BUSY_TIMEOUT_MS = 30_000
 
 ADD_DAILY = """
-INSERT INTO usage_daily VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO usage_daily (day, account, key_id, model, requests, prompt_tokens,
+                         completion_tokens, cost, cache_read_tokens, cache_write_tokens)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (day, account, key_id, model) DO UPDATE SET
     requests = requests + excluded.requests,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
-    cost = cost + excluded.cost
+    cost = cost + excluded.cost,
+    cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens,
+    cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens
 """
 
 # the columns of records.key_row and records.usage_row, in their order (``group`` is a keyword
@@ -490,7 +494,11 @@ class SQLiteStore(SQLitePeople, SignInTables):
         self, since: str, until: str, account: str | None = None
     ) -> list[DailyUsage]:
         def run(conn: sqlite3.Connection) -> list[DailyUsage]:
-            query = "SELECT * FROM usage_daily WHERE day BETWEEN ? AND ?"
+            query = (
+                "SELECT day, account, key_id, model, requests, prompt_tokens, completion_tokens,"
+                " cost, cache_read_tokens, cache_write_tokens FROM usage_daily"
+                " WHERE day BETWEEN ? AND ?"
+            )
             args: list[str] = [since, until]
             if account is not None:
                 query += " AND account = ?"

@@ -81,6 +81,8 @@ CREATE TABLE IF NOT EXISTS usage_daily (
     prompt_tokens     INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL,
     cost              INTEGER NOT NULL,
+    cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (day, account, key_id, model)
 );
 CREATE TABLE IF NOT EXISTS catalogue (
@@ -173,15 +175,22 @@ ADDED_COLUMNS = {
         "reasoning_tokens": "INTEGER NOT NULL DEFAULT 0",
         "cost_pico": "INTEGER NOT NULL DEFAULT 0",
     },
+    # the days' cache classes (store.DailyUsage); 0 on the days summed before they were kept
+    "usage_daily": {
+        "cache_read_tokens": "INTEGER NOT NULL DEFAULT 0",
+        "cache_write_tokens": "INTEGER NOT NULL DEFAULT 0",
+    },
 }
 
 # what needs the added columns: run after they are added
 AFTER_COLUMNS = ("CREATE INDEX IF NOT EXISTS keys_owner ON keys (owner)",)
 
 BACKFILL_DAILY = """
-INSERT INTO usage_daily
+INSERT INTO usage_daily (day, account, key_id, model, requests, prompt_tokens,
+                         completion_tokens, cost, cache_read_tokens, cache_write_tokens)
 SELECT strftime('%Y-%m-%d', time / 1000000, 'unixepoch'), account, key_id, model, COUNT(*),
-       SUM(prompt_tokens), SUM(completion_tokens), SUM(cost)
+       SUM(prompt_tokens), SUM(completion_tokens), SUM(cost), SUM(cache_read_tokens),
+       SUM(cache_write_tokens)
 FROM usage GROUP BY 1, 2, 3, 4
 """
 

@@ -5,8 +5,8 @@
 // cookie; the scripts keep only its CSRF token, in memory.
 
 import {
-  act, api, call, chart, copy, field, h, lastDays, money, notice, num, paged, prices,
-  searchable, state, table, usageBrowser,
+  act, api, CACHE_COLUMNS, call, chart, copy, field, h, hitRate, lastDays, money, notice, num, paged,
+  prices, searchable, state, table, totalsBy, usageBrowser,
 } from "./ui.js";
 import { squarePage } from "./square.js";
 import {
@@ -45,19 +45,14 @@ function pages() { return { admin: ADMIN_PAGES, key: KEY_PAGES, user: USER_PAGES
 async function overview() {
   const days = lastDays(30);
   const { data, sessions } = await api("GET", `/admin/usage/daily?since=${days[0]}&until=${days[days.length - 1]}`);
-  const sum = f => data.reduce((a, d) => a + Number(d[f]), 0);
-  const perModel = new Map();
-  for (const d of data) {
-    const m = perModel.get(d.model) || { model: d.model, requests: 0, prompt_tokens: 0, completion_tokens: 0, cost: 0 };
-    m.requests += d.requests; m.prompt_tokens += d.prompt_tokens;
-    m.completion_tokens += d.completion_tokens; m.cost += Number(d.cost);
-    perModel.set(d.model, m);
-  }
+  const sum = f => data.reduce((a, d) => a + Number(d[f] || 0), 0);
+  const all = { prompt_tokens: sum("prompt_tokens"), cache_read_tokens: sum("cache_read_tokens") };
   return [
     h("h1", { text: "Overview, last 30 days" }),
     h("div", { class: "grid" },
       [["Requests", num(sum("requests"))], ["Prompt tokens", num(sum("prompt_tokens"))],
-       ["Completion tokens", num(sum("completion_tokens"))], ["Cost", money(sum("cost"))]]
+       ["Completion tokens", num(sum("completion_tokens"))], ["Cost", money(sum("cost"))],
+       ["Cache hit rate", hitRate(all)]]
         .map(([k, v]) => h("div", { class: "card stat" }, h("span", { class: "muted", text: k }), h("strong", { text: v })))),
     data.length ? [
       chart("Cost per day", days, data, d => d.cost, money),
@@ -65,13 +60,11 @@ async function overview() {
       chart("Tokens per day", days, data, d => d.prompt_tokens + d.completion_tokens),
     ] : h("p", { class: "card muted", text: "No usage in the last 30 days. Requests made with any key show here within seconds." }),
     h("h2", { text: "By model" }),
-    table([
-      { label: "Model", value: r => r.model },
-      { label: "Requests", num: true, value: r => num(r.requests) },
-      { label: "Prompt tokens", num: true, value: r => num(r.prompt_tokens) },
-      { label: "Completion tokens", num: true, value: r => num(r.completion_tokens) },
-      { label: "Cost", num: true, value: r => money(r.cost) },
-    ], [...perModel.values()], "No usage yet."),
+    h("div", { id: "by-model" }, table([{ label: "Model", value: r => r.model }, ...CACHE_COLUMNS],
+      totalsBy(data, "model"), "No usage yet.")),
+    h("h2", { text: "By key" }),
+    h("div", { id: "by-key" }, paged([{ label: "Key", value: r => r.key_id }, ...CACHE_COLUMNS],
+      totalsBy(data, "key_id"), "No usage yet.")),
     h("h2", { text: "Sessions and prompt cache (this instance, since its start)" }),
     table([
       { label: "Model", value: r => r.model },
@@ -409,6 +402,9 @@ async function myUsagePage() {
   const days = lastDays(30);
   return [h("h1", { text: "My usage" }),
     chart("Cost per day", days, daily, d => d.cost, money, "No cost in the last 30 days."),
+    h("div", { class: "card", id: "by-model" }, h("h2", { text: "By model (30 days)" }),
+      table([{ label: "Model", value: r => r.model }, ...CACHE_COLUMNS], totalsBy(daily, "model"),
+        "No usage in the last 30 days.")),
     await usageBrowser(fetchPage, ["model", "status", "from", "to"], false)];
 }
 

@@ -4,8 +4,8 @@
 // only) so that the model square can try it.
 
 import {
-  act, api, chart, copy, csv, download, field, h, lastDays, money, notice, num, paged,
-  searchable, state, usageBrowser,
+  act, api, CACHE_COLUMNS, chart, copy, csv, download, field, h, hitRate, lastDays, money, notice,
+  num, paged, searchable, state, table, totalsBy, usageBrowser,
 } from "./ui.js";
 import { snippets } from "./square.js";
 
@@ -118,9 +118,11 @@ export async function userUsagePage() {
   const key = new URLSearchParams(location.hash.split("?")[1] || "").get("key") || "";
   const [{ daily }, { data: keys }] = await Promise.all([
     api("GET", "/console/usage?limit=1"), api("GET", "/console/keys")]);
+  const totals = new Map(totalsBy(daily, "key_id").map(t => [t.key_id, t]));
   const perKey = keys.map(k => {
-    const days = daily.filter(d => d.key_id === k.id);
-    return { ...k, requests: days.reduce((a, d) => a + d.requests, 0), cost30: days.reduce((a, d) => a + Number(d.cost), 0) };
+    const t = totals.get(k.id) || { requests: 0, prompt_tokens: 0, cache_read_tokens: 0, cost: 0 };
+    return { ...k, requests: t.requests, cost30: t.cost, prompt_tokens: t.prompt_tokens,
+      cache_read_tokens: t.cache_read_tokens };
   });
   const fetchPage = async p => {
     const data = await api("GET", `/console/usage?${p}`);
@@ -130,13 +132,17 @@ export async function userUsagePage() {
   const browser = await usageBrowser(fetchPage, ["key", "model", "status", "from", "to"], false, key ? { key } : {});
   return [h("h1", { text: "My usage" }),
     chart("Cost per day", lastDays(30), daily, d => d.cost, money, "No cost in the last 30 days."),
-    h("div", { class: "card" }, h("h2", { text: "Per key" }), paged([
+    h("div", { class: "card", id: "by-key" }, h("h2", { text: "Per key" }), paged([
       { label: "Key", value: k => k.name || k.id },
       { label: "Id", value: k => k.id },
       { label: "Requests (30 days)", num: true, value: k => num(k.requests) },
+      { label: "Cache hit rate (30 days)", num: true, value: k => hitRate(k) },
       { label: "Cost (30 days)", num: true, value: k => money(k.cost30) },
       { label: "Spent in all", num: true, value: k => money(k.spent) },
     ], perKey, "No keys yet.")),
+    h("div", { class: "card", id: "by-model" }, h("h2", { text: "Per model (30 days)" }),
+      table([{ label: "Model", value: r => r.model }, ...CACHE_COLUMNS], totalsBy(daily, "model"),
+        "No usage in the last 30 days.")),
     browser];
 }
 

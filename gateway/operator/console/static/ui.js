@@ -68,6 +68,36 @@ export function money(v) {
 
 export function num(v) { return Number(v || 0).toLocaleString(); }
 
+// the days' totals (``/usage/daily`` rows) summed per value of ``by`` (model, key_id), each
+// with its prompt-cache hit rate: cache reads over every prompt token (fresh, read, written)
+export function totalsBy(rows, by) {
+  const out = new Map();
+  for (const d of rows) {
+    const t = out.get(d[by]) || { [by]: d[by], requests: 0, prompt_tokens: 0, completion_tokens: 0,
+      cache_read_tokens: 0, cache_write_tokens: 0, cost: 0 };
+    t.requests += d.requests; t.prompt_tokens += d.prompt_tokens; t.completion_tokens += d.completion_tokens;
+    t.cache_read_tokens += d.cache_read_tokens || 0; t.cache_write_tokens += d.cache_write_tokens || 0;
+    t.cost += Number(d.cost);
+    out.set(d[by], t);
+  }
+  return [...out.values()];
+}
+
+export function hitRate(t) {
+  return t.prompt_tokens ? `${(100 * t.cache_read_tokens / t.prompt_tokens).toFixed(1)}%` : "—";
+}
+
+// the columns of a totals table: requests, tokens, the cache classes and hit rate, cost
+export const CACHE_COLUMNS = [
+  { label: "Requests", num: true, value: r => num(r.requests) },
+  { label: "Prompt tokens", num: true, value: r => num(r.prompt_tokens) },
+  { label: "Completion tokens", num: true, value: r => num(r.completion_tokens) },
+  { label: "Cache reads", num: true, value: r => num(r.cache_read_tokens) },
+  { label: "Cache writes", num: true, value: r => num(r.cache_write_tokens) },
+  { label: "Cache hit rate", num: true, value: r => hitRate(r) },
+  { label: "Cost", num: true, value: r => money(r.cost) },
+];
+
 export function table(columns, rows, empty) {
   if (!rows.length) return h("p", { class: "muted", text: empty });
   return h("div", { class: "table-wrap" },
