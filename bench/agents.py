@@ -125,13 +125,13 @@ def streams_cell(tmp: Path, relay: Relay, work: Workload) -> dict[str, Any]:
     cmd = procs.pinned(
         [sys.executable, "-m", "bench.streams", "--port", str(relay.port), "--path",
          relay.paths[work.key], "--body-file", str(body), "-n", str(STREAMS),
-         "--timeout", "60", "--marker", work.expect[-1]]
+         "--timeout", "150", "--marker", work.expect[-1]]
         + [arg for k, v in headers.items() for arg in ("--header", f"{k}: {v}")],
         1,
     )  # fmt: skip
 
     def run() -> dict[str, Any]:
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(at.ROOT), timeout=120)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(at.ROOT), timeout=240)
         line = next((x for x in done.stdout.splitlines() if x.startswith("STREAMSJSON ")), None)
         if line is None:
             raise RuntimeError(f"bench.streams failed: {done.stderr[-500:]}")
