@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import agent_payloads, agent_report, peers, procs, wrk
+from bench import agent_payloads, agent_report, nginx, peers, procs, wrk
 from bench import agent_targets as at
 from bench.agent_payloads import Workload
 from bench.agent_targets import Relay
@@ -219,6 +220,18 @@ def run_cells(tmp: Path, relays: list[Relay], works: list[Workload]) -> dict[str
     return results
 
 
+def ensure_tools() -> None:
+    """nginx, its echo module (the paced stream) and wrk from Debian, when missing."""
+    wanted = [pkg for pkg in ("nginx", "wrk") if shutil.which(pkg) is None]
+    if not nginx.ECHO_MODULE.exists():
+        wanted.append("libnginx-mod-http-echo")
+    if wanted:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        print(f"installing Debian packages: {wanted}")
+        subprocess.run([*sudo, "apt-get", "update", "-qq"], check=False)
+        subprocess.run([*sudo, "apt-get", "install", "-y", "-qq", *wanted], check=True)
+
+
 def machine() -> dict[str, str]:
     load = os.getloadavg()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -235,9 +248,7 @@ def machine() -> dict[str, str]:
 def main() -> int:
     procs.install_cleanup()
     if not os.environ.get("BENCH_NO_INSTALL"):
-        from bench import run  # nginx, its echo module and wrk, as `make bench` installs them
-
-        run.ensure_tools(run.Settings())
+        ensure_tools()
         peers.main()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
