@@ -67,18 +67,19 @@ def _x(value: float | None, digits: int = 2) -> str:
 def _wrk_table(cells: dict[str, Any]) -> list[str]:
     rows = [
         "| relay | req/s | p50 ms | p99 ms | errors | CPU µs/req | peak RSS MiB "
-        "| × Portkey | × LiteLLM | of nginx relay |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| × Portkey | Portkey's CPU ÷ this | × LiteLLM | of nginx relay |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cell in cells.items():
         if not _measured(cell):
-            rows.append(_missing(name, cell))
+            rows.append(_missing(name, cell, 11))
             continue
         nginx = times(cells, name, NGINX)
         rows.append(
             f"| {name} | {cell['rps']:,.0f} | {_num(cell['p50'], 2)} | {_num(cell['p99'], 2)} "
             f"| {cell['errors']} | {_num(cell['cpu_us'], 0)} | {cell['peak_rss_kib'] / 1024:.0f} "
-            f"| {_x(times(cells, name, PORTKEY))} | {_x(times(cells, name, LITELLM))} "
+            f"| {_x(times(cells, name, PORTKEY))} | {_x(times(cells, name, PORTKEY, 'cpu_us'))} "
+            f"| {_x(times(cells, name, LITELLM))} "
             f"| {'–' if nginx is None or name == NGINX else f'{nginx:.1%}'} |"
         )
     return rows
@@ -105,16 +106,20 @@ def _paced_table(cells: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _missing(name: str, cell: dict[str, Any]) -> str:
+def _missing(name: str, cell: dict[str, Any], columns: int = 10) -> str:
     """The row of a relay that could not do a workload, saying why on one line."""
     why = " ".join(str(cell.get("cannot", "not run")).split()).replace("|", "/")
-    return f"| {name} | {why[:200]} |" + " |" * 8
+    return f"| {name} | {why[:200]} |" + " |" * (columns - 2)
 
 
 def verdicts(results: dict[str, Any], works: list[Workload]) -> list[str]:
     """Each gateway target against ≥ 3× Portkey: req/s, or for the paced stream (whose pace
-    the upstream sets) CPU per stream."""
-    rows = ["| gateway | workload | × Portkey | verdict |", "|---|---|---:|---|"]
+    the upstream sets) CPU per stream; beside req/s, Portkey's CPU per request over the
+    gateway's (what a loaded machine moves least)."""
+    rows = [
+        "| gateway | workload | × Portkey | Portkey's CPU ÷ this | verdict |",
+        "|---|---|---:|---:|---|",
+    ]
     names = sorted({n for cells in results.values() for n in cells if n.startswith("gateway-")})
     for name in names:
         for work in works:
@@ -129,11 +134,12 @@ def verdicts(results: dict[str, Any], works: list[Workload]) -> list[str]:
                     ("", {}),
                 )  # fmt: skip
                 why = " ".join(str(cell.get("cannot", "not run")).split()).replace("|", "/")
-                rows.append(f"| {name} | {work.title} | – | n/a ({who}: {why[:160]}) |")
+                rows.append(f"| {name} | {work.title} | – | – | n/a ({who}: {why[:160]}) |")
                 continue
             ok = ratio >= MIN_TIMES_PORTKEY and cells[name]["errors"] == 0
+            cpu = "" if work.paced else _x(times(cells, name, PORTKEY, "cpu_us"))
             rows.append(
-                f"| {name} | {work.title} ({what}) | {ratio:.2f}× "
+                f"| {name} | {work.title} ({what}) | {ratio:.2f}× | {cpu or '(the same)'} "
                 f"| {'**PASS**' if ok else '**FAIL**'} |"
             )
     return rows

@@ -16,6 +16,8 @@ its section of bench/RESULTS.md and bench/results/agents.json. Settings (environ
     BENCH_TARGETS=a,b           only relays whose name contains one of these
     BENCH_NO_INSTALL=1          install nothing
     BENCH_OUT=path              the file whose agents section is written (bench/RESULTS.md)
+
+`python -m bench.agents --render` writes the section again from the last run's figures.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ DURATION = float(os.environ.get("BENCH_DURATION", "3" if QUICK else "10"))
 CONNS = int(os.environ.get("BENCH_AGENTS_CONNS", "64"))
 STREAMS = int(os.environ.get("BENCH_AGENTS_STREAMS", "64"))
 WARM_SECONDS = 1
+RAW = HERE / "results" / "agents.json"  # the last run's figures
 
 
 def pause(relay: Relay, stop: bool) -> None:
@@ -107,8 +110,9 @@ def wrk_cell(tmp: Path, relay: Relay, work: Workload, seconds: float) -> dict[st
     good = max(0, res.requests - res.errors)
     return {
         "rps": res.rps,
-        "p50": res.p50_ms,
-        "p99": res.p99_ms,
+        # no reply within the cell: wrk's percentiles of nothing are zeros, not latencies
+        "p50": res.p50_ms if res.requests else float("nan"),
+        "p99": res.p99_ms if res.requests else float("nan"),
         "errors": res.errors,
         "requests": res.requests,
         "cpu_us": cpu * 1e6 / max(1, good) if good else float("nan"),
@@ -268,9 +272,12 @@ def main() -> int:
     info.update(started=started, minutes=f"{(time.monotonic() - t0) / 60:.1f}",
                 default=default, seconds=f"{DURATION:g}", conns=str(CONNS),
                 streams=str(STREAMS))  # fmt: skip
-    raw = HERE / "results"
-    raw.mkdir(exist_ok=True)
-    (raw / "agents.json").write_text(json.dumps({"info": info, "results": results}, indent=1))
+    RAW.parent.mkdir(exist_ok=True)
+    RAW.write_text(json.dumps({"info": info, "results": results}, indent=1))
+    return write(results, works, info)
+
+
+def write(results: dict[str, Any], works: list[Workload], info: dict[str, str]) -> int:
     section = agent_report.render(results, works, info)
     out = Path(os.environ.get("BENCH_OUT", str(HERE / "RESULTS.md")))
     old = out.read_text() if out.exists() else ""
@@ -280,5 +287,12 @@ def main() -> int:
     return 0
 
 
+def render_again() -> int:
+    """The section written again from the last run's figures (bench/results/agents.json)."""
+    last = json.loads(RAW.read_text())
+    works = [w for w in agent_payloads.workloads() if w.key in last["results"]]
+    return write(last["results"], works, last["info"])
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(render_again() if sys.argv[1:] == ["--render"] else main())
