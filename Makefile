@@ -13,7 +13,7 @@ LOCK_UPGRADE ?= --upgrade
 COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' $(LOCK_UPGRADE)
 
-.PHONY: install lock run test test-fast lint typecheck bench bench-peers soak fixtures clean
+.PHONY: install lock run test test-fast lint typecheck bench bench-peers bench-agents soak fixtures clean
 
 install: $(VENV)/.installed
 
@@ -70,8 +70,15 @@ typecheck: install
 bench: install
 	$(PY) -m bench.run
 
+# the peers pinned (LiteLLM from PyPI, Portkey from npm), then the agent workloads through them,
+# nginx and the gateway side by side (bench/agents.py; about 10 minutes, loads 127.0.0.1 only)
 bench-peers: install
 	$(PY) -m bench.peers
+	$(PY) -m bench.agents
+
+# the agent workloads only (installs a missing peer first); BENCH_QUICK=1 for 3 s cells
+bench-agents: install
+	$(PY) -m bench.agents
 
 soak: install
 	$(PY) -m bench.soak

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import instructions, payloads, procs, profile, report, targets, wrk
+from bench import agent_report, instructions, payloads, procs, profile, report, targets, wrk
 from bench.targets import Target, Upstream
 
 HERE = Path(__file__).resolve().parent
@@ -501,7 +501,8 @@ def main() -> int:
         results, settings, STREAMS, CONNS, STREAM_CONNS, CONVERTED_STREAMS, EMBED_CONNS
     )
     out = Path(os.environ.get("BENCH_OUT", str(HERE / "RESULTS.md")))
-    out.write_text(text)
+    # the agent workloads' section (`make bench-agents`) stays as that run wrote it
+    out.write_text(agent_report.carry(out.read_text() if out.exists() else "", text))
     print()
     print(text)
     print(f"wrote {out} in {settings.seconds / 60:.1f} min")

@@ -3,7 +3,8 @@
 All N connections are opened first (untimed), then every connection posts one streaming request,
 the starts spread evenly over --spread-ms, so that all N streams are open together while the
 upstream waits before its first chunk. Per stream: time from sending the request to the first
-``data:`` byte (TTFB), and whether the stream completed (status 200 and the done marker seen).
+``data:`` byte (TTFB) and to the done marker (total), and whether the stream completed (status
+200 and the done marker seen).
 Prints one JSON line. Raises its own file-descriptor limit to the hard limit.
 
     python -m bench.streams --port P --path /v1/chat/completions --body-file F -n 1000
@@ -41,6 +42,7 @@ class Stream(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.sent = 0.0
         self.first = 0.0
+        self.ended = 0.0  # when the done marker arrived
         self.status = 0
         self.head = b""
         self.tail = b""
@@ -83,6 +85,7 @@ class Stream(asyncio.Protocol):
         window = self.tail + data
         if self.marker in window:
             self.completed = self.status == 200
+            self.ended = time.perf_counter()
             self._finish()
             return
         self.tail = window[-len(self.marker) :]
@@ -166,6 +169,7 @@ async def run(
             stream.transport.abort()
 
     ttfb = [(s.first - s.sent) * 1000 for s in streams if s.first and s.sent]
+    total = [(s.ended - s.sent) * 1000 for s in streams if s.completed and s.sent]
     completed = sum(1 for s in streams if s.completed)
     statuses: dict[str, int] = {}
     for s in streams:
@@ -180,6 +184,8 @@ async def run(
         "completion_rate": completed / n if n else 0.0,
         "ttfb_p50_ms": percentile(ttfb, 50),
         "ttfb_p99_ms": percentile(ttfb, 99),
+        "total_p50_ms": percentile(total, 50),
+        "total_p99_ms": percentile(total, 99),
         "seconds": round(elapsed, 3),
         "statuses": statuses,
     }
