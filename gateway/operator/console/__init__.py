@@ -49,8 +49,10 @@ from gateway.operator.console import users as user_routes
 from gateway.operator.console.http import (
     SECURITY_HEADERS,
     error_reply,
+    forget_session,
     json_reply,
     locked_out,
+    session_cookie,
     session_reply,
     signer_of,
 )
@@ -58,7 +60,7 @@ from gateway.operator.console.http import (
 # the admin API reads the console's session with these (``admin._console_admin``)
 from gateway.operator.console.http import csrf_ok as csrf_ok
 from gateway.operator.console.http import session_of as session_of
-from gateway.operator.console.session import COOKIE, NoSecretError, Session, key_sessions
+from gateway.operator.console.session import NoSecretError, Session, key_sessions
 from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
@@ -256,7 +258,7 @@ async def _signed_in_with(request: Request, token: str) -> Response:
 async def sign_out(request: Request) -> Response:
     """End the session here at once and, through the store, on every instance within a
     second. When the store does not take it: 503 and the cookie kept, to try again."""
-    session = signer_of(request).read(request.cookies.get(COOKIE))
+    session = signer_of(request).read(session_cookie(request))
     if session is not None:
         if not csrf_ok(request, session):
             return error_reply(403, "missing or wrong x-console-csrf header", "csrf")
@@ -270,9 +272,7 @@ async def sign_out(request: Request) -> Response:
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
                 return error_reply(503, "the store does not answer; sign out again", NO_STORE)
             cache.revoke(session.nonce, session.expires)
-    resp = json_reply({"signed_in": False})
-    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-    return resp
+    return forget_session(json_reply({"signed_in": False}), request)
 
 
 # ---- what a signed-in console reads --------------------------------------------------------
