@@ -23,7 +23,7 @@ from tests.plugins.stores import sqlite_url
 
 CONFIG = """\
 store: sqlite:///{db}
-admin_token: admin-token
+admin_token: admin-token-for-the-cli
 groups: [default, vip]
 models:
   - name: chat-small
@@ -386,8 +386,8 @@ def test_serve_passes_its_options_on(
     assert main(["serve", "--config", str(config), "--host", "0.0.0.0", "--port", "9000",
                  "--workers", "4", "--server", "uvicorn"]) == 0  # fmt: skip
     assert calls == [
-        ("admin-token", "127.0.0.1", 8080, 1, "hypercorn"),
-        ("admin-token", "0.0.0.0", 9000, 4, "uvicorn"),
+        ("admin-token-for-the-cli", "127.0.0.1", 8080, 1, "hypercorn"),
+        ("admin-token-for-the-cli", "0.0.0.0", 9000, 4, "uvicorn"),
     ]
 
 
@@ -502,7 +502,7 @@ async def test_a_channel_added_by_the_cli_serves_on_a_running_gateway(
 
     config = tmp_path / "cli.yaml"
     config.write_text(yaml.safe_dump({
-        "store": gateway.settings.store, "admin_token": "x", "groups": ["default", "vip"],
+        "store": gateway.settings.store, "admin_token": "x" * 16, "groups": ["default", "vip"],
     }))  # fmt: skip
     upstream = gateway.settings.channels[0].base_url
     for argv in (["models", "add", "m-cli", "--input", "1"],

@@ -76,6 +76,8 @@ class Settings:
     # the price table (``policy/prices.py``): the built-in one, or ``prices_file``'s
     prices_file: str = ""
     prices: PriceTable = field(default_factory=builtin, repr=False)
+    # ``demo: true``: the bundled demo configuration, where the public demo admin token serves
+    demo: bool = False
 
     @property
     def group_ratios(self) -> dict[str, float]:
@@ -144,9 +146,11 @@ TOP_LEVEL = frozenset(
         "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
         "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
         "console",
-        "prices_file",
+        "prices_file", "demo",
     }
 )  # fmt: skip
+MIN_ADMIN_TOKEN = 16  # characters: anything shorter is refused at start
+DEMO_ADMIN_TOKEN = "admin-demo-token"  # ``make run``'s: public, so only in a ``demo: true`` file
 
 
 def check_aliases(models: tuple[Model, ...]) -> None:
@@ -173,7 +177,10 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
             raise ConfigError(f"{k}: unknown field")
     store = raw.get("store") or "sqlite:///data/gateway.db"
     check_store_url(store)
-    admin_token = string(raw.get("admin_token", ""), "admin_token", allow_empty=True)
+    demo = raw.get("demo", False)
+    if not isinstance(demo, bool):
+        raise ConfigError("demo: must be true or false")
+    admin_token = check_admin_token(raw.get("admin_token", ""), demo)
     ratios = parse_groups(raw.get("groups", ["default"]))
     groups = tuple(name for name, _ in ratios)
     models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
@@ -228,7 +235,29 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         console=console,
         prices_file=prices_file,
         prices=prices,
+        demo=demo,
     )
+
+
+def check_admin_token(v: Any, demo: bool) -> str:
+    """``admin_token``: empty turns the admin API off; else at least ``MIN_ADMIN_TOKEN``
+    characters, and not the public demo token unless the file says ``demo: true`` (the
+    bundled example that ``make run`` serves)."""
+    token = string(v, "admin_token", allow_empty=True)
+    if not token:
+        return ""
+    if len(token) < MIN_ADMIN_TOKEN:
+        raise ConfigError(
+            f"admin_token (or GATEWAY_ADMIN_TOKEN): {len(token)} characters, at least "
+            f"{MIN_ADMIN_TOKEN} are needed (e.g. openssl rand -hex 24); empty turns the admin "
+            "API off"
+        )
+    if token == DEMO_ADMIN_TOKEN and not demo:
+        raise ConfigError(
+            f"admin_token (or GATEWAY_ADMIN_TOKEN): {DEMO_ADMIN_TOKEN!r} is the public demo "
+            "token, accepted only in a configuration marked demo: true; choose your own"
+        )
+    return token
 
 
 def parse_groups(v: Any) -> list[tuple[str, float]]:
