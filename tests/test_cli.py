@@ -422,23 +422,29 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     gw = catalogue_gw
     secret = "sk-cli-upstream-secret-9a8b"
     out, _ = gw("groups", "list")
-    header = ["NAME", "RATIO", "ORIGIN"]
-    assert rows(out) == [header, ["default", "1", "file"], ["vip", "1", "file"]]
+    header = ["NAME", "RATIO", "TOOL", "ORIGIN"]
+    assert rows(out) == [header, ["default", "1", "-", "file"], ["vip", "1", "-", "file"]]
     gw("groups", "add", "team", "--ratio", "1.5")
     # the admin API's shape (GET /admin/groups), not bare names
     assert gw.json("groups", "list") == {
         "data": [
-            {"name": "default", "ratio": 1.0, "origin": "file"},
-            {"name": "vip", "ratio": 1.0, "origin": "file"},
-            {"name": "team", "ratio": 1.5, "origin": "api"},
+            {"name": "default", "ratio": 1.0, "tool": None, "origin": "file"},
+            {"name": "vip", "ratio": 1.0, "tool": None, "origin": "file"},
+            {"name": "team", "ratio": 1.5, "tool": None, "origin": "api"},
         ]
     }
     assert gw.json("groups", "update", "team", "--ratio", "2")["ratio"] == 2.0
+    # a group's tool kind: set, kept when the ratio changes, cleared with none
+    assert gw.json("groups", "update", "team", "--tool", "codex")["tool"] == "codex"
+    assert gw.json("groups", "update", "team", "--ratio", "2")["tool"] == "codex"
+    gw("groups", "add", "cc", "--tool", "claude-code")
     out, _ = gw("groups", "list")
     assert rows(out) == [
-        ["NAME", "RATIO", "ORIGIN"], ["default", "1", "file"], ["vip", "1", "file"],
-        ["team", "2", "api"],
+        header, ["default", "1", "-", "file"], ["vip", "1", "-", "file"],
+        ["team", "2", "codex", "api"], ["cc", "1", "claude-code", "api"],
     ]  # fmt: skip
+    assert gw.json("groups", "update", "team", "--tool", "none")["tool"] is None
+    gw("groups", "delete", "cc")
 
     out, _ = gw("models", "add", "m2", "--capabilities", "chat,vision", "--input", "1",
                 "--output", "2")  # fmt: skip

@@ -76,6 +76,8 @@ class Settings:
     # the price table (``policy/prices.py``): the built-in one, or ``prices_file``'s
     prices_file: str = ""
     prices: PriceTable = field(default_factory=builtin, repr=False)
+    # the groups' tool kinds (``config.catalogue.TOOLS``), in ``groups`` order; left out: none
+    tools: tuple[tuple[str, str], ...] = ()
     # ``demo: true``: the bundled demo configuration, where the public demo admin token serves
     demo: bool = False
 
@@ -83,6 +85,11 @@ class Settings:
     def group_ratios(self) -> dict[str, float]:
         """Each group's price ratio (``routing.CatalogueSource``); a group left out: 1."""
         return dict(self.ratios)
+
+    @property
+    def group_tools(self) -> dict[str, str]:
+        """Each group's tool kind, for those that name one."""
+        return dict(self.tools)
 
     def model(self, name: str) -> Model | None:
         for m in self.models:
@@ -181,8 +188,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
     if not isinstance(demo, bool):
         raise ConfigError("demo: must be true or false")
     admin_token = check_admin_token(raw.get("admin_token", ""), demo)
-    ratios = parse_groups(raw.get("groups", ["default"]))
-    groups = tuple(name for name, _ in ratios)
+    entries = parse_groups(raw.get("groups", ["default"]))
+    groups = tuple(name for name, _, _ in entries)
     models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
     names = [m.name for m in models]
     unique(names, "models", "name")
@@ -231,7 +238,8 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         tracing=tracing,
         journal=journal,
         path=path,
-        ratios=tuple((name, ratio) for name, ratio in ratios if ratio != 1.0),
+        ratios=tuple((name, ratio) for name, ratio, _ in entries if ratio != 1.0),
+        tools=tuple((name, tool) for name, _, tool in entries if tool is not None),
         console=console,
         prices_file=prices_file,
         prices=prices,
@@ -260,12 +268,12 @@ def check_admin_token(v: Any, demo: bool) -> str:
     return token
 
 
-def parse_groups(v: Any) -> list[tuple[str, float]]:
-    """``groups``: names, or ``{name, ratio}`` entries; at least one, each name once."""
+def parse_groups(v: Any) -> list[tuple[str, float, str | None]]:
+    """``groups``: names, or ``{name, ratio, tool}`` entries; at least one, each name once."""
     if not isinstance(v, list) or not v:
         raise ConfigError("groups: at least one group is needed")
     out = [parse_group(g, f"groups[{i}]") for i, g in enumerate(v)]
-    unique([name for name, _ in out], "groups", "name")
+    unique([name for name, _, _ in out], "groups", "name")
     return out
 
 
