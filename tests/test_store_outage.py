@@ -227,7 +227,8 @@ async def test_a_redis_database_that_does_not_exist_ends_start_up_with_one_line(
     """Not 'not ready, retrying' for ever: a configuration error, exit code 2."""
     config = tmp_path / "gateway.yaml"
     config.write_text(
-        f"store: {missing_database(redis_url)}\nadmin_token: test-admin-token\ngroups: [default]\n"
+        f"store: {missing_database(redis_url)}\n"
+        "admin_token: test-admin-token\ngroups: [default]\n"
         f"models: []\nchannels: []\njournal: {tmp_path}/journal\n"
     )
     proc = await asyncio.create_subprocess_exec(
