@@ -39,7 +39,7 @@ function newKeyBox(made, model, tool) {
       h("button", { type: "button", onclick: () => copy(made.key, "Key") }, "Copy"),
       h("span", { class: "muted", text: "Shown only this once: store it now." })),
     h("p", { class: "muted", text: `Base URLs: ${location.origin}/v1 for OpenAI SDKs and Codex CLI; ${location.origin} for Anthropic SDKs, Claude Code, google-genai and Gemini CLI.` }),
-    tools.length ? [h("p", {}, h("strong", { text: `Set-up with ${model} (group ${made.group}${forTool(tool)}):` })), tabs, code,
+    tools.length ? [h("p", {}, h("strong", { text: `Set-up with ${model} (group ${made.group}${own ? `, made for ${own}` : ""}):` })), tabs, code,
       h("button", { type: "button", onclick: () => copy(code.textContent, "Set-up") }, "Copy set-up")] : null);
 }
 
