@@ -61,6 +61,15 @@ async def admin_part(page: Any, url: str) -> list[str]:
     await shot(page, "users-02-admin-codes")
     await page.get_by_role("link", name="Groups").click()
     await page.get_by_role("cell", name="×1", exact=True).first.wait_for()
+    # a group for Gemini CLI's keys; the file's vip group is Codex CLI's
+    form = page.locator("#new-group")
+    await form.get_by_label("Name").fill("gemini-team")
+    await form.get_by_label("Tool its keys are for").select_option(label="Gemini CLI")
+    await form.get_by_role("button", name="Add group").click()
+    row = page.get_by_role("row").filter(has_text="gemini-team")
+    await row.get_by_role("cell", name="Gemini CLI", exact=True).wait_for()
+    vip = page.get_by_role("row").filter(has_text="×1.5")
+    assert await vip.get_by_role("cell", name="Codex CLI", exact=True).count() == 1
     await shot(page, "users-03-admin-groups")
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in", exact=True).wait_for()
