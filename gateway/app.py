@@ -58,7 +58,7 @@ from gateway.store.cancellation import cancel_and_wait, raise_if_cancelled
 from gateway.store.catalogue import CatalogueRecords, view
 from gateway.store.journal import Journal
 from gateway.store.writer import UsageWriter
-from gateway.types import Receive, Scope, Send
+from gateway.types import ASGIApp, Receive, Scope, Send
 from gateway.upstream import UpstreamPool
 from gateway.upstream.auth import ChannelAuths
 from gateway.upstream.pool import Upstream
@@ -81,6 +81,9 @@ class Services:
     health: ChannelHealth  # this instance's view of each channel, shared through the store
     observers: Observers  # metrics, access log, tracing
     lockout: Lockout  # failed sign-ins and admin-token attempts, counted in the store
+    # the client surface (``GatewayApp``) as an ASGI app: the console's try-it box calls it
+    # in process, so that its chat is relayed, billed and recorded like any other
+    client_surface: ASGIApp | None = None
 
 
 READY_TIMEOUT = 1.0  # seconds the store has to answer a readiness probe
@@ -352,7 +355,9 @@ def create_app(
     )
     app.state.gateway = services
     app.state.console = Signer(services.cache, settings.admin_token)
-    return GatewayApp(app, relay, services)
+    served = GatewayApp(app, relay, services)
+    services.client_surface = served
+    return served
 
 
 def build_services(settings: Settings, upstream: UpstreamPool) -> Services:

@@ -738,7 +738,7 @@ async def test_served_gateway_key_lifecycle(gateway: Any, tmp_path: Any) -> None
         # enabled again through the command line, on the same store: the gateway follows
         config = tmp_path / "cli.yaml"
         config.write_text(yaml.safe_dump({
-            "store": gateway.settings.store, "admin_token": "x", "groups": ["default", "vip"],
+            "store": gateway.settings.store, "admin_token": "x" * 16, "groups": ["default", "vip"],
         }))  # fmt: skip
         rc = await asyncio.to_thread(cli_main, ["keys", "enable", created["id"], "--config",
                                                 str(config)])  # fmt: skip

@@ -199,7 +199,7 @@ async def test_model_and_group_rows(
 
     # groups: made, used by a channel and by a key, then free to go
     assert (await admin("POST", "/admin/groups", {"name": "team"})) == (
-        201, {"name": "team", "ratio": 1.0, "origin": "api"},
+        201, {"name": "team", "ratio": 1.0, "tool": None, "origin": "api"},
     )  # fmt: skip
     error_of(await admin("POST", "/admin/groups", {"name": "team"}), 409)
     error_of(await admin("POST", "/admin/groups", {"name": "a b"}), 400)

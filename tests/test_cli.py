@@ -23,7 +23,7 @@ from tests.plugins.stores import sqlite_url
 
 CONFIG = """\
 store: sqlite:///{db}
-admin_token: admin-token
+admin_token: admin-token-for-the-cli
 groups: [default, vip]
 models:
   - name: chat-small
@@ -386,8 +386,8 @@ def test_serve_passes_its_options_on(
     assert main(["serve", "--config", str(config), "--host", "0.0.0.0", "--port", "9000",
                  "--workers", "4", "--server", "uvicorn"]) == 0  # fmt: skip
     assert calls == [
-        ("admin-token", "127.0.0.1", 8080, 1, "hypercorn"),
-        ("admin-token", "0.0.0.0", 9000, 4, "uvicorn"),
+        ("admin-token-for-the-cli", "127.0.0.1", 8080, 1, "hypercorn"),
+        ("admin-token-for-the-cli", "0.0.0.0", 9000, 4, "uvicorn"),
     ]
 
 
@@ -422,23 +422,29 @@ def test_catalogue_verbs(catalogue_gw: Runner, monkeypatch: pytest.MonkeyPatch) 
     gw = catalogue_gw
     secret = "sk-cli-upstream-secret-9a8b"
     out, _ = gw("groups", "list")
-    header = ["NAME", "RATIO", "ORIGIN"]
-    assert rows(out) == [header, ["default", "1", "file"], ["vip", "1", "file"]]
+    header = ["NAME", "RATIO", "TOOL", "ORIGIN"]
+    assert rows(out) == [header, ["default", "1", "-", "file"], ["vip", "1", "-", "file"]]
     gw("groups", "add", "team", "--ratio", "1.5")
     # the admin API's shape (GET /admin/groups), not bare names
     assert gw.json("groups", "list") == {
         "data": [
-            {"name": "default", "ratio": 1.0, "origin": "file"},
-            {"name": "vip", "ratio": 1.0, "origin": "file"},
-            {"name": "team", "ratio": 1.5, "origin": "api"},
+            {"name": "default", "ratio": 1.0, "tool": None, "origin": "file"},
+            {"name": "vip", "ratio": 1.0, "tool": None, "origin": "file"},
+            {"name": "team", "ratio": 1.5, "tool": None, "origin": "api"},
         ]
     }
     assert gw.json("groups", "update", "team", "--ratio", "2")["ratio"] == 2.0
+    # a group's tool kind: set, kept when the ratio changes, cleared with none
+    assert gw.json("groups", "update", "team", "--tool", "codex")["tool"] == "codex"
+    assert gw.json("groups", "update", "team", "--ratio", "2")["tool"] == "codex"
+    gw("groups", "add", "cc", "--tool", "claude-code")
     out, _ = gw("groups", "list")
     assert rows(out) == [
-        ["NAME", "RATIO", "ORIGIN"], ["default", "1", "file"], ["vip", "1", "file"],
-        ["team", "2", "api"],
+        header, ["default", "1", "-", "file"], ["vip", "1", "-", "file"],
+        ["team", "2", "codex", "api"], ["cc", "1", "claude-code", "api"],
     ]  # fmt: skip
+    assert gw.json("groups", "update", "team", "--tool", "none")["tool"] is None
+    gw("groups", "delete", "cc")
 
     out, _ = gw("models", "add", "m2", "--capabilities", "chat,vision", "--input", "1",
                 "--output", "2")  # fmt: skip
@@ -502,7 +508,7 @@ async def test_a_channel_added_by_the_cli_serves_on_a_running_gateway(
 
     config = tmp_path / "cli.yaml"
     config.write_text(yaml.safe_dump({
-        "store": gateway.settings.store, "admin_token": "x", "groups": ["default", "vip"],
+        "store": gateway.settings.store, "admin_token": "x" * 16, "groups": ["default", "vip"],
     }))  # fmt: skip
     upstream = gateway.settings.channels[0].base_url
     for argv in (["models", "add", "m-cli", "--input", "1"],

@@ -3,7 +3,9 @@ drives it): the admin makes an account, a user of it and three top-up codes (dow
 CSV once); the user signs in with its password, makes a key in its group, copies it, calls
 ``/v1/chat/completions`` with it through the openai SDK, runs out of balance (402, which says
 where to top up), redeems a code and sees the new balance at once, calls again (200), sees
-the calls in its usage, tries a model from the square, and the admin sees the code used.
+the calls in its usage, makes a key in the group made for Codex CLI and sees that tool's
+set-up first, tries a model from the square with its own key after a reload (the console sends
+it: the page no longer holds the secret), and the admin sees the code used.
 Screenshots of each page go to ``tests/screenshots/users-*.png``."""
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ async def admin_part(page: Any, url: str) -> list[str]:
     await shot(page, "users-02-admin-codes")
     await page.get_by_role("link", name="Groups").click()
     await page.get_by_role("cell", name="×1", exact=True).first.wait_for()
+    # a group for Gemini CLI's keys; the file's vip group is Codex CLI's
+    form = page.locator("#new-group")
+    await form.get_by_label("Name").fill("gemini-team")
+    await form.get_by_label("Tool its keys are for").select_option(label="Gemini CLI")
+    await form.get_by_role("button", name="Add group").click()
+    row = page.get_by_role("row").filter(has_text="gemini-team")
+    await row.get_by_role("cell", name="Gemini CLI", exact=True).wait_for()
+    vip = page.get_by_role("row").filter(has_text="×1.5")
+    assert await vip.get_by_role("cell", name="Codex CLI", exact=True).count() == 1
     await shot(page, "users-03-admin-groups")
     await page.get_by_role("button", name="Sign out").click()
     await page.get_by_role("button", name="Sign in", exact=True).wait_for()
@@ -84,6 +95,26 @@ async def make_a_key(page: Any, url: str) -> str:
     assert f'base_url = "{url}/v1"' in (await page.locator("#key-snippet").text_content() or "")
     await page.get_by_role("cell", name="laptop", exact=True).wait_for()
     await shot(page, "users-04-user-keys")
+
+    # a key in the group made for Codex CLI (tool: codex): its set-up is the one shown, chosen;
+    # the other tools' are a tab away
+    await form.get_by_label("Group").select_option(label="vip (for Codex CLI)")
+    await form.get_by_label("Name").fill("codex")
+    await form.get_by_role("button", name="Create key").click()
+    await page.get_by_text("New key codex:").wait_for()
+    cli = (await page.locator("#new-secret").text_content() or "").strip()
+    snippet = await page.locator("#key-snippet").text_content() or ""
+    assert snippet.startswith("# ~/.codex/config.toml") and f'base_url = "{url}/v1"' in snippet
+    assert f"export GATEWAY_API_KEY={cli}" in snippet
+    own = page.get_by_role("tab", name="Codex CLI (this group's tool)")
+    assert await own.get_attribute("aria-selected") == "true"
+    assert await page.locator("#secret-box [role=tab]").first.text_content() == (
+        "Codex CLI (this group's tool)"
+    )
+    await page.get_by_text("Set-up with chat-small (group vip, made for Codex CLI):").wait_for()
+    await shot(page, "users-04b-user-key-for-codex")
+    await page.get_by_role("tab", name="Claude Code").click()
+    assert "ANTHROPIC_BASE_URL" in (await page.locator("#key-snippet").text_content() or "")
     return secret
 
 
@@ -94,7 +125,8 @@ async def test_a_user_serves_itself(
 ) -> None:
     if store_url.startswith("redis"):
         pytest.skip("one store is enough for the browser; the API tests cover both")
-    async with gateway_factory(groups=["default", {"name": "vip", "ratio": 1.5}]) as gateway:
+    groups = ["default", {"name": "vip", "ratio": 1.5, "tool": "codex"}]
+    async with gateway_factory(groups=groups) as gateway:
         await the_story(gateway, browser)
 
 
@@ -158,17 +190,27 @@ async def the_story(gateway: ServedGateway, browser: Any) -> None:  # noqa: F811
     await page.locator("#square-capability").select_option("embeddings")
     await page.get_by_text("No model matches.").wait_for()
     await page.locator("#square-capability").select_option("chat")
+    # the page reloaded: no secret in it any more, and the user's keys are still there to try
+    # (the console sends the message for the chosen key; the secret is not asked for)
+    await page.reload()
     form = page.locator("#try-it")
     await form.locator("select[name=model]").select_option("chat-small")
-    # the key made in this tab is there to choose, first
-    assert (
-        await form.locator("select[name=key] option").first.text_content()
-    ) == "laptop (default)"
+    options = await form.locator("select[name=key] option").all_text_contents()
+    assert options == ["laptop (default)", "codex (vip)", "a key I paste below"], options
+    assert not await form.get_by_label("Paste a key").is_visible()
     await form.get_by_role("button", name="Send").click()
     await page.locator("#try-reply").filter(has_not_text="Waiting").wait_for()
     answer = await page.locator("#try-reply").text_content() or ""
     assert answer and not answer.startswith("Failed"), answer
+    await page.get_by_text("billed to this key like any call").wait_for()
     await shot(page, "users-07-user-square")
+    await gateway.state.writer.flush()  # the try is the laptop key's fourth call
+    records = await gateway.state.store.usage("dana-acct", 10)
+    assert sorted(r.status for r in records) == [200, 200, 200, 402]
+    laptop = [k.id for k in await gateway.state.store.list_keys("dana-acct") if k.name == "laptop"]
+    assert {r.key_id for r in records} == set(laptop)
+    await form.locator("select[name=key]").select_option(label="a key I paste below")
+    await form.get_by_label("Paste a key").wait_for()
     await page.get_by_role("link", name="Password").click()
     await page.get_by_role("heading", name="Signed in as dana").wait_for()
     await shot(page, "users-08-user-password")

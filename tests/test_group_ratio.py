@@ -100,7 +100,10 @@ async def test_every_cost_of_a_vip_request_is_one_and_a_half_times(store_url: st
 async def test_a_group_made_through_the_admin_api_takes_a_ratio(store_url: str) -> None:
     async with running(store_url, groups=GROUPS) as app:
         status, made = await admin(app, "POST", "/admin/groups", {"name": "team", "ratio": 2})
-        assert (status, made) == (201, {"name": "team", "ratio": 2.0, "origin": "api"})
+        assert (status, made) == (
+            201,
+            {"name": "team", "ratio": 2.0, "tool": None, "origin": "api"},
+        )
         status, err = await admin(app, "POST", "/admin/groups", {"name": "t2", "ratio": -1})
         assert status == 400 and err["error"]["message"].startswith("ratio: must be a number")
         status, err = await admin(app, "PATCH", "/admin/groups/vip", {"ratio": 3})

@@ -75,7 +75,8 @@ def restored() -> Iterator[None]:
 def config(tmp_path: Path, header_timeout: float = 5.0) -> Path:
     path = tmp_path / "gateway.yaml"
     path.write_text(
-        f"store: sqlite:///{tmp_path}/gateway.db\nadmin_token: t\ngroups: [default]\n"
+        f"store: sqlite:///{tmp_path}/gateway.db\n"
+        "admin_token: test-admin-token\ngroups: [default]\n"
         "models: []\nchannels: []\n"
         f"server: {{max_connections: 123, header_timeout_seconds: {header_timeout}}}\n"
     )

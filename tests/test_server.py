@@ -72,7 +72,8 @@ SERVERS = [
 def minimal_config(tmp_path: Path, extra: str = "") -> Path:
     config = tmp_path / "gateway.yaml"
     config.write_text(
-        f"store: sqlite:///{tmp_path}/gateway.db\nadmin_token: t\ngroups: [default]\n"
+        f"store: sqlite:///{tmp_path}/gateway.db\n"
+        "admin_token: test-admin-token\ngroups: [default]\n"
         "models: []\nchannels: []\n" + extra
     )
     return config

@@ -241,7 +241,8 @@ async def test_a_redis_store_that_can_never_work_ends_start_up_with_one_line(
     url_of, said = NEVER_WORKS[problem]
     config = tmp_path / "gateway.yaml"
     config.write_text(
-        f"store: {url_of(redis_url)}\nadmin_token: t\ngroups: [default]\n"
+        f"store: {url_of(redis_url)}\n"
+        "admin_token: test-admin-token\ngroups: [default]\n"
         f"models: []\nchannels: []\njournal: {tmp_path}/journal\n"
     )
     proc = await asyncio.create_subprocess_exec(

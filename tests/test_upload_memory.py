@@ -57,7 +57,8 @@ async def test_a_50_mb_upload_grows_the_gateway_by_less_than_20_mb(tmp_path: Pat
     async with FakeUpstream(record=False) as fake:
         config = tmp_path / "gateway.yaml"
         config.write_text(
-            f"store: sqlite:///{tmp_path}/gateway.db\nadmin_token: t\ngroups: [default]\n"
+            f"store: sqlite:///{tmp_path}/gateway.db\n"
+            "admin_token: test-admin-token\ngroups: [default]\n"
             "models: [{name: whisper-small, capabilities: [audio],"
             " price: {audio_second: 0.0001}}]\n"
             "channels: [{name: oa, type: openai, base_url: '" + fake.url + "/v1', api_key: k, "

@@ -18,7 +18,7 @@ from typing import Generic, Protocol, TypeVar
 
 from gateway.cli.arguments import Parents, Subcommands, amount, comma_separated, positive_int
 from gateway.cli.output import Command, Output, table
-from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, PRICE_FIELDS, Settings
+from gateway.config import CHANNEL_STATUSES, CHANNEL_TYPES, PRICE_FIELDS, TOOLS, Settings
 from gateway.errors import InvalidRequestError
 from gateway.operator import catalogue
 from gateway.store import Store
@@ -305,8 +305,22 @@ MODELS = Resource(
 
 
 def groups_table(v: View, only: str | None = None) -> str:
-    rows = [[g, f"{v.ratio(g):g}", v.origin("group", g)] for g in v.groups if only in (None, g)]
-    return table(["NAME", "RATIO", "ORIGIN"], rows, right=[1])
+    rows = [
+        [g, f"{v.ratio(g):g}", v.tool(g) or "-", v.origin("group", g)]
+        for g in v.groups
+        if only in (None, g)
+    ]
+    return table(["NAME", "RATIO", "TOOL", "ORIGIN"], rows, right=[1])
+
+
+def _group_body(args: argparse.Namespace) -> dict[str, object]:
+    """The group's fields given on the command line (``--tool none`` clears the tool)."""
+    body: dict[str, object] = {}
+    if args.ratio is not None:
+        body["ratio"] = float(args.ratio)
+    if args.tool is not None:
+        body["tool"] = None if args.tool == "none" else args.tool
+    return body
 
 
 async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
@@ -315,16 +329,17 @@ async def cmd_groups_list(args: argparse.Namespace, settings: Settings, store: S
 
 
 async def cmd_groups_add(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
-    body: dict[str, object] = {"name": args.name}
-    if args.ratio is not None:
-        body["ratio"] = float(args.ratio)
+    body: dict[str, object] = {"name": args.name, **_group_body(args)}
     name = await catalogue.create_group(store, settings, body)
     v = await catalogue.load(store, settings)
     return Output(catalogue.group_out(name, v), f"added group {name}")
 
 
 async def cmd_groups_update(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
-    await catalogue.update_group(store, settings, args.name, {"ratio": float(args.ratio)})
+    body = _group_body(args)
+    if not body:
+        raise InvalidRequestError("give --ratio, --tool or both")
+    await catalogue.update_group(store, settings, args.name, body)
     v = await catalogue.load(store, settings)
     return Output(catalogue.group_out(args.name, v), groups_table(v, args.name))
 
@@ -335,14 +350,16 @@ def _register_groups(sub: Subcommands, parents: Parents) -> None:
     p = gsub.add_parser("list", parents=parents, help="list groups")
     p.set_defaults(func=cmd_groups_list)
     ratio = "every cost of a request made with a key of the group is multiplied by it (1)"
-    p = gsub.add_parser("add", parents=parents, help="add a group")
-    p.add_argument("name")
-    p.add_argument("--ratio", type=amount, default=None, metavar="R", help=ratio)
-    p.set_defaults(func=cmd_groups_add)
-    p = gsub.add_parser("update", parents=parents, help="change a group's price ratio")
-    p.add_argument("name")
-    p.add_argument("--ratio", type=amount, required=True, metavar="R", help=ratio)
-    p.set_defaults(func=cmd_groups_update)
+    tool = "the tool its keys are made for: the console shows a new key's set-up for it first"
+    for action, func, helps in (
+        ("add", cmd_groups_add, "add a group"),
+        ("update", cmd_groups_update, "change a group's price ratio or tool"),
+    ):
+        p = gsub.add_parser(action, parents=parents, help=helps)
+        p.add_argument("name")
+        p.add_argument("--ratio", type=amount, default=None, metavar="R", help=ratio)
+        p.add_argument("--tool", choices=[*TOOLS, "none"], default=None, help=tool)
+        p.set_defaults(func=func)
     p = gsub.add_parser("delete", parents=parents, help="delete a group no key or channel uses")
     p.add_argument("name")
     p.set_defaults(func=_deleting("group", catalogue.delete_group))

@@ -25,6 +25,7 @@ from gateway.config.catalogue import (
     OPENAI_TYPES,
     OPTIONAL_PRICES,
     PRICE_FIELDS,
+    TOOLS,
     Channel,
     ChannelTimeouts,
     Model,
@@ -34,6 +35,7 @@ from gateway.config.catalogue import (
     parse_model,
     parse_ratio,
     parse_timeouts,
+    parse_tool,
     price_value,
 )
 from gateway.config.clouds import (
@@ -122,6 +124,7 @@ __all__ = [
     "OPTIONAL_PRICES",
     "PRICE_FIELDS",
     "SECRET_FIELDS",
+    "TOOLS",
     "Price",
     "REGISTRATION",
     "ServerSettings",
@@ -150,6 +153,7 @@ __all__ = [
     "parse_metrics",
     "parse_model",
     "parse_ratio",
+    "parse_tool",
     "parse_server",
     "parse_settings",
     "parse_time",

@@ -82,7 +82,10 @@ CHANNEL_STATUSES = ("enabled", "disabled")  # a disabled channel is never chosen
 # MAX_RATIO, far above any real one (``billing.MAX_COST`` is at ratio 1)
 MIN_RATIO = 0.001
 MAX_RATIO = 100.0
-GROUP_FIELDS = frozenset({"name", "ratio"})
+GROUP_FIELDS = frozenset({"name", "ratio", "tool"})
+# the kind of client a group's keys are made for (CONTRACT §2, an extension): the console shows
+# a new key of the group the set-up of that tool first; left out, the SDKs'
+TOOLS = ("claude-code", "codex", "gemini-cli", "sdk")
 
 
 def parse_ratio(v: Any, where: str) -> float:
@@ -91,14 +94,25 @@ def parse_ratio(v: Any, where: str) -> float:
     return float(v)
 
 
-def parse_group(v: Any, where: str) -> tuple[str, float]:
-    """A ``groups[]`` entry: a name, or ``{name, ratio}`` (ratio 1 when left out)."""
+def parse_tool(v: Any, where: str) -> str | None:
+    """A group's ``tool``: one of ``TOOLS``, or none (null or left out)."""
+    if v is None:
+        return None
+    if v not in TOOLS:
+        raise ConfigError(f"{where}: must be one of {', '.join(TOOLS)}")
+    return str(v)
+
+
+def parse_group(v: Any, where: str) -> tuple[str, float, str | None]:
+    """A ``groups[]`` entry: a name, or ``{name, ratio, tool}`` (ratio 1 when left out; tool
+    none)."""
     if isinstance(v, str):
-        return string(v, where), 1.0
+        return string(v, where), 1.0, None
     d = mapping(v, where)
     no_unknown(d, GROUP_FIELDS, where)
     name = string(d.get("name"), at(where, "name"))
-    return name, parse_ratio(d.get("ratio", 1.0), at(where, "ratio"))
+    ratio = parse_ratio(d.get("ratio", 1.0), at(where, "ratio"))
+    return name, ratio, parse_tool(d.get("tool"), at(where, "tool"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,11 +76,20 @@ class Settings:
     # the price table (``policy/prices.py``): the built-in one, or ``prices_file``'s
     prices_file: str = ""
     prices: PriceTable = field(default_factory=builtin, repr=False)
+    # the groups' tool kinds (``config.catalogue.TOOLS``), in ``groups`` order; left out: none
+    tools: tuple[tuple[str, str], ...] = ()
+    # ``demo: true``: the bundled demo configuration, where the public demo admin token serves
+    demo: bool = False
 
     @property
     def group_ratios(self) -> dict[str, float]:
         """Each group's price ratio (``routing.CatalogueSource``); a group left out: 1."""
         return dict(self.ratios)
+
+    @property
+    def group_tools(self) -> dict[str, str]:
+        """Each group's tool kind, for those that name one."""
+        return dict(self.tools)
 
     def model(self, name: str) -> Model | None:
         for m in self.models:
@@ -144,9 +153,11 @@ TOP_LEVEL = frozenset(
         "store", "admin_token", "groups", "models", "channels", "accounts", "keys", "limits",
         "trusted_proxies", "upstream", "server", "metrics", "logging", "tracing", "journal",
         "console",
-        "prices_file",
+        "prices_file", "demo",
     }
 )  # fmt: skip
+MIN_ADMIN_TOKEN = 16  # characters: anything shorter is refused at start
+DEMO_ADMIN_TOKEN = "admin-demo-token"  # ``make run``'s: public, so only in a ``demo: true`` file
 
 
 def check_aliases(models: tuple[Model, ...]) -> None:
@@ -173,9 +184,12 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
             raise ConfigError(f"{k}: unknown field")
     store = raw.get("store") or "sqlite:///data/gateway.db"
     check_store_url(store)
-    admin_token = string(raw.get("admin_token", ""), "admin_token", allow_empty=True)
-    ratios = parse_groups(raw.get("groups", ["default"]))
-    groups = tuple(name for name, _ in ratios)
+    demo = raw.get("demo", False)
+    if not isinstance(demo, bool):
+        raise ConfigError("demo: must be true or false")
+    admin_token = check_admin_token(raw.get("admin_token", ""), demo)
+    entries = parse_groups(raw.get("groups", ["default"]))
+    groups = tuple(name for name, _, _ in entries)
     models = tuple(parse_model(m, f"models[{i}]") for i, m in enumerate(list_of(raw, "models")))
     names = [m.name for m in models]
     unique(names, "models", "name")
@@ -224,19 +238,42 @@ def parse_settings(raw: dict[str, Any], path: str = "") -> Settings:
         tracing=tracing,
         journal=journal,
         path=path,
-        ratios=tuple((name, ratio) for name, ratio in ratios if ratio != 1.0),
+        ratios=tuple((name, ratio) for name, ratio, _ in entries if ratio != 1.0),
+        tools=tuple((name, tool) for name, _, tool in entries if tool is not None),
         console=console,
         prices_file=prices_file,
         prices=prices,
+        demo=demo,
     )
 
 
-def parse_groups(v: Any) -> list[tuple[str, float]]:
-    """``groups``: names, or ``{name, ratio}`` entries; at least one, each name once."""
+def check_admin_token(v: Any, demo: bool) -> str:
+    """``admin_token``: empty turns the admin API off; else at least ``MIN_ADMIN_TOKEN``
+    characters, and not the public demo token unless the file says ``demo: true`` (the
+    bundled example that ``make run`` serves)."""
+    token = string(v, "admin_token", allow_empty=True)
+    if not token:
+        return ""
+    if len(token) < MIN_ADMIN_TOKEN:
+        raise ConfigError(
+            f"admin_token (or GATEWAY_ADMIN_TOKEN): {len(token)} characters, at least "
+            f"{MIN_ADMIN_TOKEN} are needed (e.g. openssl rand -hex 24); empty turns the admin "
+            "API off"
+        )
+    if token == DEMO_ADMIN_TOKEN and not demo:
+        raise ConfigError(
+            f"admin_token (or GATEWAY_ADMIN_TOKEN): {DEMO_ADMIN_TOKEN!r} is the public demo "
+            "token, accepted only in a configuration marked demo: true; choose your own"
+        )
+    return token
+
+
+def parse_groups(v: Any) -> list[tuple[str, float, str | None]]:
+    """``groups``: names, or ``{name, ratio, tool}`` entries; at least one, each name once."""
     if not isinstance(v, list) or not v:
         raise ConfigError("groups: at least one group is needed")
     out = [parse_group(g, f"groups[{i}]") for i, g in enumerate(v)]
-    unique([name for name, _ in out], "groups", "name")
+    unique([name for name, _, _ in out], "groups", "name")
     return out
 
 

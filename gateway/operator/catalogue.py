@@ -34,6 +34,7 @@ from gateway.config import (
     parse_channel,
     parse_model,
     parse_ratio,
+    parse_tool,
 )
 from gateway.config.pricing import priced_model
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
@@ -136,7 +137,12 @@ def model_out(m: Model, v: View) -> dict[str, JSON]:
 
 
 def group_out(name: str, v: View) -> dict[str, JSON]:
-    return {"name": name, "ratio": v.ratio(name), "origin": v.origin(GROUP, name)}
+    return {
+        "name": name,
+        "ratio": v.ratio(name),
+        "tool": v.tool(name),
+        "origin": v.origin(GROUP, name),
+    }
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -331,13 +337,13 @@ async def delete_model(store: Store, settings: Settings, name: str) -> None:
     await store.edit_catalogue(edit)
 
 
-def _ratio(fields: Mapping[str, object]) -> float:
-    """A group's ``ratio`` (left out or null: 1), by the file's rule."""
-    value = fields.get("ratio")
-    if value is None:
-        return 1.0
+def _group_fields(fields: Mapping[str, object], was: Mapping[str, Any]) -> tuple[float, str | None]:
+    """A group's ``ratio`` and ``tool`` by the file's rules: a field left out keeps what
+    ``was`` (the stored record; none: 1 and no tool), null clears it."""
     try:
-        return parse_ratio(value, "ratio")
+        ratio = fields.get("ratio", was.get("ratio"))
+        tool = fields.get("tool", was.get("tool"))
+        return (1.0 if ratio is None else parse_ratio(ratio, "ratio")), parse_tool(tool, "tool")
     except ConfigError as exc:
         raise InvalidRequestError(str(exc)) from None
 
@@ -346,12 +352,12 @@ async def create_group(store: Store, settings: Settings, body: object) -> str:
     fields = _body(body)
     only_fields(fields, GROUP_FIELDS)
     name = _new_name(fields.get("name"))
-    ratio = _ratio(fields)
+    ratio, tool = _group_fields(fields, {})
 
     def edit(records: CatalogueRecords) -> CatalogueEdit:
         if name in view(records, settings).groups:
             raise AlreadyExistsError(f"group {name!r} already exists")
-        rec = group_record(name, API, records.next_seq(GROUP), ratio)
+        rec = group_record(name, API, records.next_seq(GROUP), ratio, tool)
         return CatalogueEdit(put={(GROUP, name): rec})
 
     await store.edit_catalogue(edit)
@@ -359,20 +365,22 @@ async def create_group(store: Store, settings: Settings, body: object) -> str:
 
 
 async def update_group(store: Store, settings: Settings, name: str, body: object) -> None:
-    """A group made through the API gets a new ``ratio`` (null: 1); the file's answer 409."""
+    """A group made through the API gets a new ``ratio`` or ``tool`` (left out: kept; null:
+    1, none); the file's answer 409."""
     fields = _body(body)
     only_fields(fields, GROUP_FIELDS)
     _same_name(fields, name)
-    ratio = _ratio(fields)
+    _group_fields(fields, {})  # a bad value is a 400 before the store is asked
 
     def edit(records: CatalogueRecords) -> CatalogueEdit:
         v = view(records, settings)
         if name not in v.groups:
             raise NotFoundError(f"group {name!r} not found")
         _not_the_files(v, GROUP, name)
-        rec = records.get(GROUP, name)
-        seq = int(rec.get("seq", 0)) if rec is not None else records.next_seq(GROUP)
-        return CatalogueEdit(put={(GROUP, name): group_record(name, API, seq, ratio)})
+        rec = records.get(GROUP, name) or {}
+        ratio, tool = _group_fields(fields, rec)
+        seq = int(rec.get("seq", 0)) if rec else records.next_seq(GROUP)
+        return CatalogueEdit(put={(GROUP, name): group_record(name, API, seq, ratio, tool)})
 
     await store.edit_catalogue(edit)
 

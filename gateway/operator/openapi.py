@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
-from gateway.config import CHANNEL_TYPES, CLOUD_FIELDS
+from gateway.config import CHANNEL_TYPES, CLOUD_FIELDS, TOOLS
 from gateway.edge.routes import ROUTES, RouteSpec
 
 JSONObject = dict[str, Any]
@@ -258,7 +258,11 @@ KEY_FIELDS: JSONObject = {
 }
 
 
-GROUP_FIELDS: JSONObject = {"name": STRING, "ratio": {"type": ["number", "null"]}}
+GROUP_FIELDS: JSONObject = {
+    "name": STRING,
+    "ratio": {"type": ["number", "null"]},
+    "tool": {"enum": [*TOOLS, None]},
+}
 USER_FIELDS: JSONObject = {
     "username": STRING,
     "password": STRING,
@@ -390,12 +394,14 @@ def admin_paths() -> JSONObject:
             "post": _admin("one minimal request through the channel, not billed", params=("name",))
         },
         "/admin/groups": {
-            "get": _admin("the groups and their price ratios"),
+            "get": _admin("the groups, their price ratios and tool kinds"),
             "post": _admin("add a group", request=body(["name"], GROUP_FIELDS), created=True),
         },
         "/admin/groups/{name}": {
             "patch": _admin(
-                "change a group's price ratio", request=body([], GROUP_FIELDS), params=("name",)
+                "change a group's price ratio or tool",
+                request=body([], GROUP_FIELDS),
+                params=("name",),
             ),
             "delete": _admin("delete a group (409 while in use)", params=("name",)),
         },

@@ -295,6 +295,13 @@ class ClientAddress:
             self._ranges[cache_key] = found
         return found
 
+    def from_proxy(self, client: Sequence[object] | None) -> bool:
+        """Whether the socket peer is a trusted proxy, whose forwarded headers are believed
+        (X-Forwarded-For here, X-Forwarded-Proto by the console's cookie)."""
+        if not client or not self._trusted:
+            return False
+        return self._is_trusted(str(client[0]))
+
     def _is_trusted(self, ip: str) -> bool:
         try:
             addr = ipaddress.ip_address(ip)

@@ -24,6 +24,11 @@ from gateway.store.cache import Cache
 from gateway.types import Scope
 
 STORE_RETRY_AFTER = 2.0  # seconds a client is told to wait while the store is away
+# the scope entry of a request the console makes for a signed-in user's own key (its try-it
+# box, ``operator/console/trial.py``): the key's hash, in place of a secret the console does
+# not have. Only this process puts it in a scope: a server builds a scope from standard
+# entries alone, so no client can send it.
+CONSOLE_KEY = "gateway.console_key"
 
 
 class Gate:
@@ -48,10 +53,14 @@ class Gate:
                 "The gateway cannot reach its store; try again shortly.",
                 retry_after=STORE_RETRY_AFTER,
             )
-        secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)
-        if secret is None:
-            raise AuthenticationError("Missing API key.")
-        key = check_key(self.cache.key(key_hash(secret)), now)
+        chosen = scope.get(CONSOLE_KEY)
+        if chosen is not None:  # the console's try-it call for a key of the signed-in user
+            key = check_key(self.cache.key(chosen), now)
+        else:
+            secret = extract_key(headers, scope.get("query_string", b""), spec.key_in_query)
+            if secret is None:
+                raise AuthenticationError("Missing API key.")
+            key = check_key(self.cache.key(key_hash(secret)), now)
         if key.allowed_ips is not None:
             self.check_address(key, scope, headers)
         return key

@@ -41,6 +41,8 @@ class CatalogueSource(Protocol):
     def channels(self) -> tuple[Channel, ...]: ...
     @property
     def group_ratios(self) -> Mapping[str, float]: ...
+    @property
+    def group_tools(self) -> Mapping[str, str]: ...
 
 
 class LiveCatalogue:
@@ -67,6 +69,7 @@ class Catalogue:
         "models",
         "rates",
         "ratios",
+        "tools",
         "every_channel",
         "_by_group_model",
         "_group_models",
@@ -88,6 +91,7 @@ class Catalogue:
         self.ratios: dict[str, Fraction] = {
             g: Fraction(str(r)) for g, r in settings.group_ratios.items() if r != 1
         }
+        self.tools: dict[str, str] = dict(settings.group_tools)  # a group's tool kind, if any
         by: dict[tuple[str, str], list[Channel]] = {}
         for ch in settings.channels:
             if ch.status != "enabled":
@@ -123,6 +127,10 @@ class Catalogue:
     def ratio(self, group: str) -> Fraction | int:
         """What every cost of a request made with a key of ``group`` is multiplied by."""
         return self.ratios.get(group, 1)
+
+    def tool(self, group: str) -> str | None:
+        """The kind of client the group's keys are made for (the console's set-up), if any."""
+        return self.tools.get(group)
 
     def group_models(self, group: str) -> tuple[Model, ...]:
         """The models a key of this group can reach, in catalogue order."""

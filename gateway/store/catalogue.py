@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.config import ConfigError, parse_channel, parse_model, parse_ratio
+from gateway.config import ConfigError, parse_channel, parse_model, parse_ratio, parse_tool
 from gateway.config.clouds import DEFAULT_URL_TYPES, TYPE_FIELDS, default_base_url
 from gateway.config.pricing import priced_models
 from gateway.types import JSON
@@ -130,12 +130,16 @@ def model_record(model: Model, origin: str, seq: int) -> dict[str, JSON]:
     return {**out, "origin": origin, "seq": seq}
 
 
-def group_record(name: str, origin: str, seq: int, ratio: float = 1.0) -> dict[str, JSON]:
-    """A group's record: its price ratio only when it has one (a record of a group without
-    one is what earlier versions wrote)."""
+def group_record(
+    name: str, origin: str, seq: int, ratio: float = 1.0, tool: str | None = None
+) -> dict[str, JSON]:
+    """A group's record: its price ratio and tool kind only when it has them (a record of a
+    group without them is what earlier versions wrote)."""
     out: dict[str, JSON] = {"name": name, "origin": origin, "seq": seq}
     if ratio != 1.0:
         out["ratio"] = ratio
+    if tool is not None:
+        out["tool"] = tool
     return out
 
 
@@ -210,9 +214,9 @@ def seed_edit(settings: Settings) -> Editor:
     """The file's groups, models and channels written as the file's (over anything of the same
     name), and the entries an earlier file gave that this one no longer names removed."""
     wanted: dict[Entry, dict[str, JSON]] = {}
-    ratios = settings.group_ratios
+    ratios, tools = settings.group_ratios, settings.group_tools
     for i, g in enumerate(settings.groups):
-        wanted[(GROUP, g)] = group_record(g, FILE, i, ratios.get(g, 1.0))
+        wanted[(GROUP, g)] = group_record(g, FILE, i, ratios.get(g, 1.0), tools.get(g))
     for i, m in enumerate(settings.models):
         wanted[(MODEL, m.name)] = model_record(m, FILE, i)
     for i, ch in enumerate(settings.channels):
@@ -242,6 +246,7 @@ class View:
     channels: tuple[Channel, ...]
     file_entries: frozenset[Entry]  # the entries some configuration file owns
     group_ratios: Mapping[str, float] = field(default_factory=dict)  # 1 where left out
+    group_tools: Mapping[str, str] = field(default_factory=dict)  # none where left out
 
     def origin(self, kind: str, name: str) -> str:
         return FILE if (kind, name) in self.file_entries else API
@@ -257,6 +262,9 @@ class View:
 
     def ratio(self, group: str) -> float:
         return self.group_ratios.get(group, 1.0)
+
+    def tool(self, group: str) -> str | None:
+        return self.group_tools.get(group)
 
 
 # the bad records this process has logged: every reload (and admin read) meets them again
@@ -285,18 +293,21 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
     file_entries |= {(MODEL, n) for n in own_models} | {(CHANNEL, n) for n in own_channels}
 
     groups = list(settings.groups)
-    ratios = settings.group_ratios
+    ratios, tools = settings.group_ratios, settings.group_tools
     for rec in records.of(GROUP):
         name = rec["name"]
         if name not in own_groups:
             try:
                 ratio = parse_ratio(rec.get("ratio", 1.0), f"stored group {name!r}.ratio")
+                tool = parse_tool(rec.get("tool"), f"stored group {name!r}.tool")
             except ConfigError as exc:
                 warn_once(GROUP, str(exc))
                 continue
             groups.append(name)
             if ratio != 1.0:
                 ratios[name] = ratio
+            if tool is not None:
+                tools[name] = tool
             if rec.get("origin") == FILE:
                 file_entries.add((GROUP, name))
 
@@ -334,4 +345,4 @@ def view(records: CatalogueRecords, settings: Settings) -> View:
         lambda i, m: f"model {m.name!r}",
         lambda exc: warn_once(MODEL, str(exc)),
     )
-    return View(tuple(groups), priced, tuple(channels), frozenset(file_entries), ratios)
+    return View(tuple(groups), priced, tuple(channels), frozenset(file_entries), ratios, tools)

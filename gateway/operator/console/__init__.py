@@ -49,8 +49,10 @@ from gateway.operator.console import users as user_routes
 from gateway.operator.console.http import (
     SECURITY_HEADERS,
     error_reply,
+    forget_session,
     json_reply,
     locked_out,
+    session_cookie,
     session_reply,
     signer_of,
 )
@@ -58,7 +60,8 @@ from gateway.operator.console.http import (
 # the admin API reads the console's session with these (``admin._console_admin``)
 from gateway.operator.console.http import csrf_ok as csrf_ok
 from gateway.operator.console.http import session_of as session_of
-from gateway.operator.console.session import COOKIE, NoSecretError, Session, key_sessions
+from gateway.operator.console.session import NoSecretError, Session, key_sessions
+from gateway.operator.console.trial import try_chat
 from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
 from gateway.store import MICRO, KeyRecord
@@ -256,7 +259,7 @@ async def _signed_in_with(request: Request, token: str) -> Response:
 async def sign_out(request: Request) -> Response:
     """End the session here at once and, through the store, on every instance within a
     second. When the store does not take it: 503 and the cookie kept, to try again."""
-    session = signer_of(request).read(request.cookies.get(COOKIE))
+    session = signer_of(request).read(session_cookie(request))
     if session is not None:
         if not csrf_ok(request, session):
             return error_reply(403, "missing or wrong x-console-csrf header", "csrf")
@@ -270,9 +273,7 @@ async def sign_out(request: Request) -> Response:
                 log.warning("console.sign_out_failed error=%s", type(exc).__name__)
                 return error_reply(503, "the store does not answer; sign out again", NO_STORE)
             cache.revoke(session.nonce, session.expires)
-    resp = json_reply({"signed_in": False})
-    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
-    return resp
+    return forget_session(json_reply({"signed_in": False}), request)
 
 
 # ---- what a signed-in console reads --------------------------------------------------------
@@ -369,8 +370,9 @@ def _priced(price: dict[str, JSON], ratio: float) -> dict[str, JSON]:
 async def square(request: Request) -> Response:
     """The model square: each model the viewer's groups reach (``?group=`` one of them),
     with its capabilities, the endpoints that serve it, and its prices in each of those
-    groups (times the group's ratio). A key sees its group's (its ``models`` only), a user
-    its groups', the admin every group's."""
+    groups (times the group's ratio), and each group's tool kind (``tools``: the set-up the
+    console shows a new key of the group first). A key sees its group's (its ``models``
+    only), a user its groups', the admin every group's."""
     found = _signed_in(request)
     if isinstance(found, Response):
         return found
@@ -398,8 +400,11 @@ async def square(request: Request) -> Response:
     order = {m.name: i for i, m in enumerate(catalogue.models.values())}
     models: list[JSON] = sorted(entries.values(), key=lambda e: order.get(str(e["name"]), 0))
     ratios: dict[str, JSON] = {g: float(catalogue.ratio(g)) for g in groups}
+    tools: dict[str, JSON] = {g: catalogue.tool(g) for g in groups}
     group = chosen if chosen is not None else (key.group if key is not None else None)
-    return json_reply({"group": group, "groups": groups, "ratios": ratios, "models": models})
+    return json_reply(
+        {"group": group, "groups": groups, "ratios": ratios, "tools": tools, "models": models}
+    )
 
 
 def console_routes() -> list[BaseRoute]:
@@ -413,5 +418,6 @@ def console_routes() -> list[BaseRoute]:
         Route("/me", me, methods=["GET"]),
         Route("/usage", usage, methods=["GET"]),
         Route("/square", square, methods=["GET"]),
+        Route("/try", try_chat, methods=["POST"]),
         *(Route(path, fn, methods=[method]) for path, fn, method in user_routes.user_routes()),
     ]

@@ -14,15 +14,16 @@ a guess of the token. Until the store first answered there is no secret: sign-in
 and no cookie is accepted.
 
 The cookie is ``HttpOnly`` (scripts never read it), ``SameSite=Strict`` (no other site's page
-sends it) and ``Secure`` over HTTPS. A request that changes anything must also carry the
-session's CSRF token in ``x-console-csrf``: a form on another site cannot set that header.
-A key session is checked against the key cache on every request, so a key disabled, expired
-or deleted ends its sessions within a second. A cookie stays valid by its signature alone, so
-signing out also revokes the session's nonce on the server (``console.sign_out``, kept by
-the store and loaded into every cache) until the session would have ended anyway. A key
-disabled or deleted revokes every session it signed in until then the same way, under one
-entry (``key_sessions``, kept until the last of them would have ended): those never come
-back, even when the key is enabled again (or made again with its secret).
+sends it) and, over TLS, ``__Host-``-prefixed and ``Secure`` (``console/http.py``). A request
+that changes anything must also carry the session's CSRF token in ``x-console-csrf``: a form on
+another site cannot set that header. A key session is checked against the key cache on every
+request, so a key disabled, expired or deleted ends its sessions within a second. A cookie
+stays valid by its signature alone, so signing out also revokes the session's nonce on the
+server (``console.sign_out``, kept by the store and loaded into every cache) until the session
+would have ended anyway. A key disabled or deleted revokes every session it signed in until
+then the same way, under one entry (``key_sessions``, kept until the last of them would have
+ended): those never come back, even when the key is enabled again (or made again with its
+secret).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Protocol
 
 import orjson
 
-COOKIE = "gw_console"
+COOKIE = "gw_console"  # over plain http (``console/http.py``: ``over_tls``)
+HOST_COOKIE = "__Host-" + COOKIE  # over TLS: Secure, Path=/, no Domain
 CSRF_HEADER = "x-console-csrf"
 LIFETIME = 12 * 3600  # seconds a sign-in lasts
 

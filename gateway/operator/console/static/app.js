@@ -10,7 +10,7 @@ import {
 } from "./ui.js";
 import { squarePage } from "./square.js";
 import {
-  passwordPage, redemptionsPage, topUpPage, userKeysPage, userUsagePage, usersPage,
+  TOOL_TABS, passwordPage, redemptionsPage, topUpPage, userKeysPage, userUsagePage, usersPage,
 } from "./people.js";
 
 // ---- pages --------------------------------------------------------------------------------
@@ -347,35 +347,43 @@ async function modelsPage() {
   ], data, m => [m.name, ...m.capabilities], "No models yet: add one above."))];
 }
 
+// a group's tool: the choices of its select (the tool kinds, and none)
+const toolSelect = (value, attrs = {}) => h("select", attrs,
+  h("option", { value: "", text: "none (SDKs)" }),
+  Object.entries(TOOL_TABS).map(([kind, name]) => h("option", { value: kind, text: name, selected: kind === value })));
+
 async function groupsPage() {
   const { data } = await api("GET", "/admin/groups");
   const form = h("form", { class: "inline", id: "new-group" },
     field("Name", h("input", { name: "name", required: true })),
     field("Price ratio", h("input", { name: "ratio", type: "number", min: "0.001", step: "any", value: "1" })),
+    field("Tool its keys are for", toolSelect("", { name: "tool" })),
     h("button", { type: "submit", class: "primary" }, "Add group"));
   form.addEventListener("submit", ev => {
     ev.preventDefault();
     const f = new FormData(form);
     const name = f.get("name");
-    act(() => api("POST", "/admin/groups", { name, ratio: Number(f.get("ratio") || 1) }), `Group ${name} added.`);
+    act(() => api("POST", "/admin/groups", { name, ratio: Number(f.get("ratio") || 1), tool: f.get("tool") || null }), `Group ${name} added.`);
   });
   const path = g => `/admin/groups/${encodeURIComponent(g.name)}`;
   const actions = g => {
     if (g.origin === "file") return h("span", { class: "muted", title: "defined in the configuration file: change it there", text: "from the file" });
     const ratio = h("input", { type: "number", min: "0.001", step: "any", value: String(g.ratio), class: "topup", "aria-label": `Price ratio of ${g.name}` });
-    return h("div", { class: "actions" }, ratio,
-      h("button", { type: "button", "aria-label": `Set the ratio of ${g.name}`,
-        onclick: () => act(() => api("PATCH", path(g), { ratio: Number(ratio.value) }), `Group ${g.name} saved.`) }, "Set ratio"),
+    const tool = toolSelect(g.tool, { "aria-label": `Tool of ${g.name}` });
+    return h("div", { class: "actions" }, ratio, tool,
+      h("button", { type: "button", "aria-label": `Save group ${g.name}`,
+        onclick: () => act(() => api("PATCH", path(g), { ratio: Number(ratio.value), tool: tool.value || null }), `Group ${g.name} saved.`) }, "Save"),
       h("button", { type: "button", class: "danger", "aria-label": `Delete group ${g.name}`,
         onclick: () => confirm(`Delete group ${g.name}?`) && act(() => api("DELETE", path(g)), `Group ${g.name} deleted.`) }, "Delete"));
   };
   return [h("h1", { text: "Groups" }),
-    h("p", { class: "muted", text: "A key's group decides its channels; its price ratio multiplies every cost of a request made with the key." }),
+    h("p", { class: "muted", text: "A key's group decides its channels; its price ratio multiplies every cost of a request made with the key. Command-line tools need a group of their own: a group's tool is the set-up shown first for its new keys." }),
     h("div", { class: "card" }, form), h("div", { class: "card" }, searchable("group-search", "group name", [
     { label: "Group", value: g => g.name },
     { label: "Ratio", num: true, value: g => `×${g.ratio}` },
+    { label: "Tool", value: g => TOOL_TABS[g.tool] || "—" },
     { label: "Actions", value: actions },
-  ], data, g => [g.name], "No groups."))];
+  ], data, g => [g.name, g.tool || ""], "No groups."))];
 }
 
 async function minePage() {

@@ -15,31 +15,38 @@ const TOOLS = ["Claude Code", "Codex CLI", "Gemini CLI", "OpenAI SDK", "Anthropi
 
 // ---- a user's keys ------------------------------------------------------------------------
 
-// the new key's secret, once, with its base URLs and each tool's set-up for one of its models
-function newKeyBox(made, model) {
+// a group's tool kind (``tool`` in the group's settings) and the set-up tab that serves it
+export const TOOL_TABS = { "claude-code": "Claude Code", codex: "Codex CLI", "gemini-cli": "Gemini CLI", sdk: "OpenAI SDK" };
+const forTool = tool => tool && TOOL_TABS[tool] ? ` (for ${TOOL_TABS[tool]})` : "";
+
+// the new key's secret, once, with its base URLs and each tool's set-up for one of its models:
+// the group's own tool first and chosen, the others a tab away
+function newKeyBox(made, model, tool) {
   const all = model ? snippets(model, ["chat"]) : {};
-  const tools = TOOLS.filter(t => t in all);
+  const own = TOOL_TABS[tool];
+  const tools = [own, ...TOOLS.filter(t => t !== own)].filter(t => t in all);
   const code = h("pre", { id: "key-snippet" }, h("code", { text: tools.length ? all[tools[0]].replaceAll("YOUR_KEY", made.key) : "" }));
   const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": "Set-up for your tools" });
   const pick = t => {
     code.firstChild.textContent = all[t].replaceAll("YOUR_KEY", made.key);
-    for (const b of tabs.children) b.setAttribute("aria-selected", String(b.textContent === t));
+    for (const b of tabs.children) b.setAttribute("aria-selected", String(b.dataset.tool === t));
   };
-  tools.forEach((t, i) => tabs.append(h("button", { type: "button", role: "tab", "aria-selected": String(i === 0), onclick: () => pick(t) }, t)));
+  tools.forEach((t, i) => tabs.append(h("button", { type: "button", role: "tab", "data-tool": t, "aria-selected": String(i === 0), onclick: () => pick(t) },
+    t === own ? `${t} (this group's tool)` : t)));
   return h("div", { class: "secret-card", role: "status" },
     h("div", { class: "secret" },
       h("span", { text: `New key ${made.name || made.id}:` }), h("code", { id: "new-secret", text: made.key }),
       h("button", { type: "button", onclick: () => copy(made.key, "Key") }, "Copy"),
       h("span", { class: "muted", text: "Shown only this once: store it now." })),
     h("p", { class: "muted", text: `Base URLs: ${location.origin}/v1 for OpenAI SDKs and Codex CLI; ${location.origin} for Anthropic SDKs, Claude Code, google-genai and Gemini CLI.` }),
-    tools.length ? [h("p", {}, h("strong", { text: `Set-up with ${model} (group ${made.group}):` })), tabs, code,
+    tools.length ? [h("p", {}, h("strong", { text: `Set-up with ${model} (group ${made.group}${own ? `, made for ${own}` : ""}):` })), tabs, code,
       h("button", { type: "button", onclick: () => copy(code.textContent, "Set-up") }, "Copy set-up")] : null);
 }
 
 function keyForm(groups, square, onMade) {
   const modelsOf = g => square.models.filter(m => m.groups.includes(g));
   const list = h("datalist", { id: "group-models" });
-  const group = h("select", { name: "group" }, groups.map(g => h("option", { value: g, text: g })));
+  const group = h("select", { name: "group" }, groups.map(g => h("option", { value: g, text: `${g}${forTool((square.tools || {})[g])}` })));
   const fill = () => list.replaceChildren(...modelsOf(group.value).map(m => h("option", { value: m.name })));
   group.addEventListener("change", fill);
   fill();
@@ -101,14 +108,16 @@ export async function userKeysPage() {
   const onMade = (made, model) => {
     keys.push({ ...made, spent: 0 });
     draw();
-    shown.replaceChildren(newKeyBox(made, model));
+    shown.replaceChildren(newKeyBox(made, model, (square.tools || {})[made.group]));
   };
   const form = me.groups.length ? keyForm(me.groups, square, onMade)
     : h("p", { class: "muted", text: "You may not make keys in any group yet: ask the administrator." });
   return [h("h1", { text: "My keys" }),
     h("div", { class: "grid" }, h("div", { class: "card stat" }, h("span", { class: "muted", text: "Balance" }), h("strong", { text: money(me.balance) })),
       h("div", { class: "card stat" }, h("span", { class: "muted", text: "Groups" }), h("strong", { text: me.groups.join(", ") || "none" }))),
-    h("div", { class: "card" }, h("h2", { text: "Create a key" }), form, shown),
+    h("div", { class: "card" }, h("h2", { text: "Create a key" }),
+      h("p", { class: "muted", text: "Command-line tools need a key of their own group: choose the group made for your tool (shown beside its name)." }),
+      form, shown),
     h("div", { class: "card" }, list)];
 }
 

@@ -1,10 +1,13 @@
 // The model square, for everyone signed in: each model the viewer's groups reach, searched and
 // filtered by capability and group, with its price in each of those groups (the group's ratio
 // applied), its endpoints and a copyable snippet per client; and a "try it" box that sends one
-// chat message through a key of the viewer's choosing and shows the reply. The key is one made
-// in this tab (kept in memory only) or one pasted in; nothing of the exchange is kept here.
+// chat message through a key of the viewer's choosing and shows the reply. A key of one's own
+// (a user's enabled keys, or a key session's key) goes through the console (POST /console/try,
+// billed to that key): its secret was shown once and is kept nowhere, so the page never has
+// it. A key pasted in (or made by the admin in this tab, kept in memory only) goes to
+// /v1/chat/completions itself. Nothing of the exchange is kept here.
 
-import { api, copy, field, h, notice, prices, state } from "./ui.js";
+import { api, copy, field, h, notice, num, prices, state } from "./ui.js";
 
 // the clients' code for a model, by what it can do: each capability's own endpoints
 export function snippets(model, caps) {
@@ -76,40 +79,66 @@ function modelCard(m, ratios) {
     h("button", { type: "button", onclick: () => copy(code.textContent, "Snippet") }, "Copy snippet"));
 }
 
-// one chat message through a key, the reply shown; the key goes only to /v1/chat/completions
-function tryIt(models) {
+// the keys the viewer may try without their secret: a user's enabled ones, a key session's own
+async function ownKeys() {
+  if (state.role === "user") return (await api("GET", "/console/keys")).data.filter(k => k.status === "enabled");
+  if (state.role === "key") return [(await api("GET", "/console/me")).key];
+  return [];
+}
+
+// one chat message through a key, the reply shown
+async function tryIt(models) {
   const chat = models.filter(m => m.capabilities.includes("chat"));
+  if (!chat.length) return null;
+  const own = await ownKeys();
+  const inTab = [...state.secrets.entries()].filter(([id]) => !own.some(k => k.id === id));
   const keys = h("select", { name: "key" },
-    [...state.secrets.entries()].map(([id, k]) => h("option", { value: id, text: `${k.name || id} (${k.group})` })),
+    own.map(k => h("option", { value: `own:${k.id}`, text: `${k.name || k.id} (${k.group})` })),
+    inTab.map(([id, k]) => h("option", { value: `tab:${id}`, text: `${k.name || id} (${k.group}, made in this tab)` })),
     h("option", { value: "", text: "a key I paste below" }));
   const pasted = h("input", { name: "pasted", type: "password", autocomplete: "off", placeholder: "sk-…" });
+  const pasteField = field("Paste a key", pasted);
+  const showPaste = () => { pasteField.hidden = keys.value !== ""; };
+  keys.addEventListener("change", showPaste);
+  showPaste();
   const model = h("select", { name: "model" }, chat.map(m => h("option", { value: m.name, text: m.name })));
-  const message = h("input", { name: "message", value: "Say hello in five words.", required: true });
+  const message = h("input", { name: "message", value: "Say hello in five words.", required: true, maxlength: "4000" });
   const reply = h("p", { id: "try-reply", role: "status", class: "reply" });
+  const cost = h("p", { id: "try-usage", class: "muted" });
   const form = h("form", { class: "inline", id: "try-it" },
-    field("Model", model), field("Key", keys), field("Or paste a key", pasted), field("Message", message),
+    field("Model", model), field("Key", keys), pasteField, field("Message", message),
     h("button", { type: "submit", class: "primary" }, "Send"));
   form.addEventListener("submit", async ev => {
     ev.preventDefault();
-    const made = state.secrets.get(keys.value);
-    const secret = made ? made.key : pasted.value.trim();
-    if (!secret) { notice("Choose a key made in this tab, or paste one."); return; }
+    const [how, id] = keys.value.split(/:(.*)/s);
+    const secret = how === "tab" ? state.secrets.get(id).key : pasted.value.trim();
+    if (how !== "own" && !secret) { notice("Choose one of your keys, or paste one."); return; }
+    notice("");
     reply.textContent = "Waiting for the reply…";
+    cost.textContent = "";
     try {
-      const r = await fetch("/v1/chat/completions", {
-        method: "POST", credentials: "omit",
-        headers: { "content-type": "application/json", authorization: `Bearer ${secret}` },
-        body: JSON.stringify({ model: model.value, messages: [{ role: "user", content: message.value }] }),
-      });
-      const data = await r.json();
-      if (!r.ok) throw new Error((data.error && data.error.message) || `HTTP ${r.status}`);
-      reply.textContent = data.choices[0].message.content;
+      let out;
+      if (how === "own") {
+        out = await api("POST", "/console/try", { key: id, model: model.value, message: message.value });
+      } else {
+        const r = await fetch("/v1/chat/completions", {
+          method: "POST", credentials: "omit",
+          headers: { "content-type": "application/json", authorization: `Bearer ${secret}` },
+          body: JSON.stringify({ model: model.value, messages: [{ role: "user", content: message.value }] }),
+        });
+        const data = await r.json();
+        if (!r.ok) throw new Error((data.error && data.error.message) || `HTTP ${r.status}`);
+        out = { reply: data.choices[0].message.content, usage: data.usage };
+      }
+      reply.textContent = out.reply;
+      if (out.usage) cost.textContent = `${num(out.usage.prompt_tokens)} tokens in, ${num(out.usage.completion_tokens)} out, billed to this key like any call.`;
     } catch (e) { reply.textContent = `Failed: ${e.message}`; }
   });
-  if (!chat.length) return null;
   return h("div", { class: "card" }, h("h2", { text: "Try it" }),
-    h("p", { class: "muted", text: "One message through one of your keys (billed as any request). Nothing of it is kept here." }),
-    form, reply);
+    h("p", { class: "muted", text: own.length
+      ? "One message through one of your keys, sent for you by the console (billed as any request). Your keys' secrets are not needed: they were shown once and are kept nowhere. Nothing of the exchange is kept here."
+      : "One message through a key (billed as any request). Nothing of the exchange is kept here." }),
+    form, reply, cost);
 }
 
 export async function squarePage() {
@@ -133,7 +162,7 @@ export async function squarePage() {
   const title = data.groups.length === 1 ? `Model square: ${data.groups[0]}` : "Model square";
   return [h("h1", { text: title }),
     h("p", { class: "muted", text: `Base URLs: OpenAI SDKs ${location.origin}/v1; Anthropic and google-genai SDKs ${location.origin}. Replace YOUR_KEY with your sk- key.` }),
-    tryIt(data.models),
+    await tryIt(data.models),
     h("div", { class: "card inline filters" }, field("Search", search), field("Capability", capability), groups ? field("Group", groups) : null),
     cards];
 }
