@@ -4,8 +4,8 @@ the admin API, the console or the command line (``operator/audit.py`` makes them
 
 An entry holds who (``actor``), what (``action``, the object's type and id, the fields the
 change named with their non-secret values), when, from where (the client's /24 or /48, never
-the full address) and how it ended (the HTTP status; 0 for a command-line change, which
-either happens or prints an error). Secrets never reach an entry: the operator layer masks
+the full address) and how it ended (the HTTP status; a command-line change is 200, or the
+status the admin API would have given its error). Secrets never reach an entry: the operator layer masks
 them before it is built, and the stores keep only what it holds.
 
 Both stores keep the newest ``AUDIT_KEEP`` entries (SQLite: the ``audit`` table, trimmed by
@@ -39,7 +39,7 @@ class AuditEntry:
     object_id: str  # "" when the change has no single object (a batch of codes)
     fields: dict[str, JSON] = field(default_factory=dict)  # name -> value, secrets masked
     ip_range: str = ""  # a.b.c.0/24 or a /48; "" from the command line
-    status: int = 0  # the HTTP status answered; 0: a command-line change that happened
+    status: int = 0  # the HTTP status answered (a command-line change: 200, or its error's)
     via: str = "api"  # api | console | cli
     request_id: str = ""  # the request's x-request-id, as in the access log
 
@@ -49,7 +49,7 @@ class AuditQuery:
     """Which entries to list: each filter given must match. ``actor``: one actor, or a kind
     of them (``user``: every user); ``action``: one action, or every action on a type of
     object (``key``: ``key.create``, ``key.update``, ...); ``object_type``/``object_id``;
-    ``status``: an HTTP status or one of ``STATUS_CLASSES`` (0, a command line's, is ok);
+    ``status``: an HTTP status or one of ``STATUS_CLASSES``;
     ``since`` included, ``until`` not; ``after``: where the page starts."""
 
     actor: str | None = None

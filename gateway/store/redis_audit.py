@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gateway.store import CursorError, Position
 from gateway.store.audit import AUDIT_KEEP, AuditEntry, AuditPage, AuditQuery, decode_entry
@@ -73,7 +73,8 @@ class AuditStream:
         last: Position | None = None
         while read < AUDIT_SCAN:
             count = min(AUDIT_BATCH, AUDIT_SCAN - read)
-            batch = await self.client.xrevrange(AUDIT_KEY, top, bottom, count=count)
+            found_ids = await self.client.xrevrange(AUDIT_KEY, top, bottom, count=count)
+            batch = cast(list[tuple[bytes, dict[bytes, bytes]]], found_ids or [])
             for stream_id, values in batch:
                 entry = decode_entry(values[AUDIT_FIELD])
                 last = (to_micros(entry.time), _text(stream_id))

@@ -11,8 +11,8 @@ Schema (its text and the upgrade of older files: ``store/sqlite_schema.py``): ``
 (``store/sqlite_people.py``), ``usage`` (newest first through indexes
 by account, by key and by time), ``catalogue_entries`` (groups, models and channels, one row per
 entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions signed out, until they
-would have ended), ``secrets`` (the console's session-signing secret), ``audit`` (the operators' changes:
-``store/sqlite_audit.py``) and ``meta`` (the
+would have ended), ``secrets`` (the console's session-signing secret), ``audit`` (the
+operators' changes: ``store/sqlite_audit.py``) and ``meta`` (the
 ``version`` the caches poll: bumped by every key change, account creation, top-up, catalogue
 change, sign-out and session-secret rotation, never by a debit).
 """
