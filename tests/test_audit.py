@@ -252,13 +252,14 @@ async def test_the_csv_opens_as_text_in_a_spreadsheet(store_url: str) -> None:
 
 async def test_secrets_never_reach_the_stored_entries(store_url: str, tmp_path: Path) -> None:
     async with gateway(store_url) as app:
-        key = (await admin(app, "POST", "/admin/keys", {"account": "alice", "group": "default",
-                                                        "name": UPSTREAM_SECRET})).json()["key"]  # fmt: skip
-        await admin(app, "POST", "/admin/channels", {
-            "name": "oa-9", "type": "openai", "base_url": "http://x.test/v1",
-            "api_key": UPSTREAM_SECRET, "groups": ["default"], "models": ["chat-small"]})  # fmt: skip
-        await admin(app, "POST", "/admin/users", {"username": "erin", "password": PASSWORD,
-                                                  "account": "alice"})  # fmt: skip
+        named = {"account": "alice", "group": "default", "name": UPSTREAM_SECRET}
+        key = (await admin(app, "POST", "/admin/keys", named)).json()["key"]
+        channel = {"name": "oa-9", "type": "openai", "base_url": "http://x.test/v1",
+                   "api_key": UPSTREAM_SECRET, "groups": ["default"],
+                   "models": ["chat-small"]}  # fmt: skip
+        await admin(app, "POST", "/admin/channels", channel)
+        erin = {"username": "erin", "password": PASSWORD, "account": "alice"}
+        await admin(app, "POST", "/admin/users", erin)
         codes = (await admin(app, "POST", "/admin/redemptions", {"amount": 1})).json()["data"]
         client = await signed_in(app, "erin")
         assert (await client.call("POST", "/console/redeem", {"code": codes[0]["code"]})).ok

@@ -5,8 +5,8 @@ the admin API, the console or the command line (``operator/audit.py`` makes them
 An entry holds who (``actor``), what (``action``, the object's type and id, the fields the
 change named with their non-secret values), when, from where (the client's /24 or /48, never
 the full address) and how it ended (the HTTP status; a command-line change is 200, or the
-status the admin API would have given its error). Secrets never reach an entry: the operator layer masks
-them before it is built, and the stores keep only what it holds.
+status the admin API would have given its error). Secrets never reach an entry: the operator
+layer masks them before it is built, and the stores keep only what it holds.
 
 Both stores keep the newest ``AUDIT_KEEP`` entries (SQLite: the ``audit`` table, trimmed by
 row number on each write; Redis: a capped stream), so a flood of changes cannot fill the
