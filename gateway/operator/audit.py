@@ -16,8 +16,8 @@ mutating route names its ``Audited`` action in its route table) and ``cli.run_co
   secrets, tokens, cloud credentials: by field name, ``SECRET_NAMES``) becomes ``[secret]``,
   and any text shaped like a credential is redacted as upstream errors are
   (``policy/redaction.py``); long texts and lists are cut.
-- **When and where**: the time asked (RFC 3339 UTC) and the client's /24 or /48, found as
-  the usage records find it (``policy/billing.ClientAddress``: a trusted proxy's
+- **When and where**: the time it was answered (RFC 3339 UTC) and the client's /24 or /48,
+  found as the usage records find it (``policy/billing.ClientAddress``: a trusted proxy's
   X-Forwarded-For believed).
 - **Outcome**: the HTTP status answered. A refused change (400, 404, 409, ...) is recorded
   with its status, so that a guessed code or a forbidden group shows; a request refused

@@ -32,7 +32,7 @@ ACTOR_KINDS = ("admin", "user", "key", "cli")  # an actor is "admin" or "<kind>:
 class AuditEntry:
     """One change (or refused attempt at one) by an operator."""
 
-    time: datetime  # UTC, when the change was asked for
+    time: datetime  # UTC, when the change was answered
     actor: str  # admin | user:<username> | key:<hint> | cli:<os user>
     action: str  # <object type>.<verb>: key.create, account.credit, channel.update, ...
     object_type: str  # account | key | channel | model | group | user | redemption | sessions
