@@ -6,6 +6,9 @@ functions in ``accounts.py`` (shared with the command line) and render what they
 raise: errors in the OpenAI shape ``{"error": {"message", "type", "code"}}``, never a 500 for
 a bad body.
 
+Every change is recorded in the audit log (``audit.py``): the route table names each one's
+action, and ``_guarded`` writes its entry once the handler answered, whatever the answer.
+
 Consistency: before reading balances or usage the handler flushes this instance's usage writer,
 so a caller sees its own finished requests; after any change it refreshes this instance's cache,
 so the change applies here at once (other instances follow within a second).
