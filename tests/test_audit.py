@@ -415,3 +415,17 @@ async def test_the_store_pages_newest_first_and_keeps_a_bounded_log(
     mine = await any_store.audit_page(AuditQuery(actor="user"), 100)
     assert mine.entries and {e.actor for e in mine.entries} == {"user:dana"}
     assert mine.entries[0] == an_entry(399, "user:dana")  # every field round-trips
+
+
+async def test_a_sign_up_is_the_new_users_own(store_url: str) -> None:
+    body = {"username": "newcomer", "password": PASSWORD}
+    async with gateway(store_url, console={"registration": "open"}) as app:
+        made = await Client(app).call("POST", "/console/users", body)
+        assert made.status == 201
+        assert (await Client(app).call("POST", "/console/users", body)).status == 409
+        [entry] = await entries(app)  # the refused one named no user: not recorded
+        assert (entry["actor"], entry["action"], entry["via"], entry["status"]) == (
+            "user:newcomer", "user.register", "console", 201,
+        )  # fmt: skip
+        assert entry["object_id"] == made.json()["id"]
+        assert entry["fields"] == {"username": "newcomer", "password": "[secret]"}

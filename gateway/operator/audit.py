@@ -21,8 +21,8 @@ mutating route names its ``Audited`` action in its route table) and ``cli.run_co
   X-Forwarded-For believed).
 - **Outcome**: the HTTP status answered. A refused change (400, 404, 409, ...) is recorded
   with its status, so that a guessed code or a forbidden group shows; a request refused
-  before it was authenticated (401, 429, a missing CSRF header) is not, as it names no
-  operator (the sign-in limiter counts those).
+  before it was authenticated (401, 429, a missing CSRF header, a refused sign-up) is not,
+  as it names no operator (the sign-in limiter counts failed sign-ins).
 
 The entry is written after the change, in its own store call (``record``): a store that
 fails between the two loses the entry, which is logged (``audit.write_failed``), and the
