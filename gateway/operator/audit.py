@@ -7,8 +7,8 @@ mutating route names its ``Audited`` action in its route table) and ``cli.run_co
 (``cli/audit.py`` names the commands). The relay never writes one.
 
 - **Who**: ``admin`` (the admin token or the admin's console session), ``user:<username>``,
-  ``key:<hint>`` (a key holder's console session), ``cli:<OS user>``. ``via`` says which
-  surface: ``api``, ``console`` or ``cli``.
+  ``cli:<OS user>``; ``key:<hint>`` is kept for a key holder's console session, which today
+  only reads. ``via`` says which surface: ``api``, ``console`` or ``cli``.
 - **What**: ``action`` (``<object type>.<verb>``: ``key.create``, ``account.credit``,
   ``channel.update``, ...), the object's type and id (the path's, else the id or name the
   reply gave a new object, else the one the request named), and the fields the request gave
