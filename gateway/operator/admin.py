@@ -166,11 +166,12 @@ def _guarded(
         refused = await _refused(request, state)
         if refused is not None:
             return refused
+        started = time.monotonic()
         resp = await _answer(request, state, handler, timeout)
         if audited is not None:  # the bearer token, or the admin's console session
             via = "api" if request.headers.get("authorization") else "console"
             entry = audit.entry_of(request, audited, resp, "admin", via)
-            await audit.record(state.store, entry)
+            await audit.record(state.store, entry, timeout - (time.monotonic() - started))
         return resp
 
     return endpoint

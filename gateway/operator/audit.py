@@ -24,9 +24,11 @@ mutating route names its ``Audited`` action in its route table) and ``cli.run_co
   before it was authenticated (401, 429, a missing CSRF header, a refused sign-up) is not,
   as it names no operator (the sign-in limiter counts failed sign-ins).
 
-The entry is written after the change, in its own store call (``record``): a store that
-fails between the two loses the entry, which is logged (``audit.write_failed``), and the
-change's reply goes out as it was. Operator changes are rare; the hot path never waits here.
+The entry is written after the change, in its own store call (``record``), within what the
+change left of its route's store time (so a hung store's 503 still comes about when the
+admin API promises it): a store that fails between the two loses the entry, which is logged
+(``audit.write_failed``), and the change's reply goes out as it was. Operator changes are
+rare; the hot path never waits here.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ MAX_TEXT = 200  # characters kept of a text value
 MAX_ITEMS = 50  # items kept of a list, entries of an object
 MAX_DEPTH = 3  # objects within objects kept
 WRITE_TIMEOUT = 2.0  # seconds an entry's write may take before it is given up (and logged)
+# seconds an entry's write has at least, when the change used up its route's store time (a
+# store that hung: the 503 goes out this much later, not a whole store timeout later)
+MIN_WRITE_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +199,12 @@ def entry_of(
     )
 
 
-async def record(store: Store, entry: AuditEntry) -> None:
-    """Write the entry; a store that fails or does not answer in time is logged, never
-    raised: the change it records is done (or refused) either way."""
+async def record(store: Store, entry: AuditEntry, budget: float = WRITE_TIMEOUT) -> None:
+    """Write the entry within ``budget`` seconds (what the change left of its route's store
+    time; at least ``MIN_WRITE_TIMEOUT``); a store that fails or does not answer in time is
+    logged, never raised: the change it records is done (or refused) either way."""
     try:
-        async with asyncio.timeout(WRITE_TIMEOUT):
+        async with asyncio.timeout(max(budget, MIN_WRITE_TIMEOUT)):
             await store.add_audit(entry)
     except Exception as exc:  # noqa: BLE001 - any failure of the store: logged, the reply goes out
         log.warning(

@@ -167,12 +167,14 @@ def signed_in(
             return error_reply(401, "not signed in as a user", "not_signed_in")
         if not csrf_ok(request, session):
             return error_reply(403, "missing or wrong x-console-csrf header", "csrf")
+        started = time.monotonic()
         resp = await _answer(request, user, handler)
         if audited is not None:
             own = user.account if audited.object_type == "account" else user.id
             actor = "user:" + user.username
             entry = audit.entry_of(request, audited, resp, actor, "console", own)
-            await audit.record(request.app.state.gateway.store, entry)
+            left = STORE_TIMEOUT - (time.monotonic() - started)
+            await audit.record(request.app.state.gateway.store, entry, left)
         return resp
 
     return endpoint
