@@ -25,6 +25,7 @@ SERVED_MODULES = frozenset(
         "test_bench_gc_probe",
         "test_cluster_gateway",
         "test_codex_cli",
+        "test_audit_browser",
         "test_console_browser",
         "test_console_users_browser",
         "test_deploy",

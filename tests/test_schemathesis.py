@@ -123,6 +123,8 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], Any]] = {
     ("PATCH", "/admin/users/{id}"): ({"id": ST_USER}, {"groups": ["default"]}),
     ("DELETE", "/admin/users/{id}"): ({"id": ST_USER}, None),
     ("POST", "/admin/redemptions"): ({}, {"amount": 1, "count": 2}),
+    ("GET", "/admin/audit"): ({"action": "account", "limit": "5"}, None),
+    ("GET", "/admin/audit.csv"): ({"actor": "admin"}, None),
     ("POST", "/v1/chat/completions"): ({}, {"model": "chat-small", "messages": HI}),
     ("POST", "/v1/responses"): ({}, {"model": "claude-small", "input": "hi"}),
     ("POST", "/v1/messages"): ({}, {"model": "gemini-small", "max_tokens": 16, "messages": HI}),

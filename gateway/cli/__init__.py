@@ -4,9 +4,9 @@ redemption codes.
 
 One module per command group, each registering its own subcommands: ``serve``, ``keys``,
 ``accounts``, ``catalogue`` (channels, models, groups), ``usage``, ``prices`` (the price
-table, and the catalogue against it), ``sessions`` (the console's session secret), ``users``
-and ``redemptions``; ``output`` is what a
-command returns and how it is printed, ``arguments`` the flags' value types.
+table, and the catalogue against it), ``sessions`` (the console's session secret), ``users``,
+``redemptions`` and ``audit`` (the audit log, which every change made here also writes to);
+``output`` is what a command returns and how it is printed, ``arguments`` the flags' value types.
 
 The operator commands open the store the config names and go through the same service
 functions as the admin API (``operator/accounts.py``, ``operator/catalogue.py``), so a running
@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 
 from gateway.cli import (
     accounts,
+    audit,
     catalogue,
     keys,
     prices,
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     redemptions.register(sub, leaf)
     prices.register(sub, leaf)
     sessions.register(sub, leaf)
+    audit.register(sub, leaf)
     return parser
 
 
@@ -80,7 +82,7 @@ async def run_command(command: Command, args: argparse.Namespace, settings: Sett
     await store.open()
     try:
         await store.seed(settings)
-        return await command(args, settings, store)
+        return await audit.run(command, args, settings, store)  # a change: its audit entry
     finally:
         await store.close()
 

@@ -5,8 +5,6 @@ amount, expires_at``); the list shows each code's hint, never the code."""
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -14,6 +12,7 @@ from gateway.cli.arguments import Parents, Subcommands, amount, positive_int
 from gateway.cli.output import Output, table
 from gateway.config import Settings
 from gateway.operator import accounts, redemptions
+from gateway.operator.spreadsheet import csv_text
 from gateway.store import RedemptionRecord, Store
 from gateway.store.redemptions import CODE_STATUSES, code_status
 from gateway.types import JSON
@@ -31,27 +30,10 @@ def codes_table(codes: Sequence[RedemptionRecord]) -> str:
     return table(headers, rows, right=[2])
 
 
-FORMULA_STARTS = frozenset("=+-@\t\r")
-
-
 def listing_csv(rows: Sequence[dict[str, JSON]]) -> str:
-    out = io.StringIO()
     fields = ["id", "hint", "amount", "status", "created_at", "expires_at", "account", "user",
               "used_at"]  # fmt: skip
-    writer = csv.DictWriter(out, fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows({k: _cell(r[k]) for k in fields} for r in rows)
-    return out.getvalue()
-
-
-def _cell(value: JSON) -> JSON:
-    """A text cell a spreadsheet would take for a formula (an account name that starts with
-    = + - @, a tab or a carriage return) gets a ' in front, as the console's CSV does."""
-    if value is None:
-        return ""
-    if isinstance(value, str) and value[:1] in FORMULA_STARTS:
-        return "'" + value
-    return value
+    return csv_text(rows, fields)
 
 
 async def cmd_create(args: argparse.Namespace, settings: Settings, store: Store) -> Output:

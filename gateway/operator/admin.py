@@ -6,6 +6,9 @@ functions in ``accounts.py`` (shared with the command line) and render what they
 raise: errors in the OpenAI shape ``{"error": {"message", "type", "code"}}``, never a 500 for
 a bad body.
 
+Every change is recorded in the audit log (``audit.py``): the route table names each one's
+action, and ``_guarded`` writes its entry once the handler answered, whatever the answer.
+
 Consistency: before reading balances or usage the handler flushes this instance's usage writer,
 so a caller sees its own finished requests; after any change it refreshes this instance's cache,
 so the change applies here at once (other instances follow within a second).
@@ -25,8 +28,9 @@ import logging
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from typing import Protocol, cast
+from typing import Generic, Protocol, TypeVar, cast
 
 import orjson
 from redis.exceptions import RedisClusterException, RedisError
@@ -47,9 +51,20 @@ from gateway.errors import (
     RateLimitError,
     UpstreamUnavailableError,
 )
-from gateway.operator import accounts, catalogue, console, redemptions, usage_query, users
+from gateway.operator import (
+    accounts,
+    audit,
+    audit_api,
+    catalogue,
+    console,
+    redemptions,
+    usage_query,
+    users,
+)
 from gateway.operator.lockout import Lockout
+from gateway.operator.replies import error_response, json_response
 from gateway.store import Store, StoreError
+from gateway.store.catalogue import View
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
 
@@ -59,18 +74,6 @@ DAILY_MAX_DAYS = 400  # days one /admin/usage/daily call may span
 MAX_BODY = 64 * 1024  # bytes of an admin request body (the largest real one is a few KiB)
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-ERROR_CODES = {
-    400: "invalid_request",
-    401: "invalid_admin_token",
-    403: "csrf",
-    404: "not_found",
-    408: "request_timeout",
-    409: "already_exists",
-    413: "request_too_large",
-    429: "too_many_attempts",
-    500: "internal_error",
-    503: "store_unavailable",
-}
 # what a store that is away or hung raises: its own errors, its connection's, the time out
 STORE_ERRORS = (StoreError, RedisError, RedisClusterException, sqlite3.Error, OSError, TimeoutError)
 
@@ -99,32 +102,9 @@ class AdminState(Protocol):
     def upstream(self) -> UpstreamPool: ...
 
 
+T = TypeVar("T")
 Handler = Callable[[Request, AdminState], Awaitable[Response]]
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def json_response(payload: JSON, status: int = 200) -> Response:
-    # no-store: a reply may carry a key's only showing, or balances that change
-    return Response(
-        orjson.dumps(payload),
-        status_code=status,
-        media_type="application/json",
-        headers={"cache-control": "no-store"},
-    )
-
-
-def error_response(err: GatewayError) -> Response:
-    body = {
-        "error": {
-            "message": err.message,
-            "type": err.type,
-            "code": err.code or ERROR_CODES.get(err.status),
-        }
-    }
-    resp = json_response(body, err.status)
-    if err.status == 401:
-        resp.headers["www-authenticate"] = "Bearer"
-    return resp
 
 
 def authorized(header: str, admin_token: str) -> bool:
@@ -174,40 +154,57 @@ def _locked_out(lockout: Lockout, wait: int) -> Response:
     return resp
 
 
-def _guarded(handler: Handler, timeout: float = STORE_TIMEOUT) -> Endpoint:
+def _guarded(
+    handler: Handler, timeout: float = STORE_TIMEOUT, audited: audit.Audited | None = None
+) -> Endpoint:
+    """The endpoint of a handler: the caller checked (``_refused``), the handler answered
+    (``_answer``) and, for a change (``audited``), the audit log's entry written."""
+
     @functools.wraps(handler)
     async def endpoint(request: Request) -> Response:
         state = cast(AdminState, request.app.state.gateway)
         refused = await _refused(request, state)
         if refused is not None:
             return refused
-        try:
-            request.state.body = await read_small_body(
-                request, MAX_BODY, state.settings.server.body_timeout_seconds
-            )
-            async with asyncio.timeout(timeout):
-                return await handler(request, state)
-        except ClientDisconnect:
-            return Response(status_code=499)  # gone while its body was read: no one to answer
-        except GatewayError as err:
-            resp = error_response(err)
-            if err.status in (408, 413):  # the body was not read to its end
-                resp.headers["connection"] = "close"
-            return resp
-        except STORE_ERRORS as exc:  # the store failed or did not answer in time
-            log.warning(
-                "admin.store_unavailable request_id=%s path=%s error=%s",
-                request.scope.get(REQUEST_ID, "-"),
-                request.url.path,
-                type(exc).__name__,
-            )
-            away = UpstreamUnavailableError("The store does not answer; try again shortly.")
-            return error_response(away)
-        except Exception:
-            log.exception("admin.unexpected method=%s path=%s", request.method, request.url.path)
-            return error_response(InternalError("internal error"))
+        started = time.monotonic()
+        resp = await _answer(request, state, handler, timeout)
+        if audited is not None:  # the bearer token, or the admin's console session
+            via = "api" if request.headers.get("authorization") else "console"
+            entry = audit.entry_of(request, audited, resp, "admin", via)
+            await audit.record(state.store, entry, timeout - (time.monotonic() - started))
+        return resp
 
     return endpoint
+
+
+async def _answer(
+    request: Request, state: AdminState, handler: Handler, timeout: float
+) -> Response:
+    try:
+        request.state.body = await read_small_body(
+            request, MAX_BODY, state.settings.server.body_timeout_seconds
+        )
+        async with asyncio.timeout(timeout):
+            return await handler(request, state)
+    except ClientDisconnect:
+        return Response(status_code=499)  # gone while its body was read: no one to answer
+    except GatewayError as err:
+        resp = error_response(err)
+        if err.status in (408, 413):  # the body was not read to its end
+            resp.headers["connection"] = "close"
+        return resp
+    except STORE_ERRORS as exc:  # the store failed or did not answer in time
+        log.warning(
+            "admin.store_unavailable request_id=%s path=%s error=%s",
+            request.scope.get(REQUEST_ID, "-"),
+            request.url.path,
+            type(exc).__name__,
+        )
+        away = UpstreamUnavailableError("The store does not answer; try again shortly.")
+        return error_response(away)
+    except Exception:
+        log.exception("admin.unexpected method=%s path=%s", request.method, request.url.path)
+        return error_response(InternalError("internal error"))
 
 
 async def _body(request: Request) -> dict[str, JSON]:
@@ -395,96 +392,67 @@ async def list_groups(request: Request, state: AdminState) -> Response:
 # ---- catalogue changes (contract §5): the file's entries answer 409 -------------------------
 
 
-async def create_channel(request: Request, state: AdminState) -> Response:
-    ch = await catalogue.create_channel(state.store, state.settings, await _body(request))
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.channel_out(ch, v), 201)
+@dataclass(frozen=True, slots=True)
+class Entries(Generic[T]):
+    """One kind of catalogue entry (channels, models, groups) as the admin API edits it: the
+    service functions of ``catalogue.py`` and how an entry is shown. Each handler changes
+    the store, refreshes this instance's cache and shows the entry as the store now has it."""
+
+    create: Callable[[Store, Settings, object], Awaitable[T]]
+    update: Callable[[Store, Settings, str, object], Awaitable[T | None]]
+    delete: Callable[[Store, Settings, str], Awaitable[None]]
+    out: Callable[[T, View], dict[str, JSON]]
+    find: Callable[[View, str], T | None] = lambda v, name: None
+    noun: str = "entry"
+
+    async def shown(self, state: AdminState, entry: T, status: int = 200) -> Response:
+        v = await catalogue.load(state.store, state.settings)
+        return json_response(self.out(entry, v), status)
+
+    async def get(self, request: Request, state: AdminState) -> Response:
+        v = await catalogue.load(state.store, state.settings)
+        name = request.path_params["name"]
+        found = self.find(v, name)
+        if found is None:
+            raise NotFoundError(f"{self.noun} {name!r} not found")
+        return json_response(self.out(found, v))
+
+    async def add(self, request: Request, state: AdminState) -> Response:
+        made = await self.create(state.store, state.settings, await _body(request))
+        await state.cache.refresh()
+        return await self.shown(state, made, 201)
+
+    async def change(self, request: Request, state: AdminState) -> Response:
+        name = request.path_params["name"]
+        body = await _body(request)
+        changed = await self.update(state.store, state.settings, name, body)
+        await state.cache.refresh()
+        return await self.shown(state, cast(T, name) if changed is None else changed)
+
+    async def remove(self, request: Request, state: AdminState) -> Response:
+        name = request.path_params["name"]
+        await self.delete(state.store, state.settings, name)
+        await state.cache.refresh()
+        return json_response({"name": name, "deleted": True})
 
 
-async def get_channel(request: Request, state: AdminState) -> Response:
-    v = await catalogue.load(state.store, state.settings)
-    name = request.path_params["name"]
-    ch = v.channel(name)
-    if ch is None:
-        raise NotFoundError(f"channel {name!r} not found")
-    return json_response(catalogue.channel_out(ch, v))
-
-
-async def update_channel(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    body = await _body(request)
-    ch = await catalogue.update_channel(state.store, state.settings, name, body)
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.channel_out(ch, v))
-
-
-async def delete_channel(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    await catalogue.delete_channel(state.store, state.settings, name)
-    await state.cache.refresh()
-    return json_response({"name": name, "deleted": True})
+CHANNELS = Entries(
+    catalogue.create_channel, catalogue.update_channel, catalogue.delete_channel,
+    catalogue.channel_out, lambda v, name: v.channel(name), "channel",
+)  # fmt: skip
+MODELS = Entries(
+    catalogue.create_model, catalogue.update_model, catalogue.delete_model,
+    catalogue.model_out, lambda v, name: v.model(name), "model",
+)  # fmt: skip
+GROUPS = Entries(
+    catalogue.create_group, catalogue.update_group, catalogue.delete_group, catalogue.group_out
+)
 
 
 async def channel_test(request: Request, state: AdminState) -> Response:
     name = request.path_params["name"]
     result = await catalogue.try_channel(state.store, state.settings, state.upstream, name)
     return json_response(result)
-
-
-async def create_model(request: Request, state: AdminState) -> Response:
-    model = await catalogue.create_model(state.store, state.settings, await _body(request))
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.model_out(model, v), 201)
-
-
-async def get_model(request: Request, state: AdminState) -> Response:
-    v = await catalogue.load(state.store, state.settings)
-    name = request.path_params["name"]
-    model = v.model(name)
-    if model is None:
-        raise NotFoundError(f"model {name!r} not found")
-    return json_response(catalogue.model_out(model, v))
-
-
-async def update_model(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    body = await _body(request)
-    model = await catalogue.update_model(state.store, state.settings, name, body)
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.model_out(model, v))
-
-
-async def delete_model(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    await catalogue.delete_model(state.store, state.settings, name)
-    await state.cache.refresh()
-    return json_response({"name": name, "deleted": True})
-
-
-async def create_group(request: Request, state: AdminState) -> Response:
-    name = await catalogue.create_group(state.store, state.settings, await _body(request))
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.group_out(name, v), 201)
-
-
-async def update_group(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    await catalogue.update_group(state.store, state.settings, name, await _body(request))
-    await state.cache.refresh()
-    v = await catalogue.load(state.store, state.settings)
-    return json_response(catalogue.group_out(name, v))
-
-
-async def delete_group(request: Request, state: AdminState) -> Response:
-    name = request.path_params["name"]
-    await catalogue.delete_group(state.store, state.settings, name)
-    await state.cache.refresh()
-    return json_response({"name": name, "deleted": True})
 
 
 # ---- users and redemption codes (CONTRACT §5b) ---------------------------------------------
@@ -549,52 +517,57 @@ async def not_found(request: Request, state: AdminState) -> Response:
 
 
 def admin_routes() -> list[BaseRoute]:
-    """The admin routes, to be mounted at ``/admin``."""
+    """The admin routes, to be mounted at ``/admin``. Each change names its audit action
+    (and the path parameter of its object): ``_guarded`` writes its entry."""
 
-    def r(path: str, handler: Handler, *methods: str) -> Route:
-        return Route(path, _guarded(handler), methods=list(methods))
+    def r(path: str, handler: Handler, method: str, action: str = "", of: str = "") -> Route:
+        audited = audit.Audited(action, of or None) if action else None
+        return Route(path, _guarded(handler, audited=audited), methods=[method])
 
     return [
         r("/accounts", list_accounts, "GET"),
-        r("/accounts", create_account, "POST"),
+        r("/accounts", create_account, "POST", "account.create"),
         r("/accounts/{id}", get_account, "GET"),
-        r("/accounts/{id}/topup", topup, "POST"),
+        r("/accounts/{id}/topup", topup, "POST", "account.credit", "id"),
         r("/keys", list_keys, "GET"),
-        r("/keys", create_key, "POST"),
+        r("/keys", create_key, "POST", "key.create"),
         r("/keys/{id}", get_key, "GET"),
-        r("/keys/{id}", update_key, "PATCH"),
-        r("/keys/{id}", delete_key, "DELETE"),
+        r("/keys/{id}", update_key, "PATCH", "key.update", "id"),
+        r("/keys/{id}", delete_key, "DELETE", "key.delete", "id"),
         r("/usage", usage, "GET"),
         r("/usage/daily", usage_daily, "GET"),
+        r("/audit", audit_api.list_entries, "GET"),
+        # every matching entry, a page of the store at a time
+        Route("/audit.csv", _guarded(audit_api.export_csv, 5 * STORE_TIMEOUT), methods=["GET"]),
         r("/models", list_models, "GET"),
         r("/channels", list_channels, "GET"),
         r("/groups", list_groups, "GET"),
         # the catalogue at run time; names may hold a slash, hence {name:path}
-        r("/channels", create_channel, "POST"),
+        r("/channels", CHANNELS.add, "POST", "channel.create"),
         # an upstream's answer may take the channel's whole test time, not the store's
         Route(
             "/channels/{name:path}/test",
             _guarded(channel_test, catalogue.CHANNEL_TEST_TIMEOUT + STORE_TIMEOUT),
             methods=["POST"],
         ),
-        r("/channels/{name:path}", get_channel, "GET"),
-        r("/channels/{name:path}", update_channel, "PATCH"),
-        r("/channels/{name:path}", delete_channel, "DELETE"),
-        r("/models", create_model, "POST"),
-        r("/models/{name:path}", get_model, "GET"),
-        r("/models/{name:path}", update_model, "PATCH"),
-        r("/models/{name:path}", delete_model, "DELETE"),
-        r("/groups", create_group, "POST"),
-        r("/groups/{name:path}", update_group, "PATCH"),
-        r("/groups/{name:path}", delete_group, "DELETE"),
+        r("/channels/{name:path}", CHANNELS.get, "GET"),
+        r("/channels/{name:path}", CHANNELS.change, "PATCH", "channel.update", "name"),
+        r("/channels/{name:path}", CHANNELS.remove, "DELETE", "channel.delete", "name"),
+        r("/models", MODELS.add, "POST", "model.create"),
+        r("/models/{name:path}", MODELS.get, "GET"),
+        r("/models/{name:path}", MODELS.change, "PATCH", "model.update", "name"),
+        r("/models/{name:path}", MODELS.remove, "DELETE", "model.delete", "name"),
+        r("/groups", GROUPS.add, "POST", "group.create"),
+        r("/groups/{name:path}", GROUPS.change, "PATCH", "group.update", "name"),
+        r("/groups/{name:path}", GROUPS.remove, "DELETE", "group.delete", "name"),
         r("/users", list_users, "GET"),
         # a password is hashed (argon2, tens of milliseconds) before the store is reached
-        r("/users", create_user, "POST"),
-        r("/users/{id}", update_user, "PATCH"),
-        r("/users/{id}", delete_user, "DELETE"),
+        r("/users", create_user, "POST", "user.create"),
+        r("/users/{id}", update_user, "PATCH", "user.update", "id"),
+        r("/users/{id}", delete_user, "DELETE", "user.delete", "id"),
         r("/redemptions", list_redemptions, "GET"),
-        r("/redemptions", create_redemptions, "POST"),
-        r("/sessions/rotate", rotate_sessions, "POST"),
+        r("/redemptions", create_redemptions, "POST", "redemption.create"),
+        r("/sessions/rotate", rotate_sessions, "POST", "sessions.rotate"),
         # last: anything else under /admin is still behind the token, then 404 in our shape
-        r("/{path:path}", not_found, *ALL_METHODS),
+        Route("/{path:path}", _guarded(not_found), methods=ALL_METHODS),
     ]

@@ -337,6 +337,38 @@ def usage_operation() -> JSONObject:
     return op
 
 
+# GET /admin/audit's parameters (gateway/operator/audit_api.py)
+AUDIT_PARAMS: dict[str, str] = {
+    "actor": "admin, user:NAME, key:HINT, cli:NAME, or a kind alone (user: every user)",
+    "action": "key.create, account.credit, ...; or a type of object alone (key: every action)",
+    "object": "a type of object (channel) or type:id (channel:oa-1)",
+    "status": "an HTTP status (200, 404, ...), ok (below 400) or error (400 and up)",
+    "since": "RFC 3339 time or day (midnight UTC), included",
+    "until": "RFC 3339 time or day (midnight UTC), not included",
+    "limit": "entries per page: 1 to 1000 (larger is cut), default 100",
+    "cursor": "the next_cursor (or x-next-cursor) of the page before",
+}
+
+
+def audit_paths() -> JSONObject:
+    """The audit log: JSON pages, or every matching entry as CSV (up to 10,000; the
+    x-next-cursor header names the rest)."""
+    params = tuple(AUDIT_PARAMS)
+    listing = _admin("the audit log: operators' changes, newest first", query=params)
+    export = _admin("the audit log as CSV", query=tuple(p for p in params if p != "limit"))
+    export["responses"]["200"]["content"] = {"text/csv": {"schema": STRING}}
+    for op in (listing, export):
+        for param in op["parameters"]:
+            param["description"] = AUDIT_PARAMS[param["name"]]
+        op["responses"]["200"]["headers"] = {
+            "x-next-cursor": {
+                "description": "the cursor of the next page; absent on the last page",
+                "schema": STRING,
+            }
+        }
+    return {"/admin/audit": {"get": listing}, "/admin/audit.csv": {"get": export}}
+
+
 def admin_paths() -> JSONObject:
     return {
         "/admin/accounts": {
@@ -406,6 +438,7 @@ def admin_paths() -> JSONObject:
             "delete": _admin("delete a group (409 while in use)", params=("name",)),
         },
         **people_paths(),
+        **audit_paths(),
         "/admin/sessions/rotate": {
             "post": _admin("a new console session secret: every console session ends")
         },

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from gateway.config import Settings
+    from gateway.store.audit import AuditEntry, AuditPage, AuditQuery
     from gateway.store.catalogue import CatalogueRecords, Editor
 
 MICRO = 1_000_000
@@ -395,4 +396,14 @@ class Store(Protocol):
         """Channel health shared by every instance: record the cooldowns this instance began
         (channel -> until, in milliseconds since the epoch; a later time wins) and return
         every cooldown not over at ``now``, forgetting those that are."""
+        ...
+
+    async def add_audit(self, entry: AuditEntry) -> None:
+        """Append one entry to the audit log (``store/audit.py``), keeping the newest
+        ``AUDIT_KEEP``."""
+        ...
+
+    async def audit_page(self, query: AuditQuery, limit: int) -> AuditPage:
+        """At most ``limit`` of the audit entries ``query`` selects, newest first, from
+        ``query.after`` on. Raises CursorError for an ``after`` of another store's kind."""
         ...

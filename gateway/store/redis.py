@@ -24,6 +24,7 @@ path reads them from the cache, never from here).
 - Users live beside the key records (slot ``{keys}``); redemption codes in slot ``{redeem}``,
   each credited in its account's slot in a second, idempotent step (``redis_people.py``
   explains why that is still exactly once).
+- The audit log is one capped stream in its own slot, ``gw:{audit}:log`` (``redis_audit.py``).
 - On a cluster every script's keys are in one slot (the tags above); pipelines hold plain
   commands only, across slots (a cluster client splits them by node); scripts, which a cluster
   pipeline cannot hold, are sent one by one and concurrently (settlement of a batch).
@@ -65,6 +66,7 @@ from gateway.store.records import (
     seed_keys,
     to_micros,
 )
+from gateway.store.redis_audit import AuditStream
 from gateway.store.redis_people import PeopleKeys, RedisPeople
 from gateway.store.redis_scripts import Scripts
 from gateway.store.redis_signin import SignInKeys
@@ -195,10 +197,10 @@ def owned_key(user: str | None) -> str:
     return OWNED_KEY.format(user=user or "")
 
 
-class RedisStore(RedisPeople, SignInKeys):
+class RedisStore(RedisPeople, SignInKeys, AuditStream):
     """The ``Store`` over Redis (see the module docstring; users and redemption codes:
     ``redis_people.py``; the session secret and sign-in failures, with their key names:
-    ``redis_signin.py``)."""
+    ``redis_signin.py``; the audit log's stream: ``redis_audit.py``)."""
 
     _scripts: Scripts
     people = PeopleKeys(

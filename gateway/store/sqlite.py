@@ -11,7 +11,8 @@ Schema (its text and the upgrade of older files: ``store/sqlite_schema.py``): ``
 (``store/sqlite_people.py``), ``usage`` (newest first through indexes
 by account, by key and by time), ``catalogue_entries`` (groups, models and channels, one row per
 entry: ``store/catalogue.py``), ``revoked_sessions`` (console sessions signed out, until they
-would have ended), ``secrets`` (the console's session-signing secret) and ``meta`` (the
+would have ended), ``secrets`` (the console's session-signing secret), ``audit`` (the
+operators' changes: ``store/sqlite_audit.py``) and ``meta`` (the
 ``version`` the caches poll: bumped by every key change, account creation, top-up, catalogue
 change, sign-out and session-secret rotation, never by a debit).
 """
@@ -58,6 +59,7 @@ from gateway.store.records import (
     usage_from_row,
     usage_row,
 )
+from gateway.store.sqlite_audit import AuditTable
 from gateway.store.sqlite_people import SQLitePeople
 from gateway.store.sqlite_schema import BUMP_VERSION, create_schema
 from gateway.store.sqlite_signin import SignInTables
@@ -188,10 +190,10 @@ def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), args
 
 
-class SQLiteStore(SQLitePeople, SignInTables):
+class SQLiteStore(SQLitePeople, SignInTables, AuditTable):
     """The ``Store`` over one SQLite file (see the module docstring; users and redemption
     codes: ``sqlite_people.py``; the session secret and sign-in failures:
-    ``sqlite_signin.py``)."""
+    ``sqlite_signin.py``; the audit log: ``sqlite_audit.py``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -142,6 +142,21 @@ CREATE TABLE IF NOT EXISTS sign_in_failures (
     failures INTEGER NOT NULL,
     until    INTEGER NOT NULL
 );
+-- the audit log (store/audit.py, store/sqlite_audit.py): one row per operator change, the
+-- newest AUDIT_KEEP kept, ``fields`` a JSON object of the change's non-secret values
+CREATE TABLE IF NOT EXISTS audit (
+    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+    time        INTEGER NOT NULL,
+    actor       TEXT NOT NULL,
+    action      TEXT NOT NULL,
+    object_type TEXT NOT NULL,
+    object_id   TEXT NOT NULL,
+    fields      TEXT NOT NULL,
+    ip_range    TEXT NOT NULL,
+    status      INTEGER NOT NULL,
+    via         TEXT NOT NULL,
+    request_id  TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS meta (
     id      INTEGER PRIMARY KEY CHECK (id = 1),
     version INTEGER NOT NULL

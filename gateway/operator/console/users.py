@@ -36,7 +36,7 @@ from starlette.responses import Response
 
 from gateway.edge.small_body import read_small_body
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
-from gateway.operator import accounts, redemptions, usage_query, users
+from gateway.operator import accounts, audit, redemptions, usage_query, users
 from gateway.operator.console.http import (
     csrf_ok,
     error_reply,
@@ -61,6 +61,8 @@ KEY_CHANGES = frozenset({"status", "name", "expires_at", "quota", "models", "all
 STORE_TIMEOUT = 5.0  # seconds a user's request waits for the store (and a hash) before a 503
 SHARED_ACCOUNT_PAGES = 5  # pages of an account's records read for one page of a user's
 USAGE_DAYS = 30
+
+REGISTERED = audit.Audited("user.register")  # a sign-up's audit action (only those that made one)
 
 Handler = Callable[[Request, UserRecord], Awaitable[Response]]
 
@@ -133,7 +135,11 @@ async def register(request: Request, body: dict[str, JSON]) -> Response:
         return error_reply(err.status, err.message, err.code or err.type)
     await state.cache.refresh()
     log.info("console.registered user=%s", user.id)
-    return json_reply(users.user_json(user), 201)
+    resp = json_reply(users.user_json(user), 201)
+    entry = audit.entry_of(request, REGISTERED, resp, "user:" + user.username, "console")
+    entry = replace(entry, fields=audit.fields_of(body))  # the body was read by the sign-up
+    await audit.record(state.store, entry)
+    return resp
 
 
 async def registration(request: Request) -> Response:
@@ -145,9 +151,14 @@ def user_of(request: Request, session: Session) -> UserRecord | None:
     return user
 
 
-def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def signed_in(
+    handler: Handler, action: str = "", of: str | None = None
+) -> Callable[[Request], Awaitable[Response]]:
     """A route of a signed-in user: 401 without one, 403 for a change without the CSRF
-    header; the body bounded; a ``GatewayError`` in the console's error shape."""
+    header; the body bounded; a ``GatewayError`` in the console's error shape. A change
+    (``action``, its object named by the path parameter ``of``, else by the reply, else the
+    user's own account or user) gets its audit log entry (``operator/audit.py``)."""
+    audited = audit.Audited(action, of) if action else None
 
     async def endpoint(request: Request) -> Response:
         session = session_of(request)
@@ -156,22 +167,34 @@ def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return error_reply(401, "not signed in as a user", "not_signed_in")
         if not csrf_ok(request, session):
             return error_reply(403, "missing or wrong x-console-csrf header", "csrf")
-        state = request.app.state.gateway
-        try:
-            request.state.body = await read_small_body(
-                request, MAX_BODY, state.settings.server.body_timeout_seconds
-            )
-            async with asyncio.timeout(STORE_TIMEOUT):
-                return await handler(request, user)
-        except ClientDisconnect:
-            return Response(status_code=499)
-        except GatewayError as err:
-            return error_reply(err.status, err.message, err.code or err.type)
-        except STORE_FAILURES as exc:  # the store failed or did not answer in time
-            log.warning("console.store_unavailable error=%s", type(exc).__name__)
-            return error_reply(503, "the store does not answer; try again", "store_unavailable")
+        started = time.monotonic()
+        resp = await _answer(request, user, handler)
+        if audited is not None:
+            own = user.account if audited.object_type == "account" else user.id
+            actor = "user:" + user.username
+            entry = audit.entry_of(request, audited, resp, actor, "console", own)
+            left = STORE_TIMEOUT - (time.monotonic() - started)
+            await audit.record(request.app.state.gateway.store, entry, left)
+        return resp
 
     return endpoint
+
+
+async def _answer(request: Request, user: UserRecord, handler: Handler) -> Response:
+    state = request.app.state.gateway
+    try:
+        request.state.body = await read_small_body(
+            request, MAX_BODY, state.settings.server.body_timeout_seconds
+        )
+        async with asyncio.timeout(STORE_TIMEOUT):
+            return await handler(request, user)
+    except ClientDisconnect:
+        return Response(status_code=499)
+    except GatewayError as err:
+        return error_reply(err.status, err.message, err.code or err.type)
+    except STORE_FAILURES as exc:  # the store failed or did not answer in time
+        log.warning("console.store_unavailable error=%s", type(exc).__name__)
+        return error_reply(503, "the store does not answer; try again", "store_unavailable")
 
 
 def _body(request: Request) -> dict[str, JSON]:
@@ -344,9 +367,9 @@ def user_routes() -> list[tuple[str, Callable[[Request], Awaitable[Response]], s
     return [
         ("/registration", registration, "GET"),
         ("/keys", signed_in(list_keys), "GET"),
-        ("/keys", signed_in(create_key), "POST"),
-        ("/keys/{id}", signed_in(update_key), "PATCH"),
-        ("/keys/{id}", signed_in(delete_key), "DELETE"),
-        ("/redeem", signed_in(redeem), "POST"),
-        ("/password", signed_in(password), "POST"),
+        ("/keys", signed_in(create_key, "key.create"), "POST"),
+        ("/keys/{id}", signed_in(update_key, "key.update", "id"), "PATCH"),
+        ("/keys/{id}", signed_in(delete_key, "key.delete", "id"), "DELETE"),
+        ("/redeem", signed_in(redeem, "account.redeem"), "POST"),
+        ("/password", signed_in(password, "user.password"), "POST"),
     ]

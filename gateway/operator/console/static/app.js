@@ -1,14 +1,15 @@
 // The console: routing, sign-in and the operator's pages; one module per part, no build step,
 // no dependencies (ui.js: the building blocks; people.js: users and top-up; square.js: the
-// model square). Every piece of data reaches the page through textContent or attributes
-// (never innerHTML), so nothing the store holds can run as code. The session is an HttpOnly
-// cookie; the scripts keep only its CSRF token, in memory.
+// model square; audit.js: the audit log). Every piece of data reaches the page through
+// textContent or attributes (never innerHTML), so nothing the store holds can run as code.
+// The session is an HttpOnly cookie; the scripts keep only its CSRF token, in memory.
 
 import {
   act, api, CACHE_COLUMNS, call, chart, copy, field, h, hitRate, lastDays, money, notice, num, paged,
   prices, searchable, state, table, totalsBy, usageBrowser,
 } from "./ui.js";
 import { squarePage } from "./square.js";
+import { auditPage } from "./audit.js";
 import {
   TOOL_TABS, passwordPage, redemptionsPage, topUpPage, userKeysPage, userUsagePage, usersPage,
 } from "./people.js";
@@ -26,6 +27,7 @@ const ADMIN_PAGES = {
   square: ["Model square", squarePage],
   users: ["Users", usersPage],
   redemptions: ["Top-up codes", redemptionsPage],
+  audit: ["Audit log", auditPage],
 };
 const KEY_PAGES = {
   mine: ["My key", minePage],
