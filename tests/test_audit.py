@@ -329,7 +329,7 @@ def test_command_line_changes_are_recorded_as_the_cli(
     db = tmp_path / "gw.db"
     config = tmp_path / "gateway.yaml"
     config.write_text(
-        f"store: {sqlite_url(db)}\nadmin_token: t\ngroups: [default]\nmodels: []\n"
+        f"store: {sqlite_url(db)}\nadmin_token: test-admin-token\ngroups: [default]\nmodels: []\n"
         "channels: []\naccounts: [{id: alice, balance: 1}]\n"
     )
     monkeypatch.setenv("USER", "ops")
