@@ -15,6 +15,10 @@ channel's ``ChannelAuth`` first, built once per channel (again when its cloud fi
 - every other type: nothing (``api_key`` headers are written by the adapters; Azure's
   ``api-key`` by ``protocols.azure``).
 
+The cloud libraries (botocore for SigV4, cryptography and PyJWT for the tokens) are imported
+when the first channel of their type is authorised, not with this module: a gateway without
+cloud channels starts without them (about a third of its import time, and their memory).
+
 A channel whose credentials cannot be used (no AWS credentials in the environment, a key file
 that does not parse) fails its attempt as the channel's fault (502, cooled down, the next
 channel tried), never as the client's 401; the message names the field, never a secret. The
@@ -26,28 +30,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterable, Callable, Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlencode
-
-from botocore.exceptions import BotoCoreError
 
 from gateway.config import Channel, ChannelTimeouts, CloudAccess
 from gateway.errors import GatewayError, UpstreamError
 from gateway.protocols import vertex
 from gateway.protocols.base import UpstreamCall
 from gateway.upstream import UpstreamPool, UpstreamReply
-from gateway.upstream.google_token import (
-    TOKEN_TIMEOUT,
-    AccessTokens,
-    CredentialsError,
-    ServiceAccount,
-)
-from gateway.upstream.sigv4 import NoCredentialsError, Signer
+
+if TYPE_CHECKING:
+    from gateway.upstream.google_token import AccessTokens
+    from gateway.upstream.sigv4 import Signer
 
 log = logging.getLogger("gateway.upstream")
 
 AUTHORISED_TYPES = frozenset({"bedrock", "vertex"})
-TOKEN_TIMEOUTS = ChannelTimeouts(connect=TOKEN_TIMEOUT, total=TOKEN_TIMEOUT)
 FORM_HEADERS = {
     "Content-Type": "application/x-www-form-urlencoded",
     "Accept": "application/json",
@@ -111,7 +109,14 @@ def _unusable(channel: Channel, field: str, reason: str) -> UpstreamError:
     )
 
 
-Environment = Callable[[str], Signer]  # region -> a signer of the environment's AWS chain
+Environment = Callable[[str], "Signer"]  # region -> a signer of the environment's AWS chain
+
+
+def environment_signer(region: str) -> Signer:
+    """A signer of the environment's AWS chain for ``region`` (botocore imported here)."""
+    from gateway.upstream.sigv4 import Signer
+
+    return Signer.from_environment(region)
 
 
 class ChannelAuths:
@@ -123,7 +128,7 @@ class ChannelAuths:
         self,
         pool: UpstreamPool,
         channels: Iterable[Channel] = (),
-        environment: Environment = Signer.from_environment,
+        environment: Environment = environment_signer,
     ) -> None:
         self.pool = pool
         self._channels = tuple(c for c in channels if c.type in AUTHORISED_TYPES)
@@ -176,27 +181,38 @@ class ChannelAuths:
         return auth
 
     async def _build(self, channel: Channel) -> ChannelAuth:
+        return await (self._aws(channel) if channel.type == "bedrock" else self._google(channel))
+
+    async def _aws(self, channel: Channel) -> ChannelAuth:
+        from botocore.exceptions import BotoCoreError
+
+        from gateway.upstream.sigv4 import NoCredentialsError, Signer
+
         cloud = channel.cloud
-        if channel.type == "bedrock":
-            if cloud.aws_access_key_id:
-                return SigV4Auth(
-                    Signer.static(
-                        cloud.region,
-                        cloud.aws_access_key_id,
-                        cloud.aws_secret_access_key,
-                        cloud.aws_session_token or None,
-                    )
+        if cloud.aws_access_key_id:
+            return SigV4Auth(
+                Signer.static(
+                    cloud.region,
+                    cloud.aws_access_key_id,
+                    cloud.aws_secret_access_key,
+                    cloud.aws_session_token or None,
                 )
-            try:
-                signer = await asyncio.to_thread(self._environment, cloud.region)
-            except NoCredentialsError:
-                raise _unusable(
-                    channel, "aws_access_key_id", "none given and none in the environment"
-                ) from None
-            except BotoCoreError as exc:  # a profile named that does not exist, a bad file
-                reason = f"the environment's AWS credentials: {type(exc).__name__}"
-                raise _unusable(channel, "aws_access_key_id", reason) from None
-            return SigV4Auth(signer)
+            )
+        try:
+            signer = await asyncio.to_thread(self._environment, cloud.region)
+        except NoCredentialsError:
+            raise _unusable(
+                channel, "aws_access_key_id", "none given and none in the environment"
+            ) from None
+        except BotoCoreError as exc:  # a profile named that does not exist, a bad file
+            reason = f"the environment's AWS credentials: {type(exc).__name__}"
+            raise _unusable(channel, "aws_access_key_id", reason) from None
+        return SigV4Auth(signer)
+
+    async def _google(self, channel: Channel) -> ChannelAuth:
+        from gateway.upstream.google_token import AccessTokens, CredentialsError, ServiceAccount
+
+        cloud = channel.cloud
         try:
             account = await asyncio.to_thread(ServiceAccount.load, cloud.credentials)
         except CredentialsError as exc:
@@ -205,8 +221,11 @@ class ChannelAuths:
 
     async def _post(self, url: str, form: Mapping[str, str]) -> tuple[int, bytes]:
         """A ``TokenPost`` through the pool (a token endpoint is one more upstream)."""
+        from gateway.upstream.google_token import TOKEN_TIMEOUT  # imported already by _google
+
         call = UpstreamCall(url, dict(FORM_HEADERS), urlencode(form).encode())
-        resp = await self.pool.request(call, None, TOKEN_TIMEOUTS)
+        timeouts = ChannelTimeouts(connect=TOKEN_TIMEOUT, total=TOKEN_TIMEOUT)
+        resp = await self.pool.request(call, None, timeouts)
         try:
             raw = await resp.read()
         finally:
