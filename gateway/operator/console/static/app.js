@@ -1,6 +1,6 @@
 // The console: routing, sign-in and the operator's pages; one module per part, no build step,
 // no dependencies (ui.js: the building blocks; people.js: users and top-up; square.js: the
-// model square). Every piece of data reaches the page through textContent or attributes
+// model square; channels.js: the channels and their form). Every piece of data reaches the page through textContent or attributes
 // (never innerHTML), so nothing the store holds can run as code. The session is an HttpOnly
 // cookie; the scripts keep only its CSRF token, in memory.
 
@@ -9,6 +9,7 @@ import {
   searchable, state, table, usageBrowser,
 } from "./ui.js";
 import { squarePage } from "./square.js";
+import { channelsPage } from "./channels.js";
 import {
   passwordPage, redemptionsPage, topUpPage, userKeysPage, userUsagePage, usersPage,
 } from "./people.js";
@@ -183,101 +184,6 @@ async function usagePage() {
   return [h("h1", { text: "Usage" }),
     h("p", { class: "muted", text: "Newest first, filtered by the server; Export CSV saves every matching record." }),
     await usageBrowser(fetchPage, ["account", "key", "model", "status", "from", "to"], true)];
-}
-
-async function channelsPage() {
-  const [{ data }, { data: groups }, { data: models }] = await Promise.all([
-    api("GET", "/admin/channels"), api("GET", "/admin/groups"), api("GET", "/admin/models")]);
-  const result = h("div", { role: "status" });
-  const path = c => `/admin/channels/${encodeURIComponent(c.name)}`;
-  const test = c => h("button", { type: "button", "aria-label": `Test channel ${c.name}`, onclick: async () => {
-    result.textContent = `Testing ${c.name}…`;
-    try {
-      const r = await api("POST", `${path(c)}/test`);
-      result.textContent = `${c.name}: ${r.ok ? "ok" : "failed"}, status ${r.status}, ${r.latency_ms} ms${r.error ? `: ${r.error}` : ""}`;
-    } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
-  } }, "Test");
-  let editing = null;  // the channel the form changes, or null: the form adds one
-  const mapText = m => Object.entries(m || {}).map(([a, b]) => `${a}=${b}`).join(", ");
-  const edit = c => {
-    editing = c.name;
-    for (const [name, value] of [["name", c.name], ["type", c.type], ["base_url", c.base_url],
-      ["api_key", ""], ["groups", (c.groups || []).join(", ")], ["models", (c.models || []).join(", ")],
-      ["model_map", mapText(c.model_map)], ["priority", c.priority], ["weight", c.weight],
-      ["status", c.status || "enabled"]]) form.elements[name].value = value;
-    form.elements.name.readOnly = true;
-    form.querySelector("button[type=submit]").textContent = `Save channel ${c.name}`;
-    cancel.hidden = false;
-    form.elements.base_url.focus();
-  };
-  const actions = c => h("div", { class: "actions" }, test(c),
-    c.origin === "file" ? h("span", { class: "muted", title: "defined in the configuration file: change it there", text: "from the file" }) : [
-      h("button", { type: "button", "aria-label": `Edit channel ${c.name}`, onclick: () => edit(c) }, "Edit"),
-      h("button", { type: "button", "aria-label": `${c.status === "disabled" ? "Enable" : "Disable"} channel ${c.name}`,
-        onclick: () => act(() => api("PATCH", path(c), { status: c.status === "disabled" ? "enabled" : "disabled" }), `Channel ${c.name} updated.`) },
-        c.status === "disabled" ? "Enable" : "Disable"),
-      h("button", { type: "button", class: "danger", "aria-label": `Delete channel ${c.name}`,
-        onclick: () => confirm(`Delete channel ${c.name}?`) && act(() => api("DELETE", path(c)), `Channel ${c.name} deleted.`) }, "Delete"),
-    ]);
-  const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
-  // "alias=upstream-name, other=name": the names the channel's upstream knows the models by
-  const modelMap = s => {
-    const out = {};
-    for (const pair of names(s)) {
-      const at = pair.indexOf("=");
-      if (at < 1 || at === pair.length - 1) throw new Error(`model_map: "${pair}" is not model=upstream-name`);
-      out[pair.slice(0, at).trim()] = pair.slice(at + 1).trim();
-    }
-    return out;
-  };
-  const cancel = h("button", { type: "button", hidden: true, onclick: () => render() }, "Cancel");
-  const form = h("form", { class: "inline", id: "new-channel" },
-    field("Name", h("input", { name: "name", required: true })),
-    field("Type", h("select", { name: "type" }, ["openai", "anthropic", "gemini"].map(t => h("option", { value: t, text: t })))),
-    field("Base URL", h("input", { name: "base_url", required: true, type: "url", placeholder: "https://api.openai.com/v1" })),
-    field("Upstream API key (blank when editing: unchanged)", h("input", { name: "api_key", type: "password", autocomplete: "off" })),
-    field("Groups (comma-separated)", h("input", { name: "groups", value: groups.length ? groups[0].name : "" })),
-    field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
-    field("Model map (model=upstream model, …)", h("input", { name: "model_map", autocomplete: "off", placeholder: "chat-small=gpt-4o-mini" })),
-    field("Priority", h("input", { name: "priority", type: "number", value: "0" })),
-    field("Weight", h("input", { name: "weight", type: "number", min: "0", step: "1", value: "1" })),
-    field("Status", h("select", { name: "status" }, ["enabled", "disabled"].map(t => h("option", { value: t, text: t })))),
-    h("button", { type: "submit", class: "primary" }, "Add channel"), cancel,
-    h("datalist", { id: "model-names" }, models.map(m => h("option", { value: m.name }))));
-  form.addEventListener("submit", ev => {
-    ev.preventDefault();
-    const f = new FormData(form);
-    let body;
-    try {
-      body = { name: f.get("name"), type: f.get("type"), base_url: f.get("base_url"),
-        api_key: f.get("api_key") || "", groups: names(f.get("groups")), models: names(f.get("models")),
-        model_map: modelMap(f.get("model_map")), priority: Number(f.get("priority") || 0),
-        weight: Number(f.get("weight") || 0), status: f.get("status") };
-    } catch (e) { notice(e.message); return; }
-    if (editing === null) {
-      act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
-      return;
-    }
-    const name = editing;
-    delete body.name;
-    if (!body.api_key) delete body.api_key;  // blank: the key stays as it is
-    act(() => api("PATCH", `/admin/channels/${encodeURIComponent(name)}`, body), `Channel ${name} saved.`);
-  });
-  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, h("h2", { text: "Add a channel" }), form),
-    h("div", { class: "card" }, result, searchable("channel-search", "name, type, URL, group or model", [
-    { label: "Name", value: c => h("span", { class: "nowrap", text: c.name }) },
-    { label: "Type", value: c => c.type },
-    { label: "Base URL", value: c => c.base_url },
-    { label: "Key", value: c => h("span", { class: "nowrap", text: c.api_key_hint || "—" }) },
-    { label: "Groups", value: c => (c.groups || []).join(", ") },
-    { label: "Models", value: c => (c.models || []).map(m => c.model_map && c.model_map[m] ? `${m} → ${c.model_map[m]}` : m).join(", ") },
-    { label: "Priority", num: true, value: c => c.priority },
-    { label: "Weight", num: true, value: c => c.weight },
-    { label: "Status", value: c => h("span", { class: `badge ${c.status === "disabled" ? "off" : "ok"}`, text: c.status || "enabled" }) },
-    { label: "Health", value: c => h("span", { class: `badge ${c.health === "cooling" ? "off" : "ok"}`,
-      text: c.health === "cooling" ? `cooling ${c.cooling_for}s` : "healthy" }) },
-    { label: "Actions", value: actions },
-  ], data, c => [c.name, c.type, c.base_url, c.status, ...(c.groups || []), ...(c.models || [])], "No channels yet: add one above."))];
 }
 
 // each price a model may have (config.PRICE_FIELDS), as the form asks for it; a field left
