@@ -22,13 +22,17 @@ import orjson
 import pytest
 from google import genai
 from google.genai import types
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.fake import FakeUpstream
 from bench.fake.media import tokens, vector
+from gateway.errors import GatewayError
 from gateway.protocols.base import UpstreamTarget
 from gateway.protocols.vertex import VertexSite
 from gateway.protocols.vertex_embeddings import VERTEX_EMBEDDINGS, predict_call
 from gateway.upstream.google_token import SCOPE
+from tests.mutation import BOUNDED, copy, json_values, paths, replaced
 from tests.plugins.servers import KEYS, ServedGateway
 from tests.test_clouds_served import VERTEX, cloud_config
 
@@ -161,3 +165,50 @@ async def test_what_vertex_cannot_embed_and_its_errors_come_back_in_the_client_s
         async with s.post(gw.url + path, json=body, headers=headers) as r:
             assert r.status == 400
             assert (await r.json())["error"]["status"] == "INVALID_ARGUMENT"
+
+
+REPLY: Any = {
+    "predictions": [
+        {
+            "embeddings": {
+                "values": [0.5, -0.5],
+                "statistics": {"token_count": 3, "truncated": False},
+            }
+        },
+        {"embeddings": {"values": [0.25, 1.0], "statistics": {"token_count": 4.0}}},
+    ],
+    "metadata": {"billableCharacterCount": 20},
+}
+REQ: Any = {"model": "vx-embed", "input": ["abc", "defg"]}
+
+
+def read_reply(payload: Any) -> None:
+    """A reply reads as two vectors with a whole token count, or is the upstream's fault."""
+    try:
+        resp = VERTEX_EMBEDDINGS.decode_embeddings_response(payload, REQ)
+    except GatewayError as err:
+        assert err.status == 502
+        return
+    assert [e["index"] for e in resp["data"]] == [0, 1]
+    assert type(resp.get("usage", {}).get("prompt_tokens", 0)) is int
+
+
+def test_a_reply_is_read_with_its_token_counts() -> None:
+    resp = VERTEX_EMBEDDINGS.decode_embeddings_response(REPLY, REQ)
+    assert [e["embedding"] for e in resp["data"]] == [[0.5, -0.5], [0.25, 1.0]]
+    assert resp["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    uncounted = copy(REPLY)  # one prediction without its count: the estimate is billed
+    del uncounted["predictions"][1]["embeddings"]["statistics"]
+    assert "usage" not in VERTEX_EMBEDDINGS.decode_embeddings_response(uncounted, REQ)
+
+
+@st.composite
+def reply_mutants(draw: st.DrawFn) -> Any:
+    path = draw(st.sampled_from(list(paths(REPLY))))
+    return replaced(REPLY, path, draw(json_values))
+
+
+@BOUNDED
+@given(reply_mutants())
+def test_any_value_anywhere_in_a_reply_is_read_or_a_502(payload: Any) -> None:
+    read_reply(payload)
