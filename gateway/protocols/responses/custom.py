@@ -25,7 +25,7 @@ from gateway.types import JSON
 
 INPUT = "input"  # the one parameter of a custom tool's function
 FREE_TEXT = "The tool's whole input, as plain text."
-SYNTAXES = frozenset({"lark", "regex"})
+SYNTAXES = ("lark", "regex")  # a tuple: a syntax may be any JSON value, hashable or not
 
 
 def function_of(tool: dict[str, JSON], where: str, name: str) -> JSON:

@@ -40,8 +40,8 @@ from gateway.types import JSON, ChatMessage, ChatRequest, ToolCall
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 KEPT_AS_STATE = ("previous_response_id", "conversation")
-CALLS = frozenset({"function_call", "custom_tool_call"})
-CALL_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
+CALLS = ("function_call", "custom_tool_call")  # tuples: a kind may be any JSON value
+CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 
 def decode_request(payload: JSON) -> ChatRequest:

@@ -41,7 +41,8 @@ HOSTED_TOOLS = frozenset(
 )
 # tools the client runs for OpenAI's own models, with item types of their own: refused
 CLIENT_RUN_TOOLS = frozenset({"local_shell", "computer_use_preview"})
-MEMBER_TYPES = frozenset({"function", "custom"})  # the tools carried, alone or in a namespace
+MEMBER_TYPES = ("function", "custom")  # the tools carried, alone or in a namespace (a tuple:
+# a type may be any JSON value, hashable or not)
 SEPARATOR = "__"  # between a namespace and a function's name
 
 
