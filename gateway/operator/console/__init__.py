@@ -1,10 +1,10 @@
 """The web console at ``/console`` (CONTRACT §5a): one static page and a few JSON routes.
 
 The page (``static/index.html``, ``app.css`` and the modules ``app.js``, ``ui.js``,
-``people.js``, ``square.js``, ``channels.js``: no build step, no third-party code) signs in
-with the admin token, an ``sk-`` key, or a user's username and password (``POST
-/console/session``; a user's own routes: ``users.py``), which sets the signed, HttpOnly session
-cookie of ``session.py`` and forgets the token. Signed in as the
+``people.js``, ``square.js``: no build step, no third-party code) signs in with the admin
+token, an ``sk-`` key, or a user's username and password (``POST /console/session``; a user's
+own routes: ``users.py``), which sets the
+signed, HttpOnly session cookie of ``session.py`` and forgets the token. Signed in as the
 admin, the page calls the admin API itself (``/admin/...``), which accepts the session in
 place of the bearer token (with the CSRF header on any change); signed in with a key, it reads
 that key's own view here: ``/console/me`` (the key, its balance and spend), ``/console/usage``
@@ -71,9 +71,9 @@ STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "app.js": "text/javascript",
     "ui.js": "text/javascript",
+    "channels.js": "text/javascript",  # the Channels page, a module app.js imports
     "people.js": "text/javascript",
     "square.js": "text/javascript",
-    "channels.js": "text/javascript",
     "app.css": "text/css",
 }
 CSP = (

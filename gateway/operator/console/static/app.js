@@ -1,6 +1,6 @@
 // The console: routing, sign-in and the operator's pages; one module per part, no build step,
 // no dependencies (ui.js: the building blocks; people.js: users and top-up; square.js: the
-// model square; channels.js: the channels and their form). Every piece of data reaches the page through textContent or attributes
+// model square). Every piece of data reaches the page through textContent or attributes
 // (never innerHTML), so nothing the store holds can run as code. The session is an HttpOnly
 // cookie; the scripts keep only its CSRF token, in memory.
 
@@ -9,7 +9,6 @@ import {
   searchable, state, table, usageBrowser,
 } from "./ui.js";
 import { squarePage } from "./square.js";
-import { channelsPage } from "./channels.js";
 import {
   passwordPage, redemptionsPage, topUpPage, userKeysPage, userUsagePage, usersPage,
 } from "./people.js";
@@ -185,6 +184,9 @@ async function usagePage() {
     h("p", { class: "muted", text: "Newest first, filtered by the server; Export CSV saves every matching record." }),
     await usageBrowser(fetchPage, ["account", "key", "model", "status", "from", "to"], true)];
 }
+
+// the Channels page, with its form for every channel type, is a module of its own
+import { channelsPage } from "./channels.js";
 
 // each price a model may have (config.PRICE_FIELDS), as the form asks for it; a field left
 // empty is not sent: the built-in price table's (or, for the cache prices, its ratio or the
