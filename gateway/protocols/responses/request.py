@@ -30,12 +30,7 @@ from __future__ import annotations
 
 from gateway.protocols.responses.custom import arguments_of
 from gateway.protocols.responses.reply import REDACTED
-from gateway.protocols.responses.tools import (
-    all_tools,
-    bad,
-    decode_tool_choice,
-    tool_name,
-)
+from gateway.protocols.responses.tools import all_tools, bad, decode_tool_choice, tool_name
 from gateway.types import JSON, ChatMessage, ChatRequest, ToolCall
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
