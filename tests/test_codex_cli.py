@@ -13,6 +13,7 @@ an install that fails while the registry answers is a failure.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -126,3 +127,62 @@ async def test_codex_exec_runs_a_shell_tool_call_through_each_channel_type(
         ("responses", target.channel, 200)
     ] * 2
     assert all(r.cost > 0 for r in records)
+
+
+# a catalogue entry that makes Codex offer apply_patch as a freeform (custom) tool, as it does
+# for OpenAI's own models; every other field is what Codex needs to read the entry
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello from the gateway\n*** End Patch\n"
+PATCH_PROMPT = (
+    "[[fake tool=apply_patch args=" + json.dumps({"input": PATCH}) + "]] create hello.txt"
+)
+
+
+def freeform_catalog(path: Path, model: str) -> Path:
+    entry = {
+        "slug": model, "display_name": model, "description": "through the gateway",
+        "apply_patch_tool_type": "freeform", "shell_type": "shell_command",
+        "supports_reasoning_summaries": False, "support_verbosity": False,
+        "default_verbosity": None, "input_modalities": ["text", "image"],
+        "truncation_policy": {"mode": "tokens", "limit": 10000},
+        "supports_parallel_tool_calls": True, "context_window": 128000,
+        "reasoning_summary_format": "none", "default_reasoning_level": None,
+        "supported_reasoning_levels": [], "visibility": "list",
+        "minimal_client_version": "0.0.1", "supported_in_api": True, "upgrade": None,
+        "priority": 0, "base_instructions": "You are a coding agent.",
+        "experimental_supported_tools": [],
+    }  # fmt: skip
+    path.write_text(json.dumps({"models": [entry]}))
+    return path
+
+
+@target_param
+async def test_codex_exec_applies_a_freeform_patch_through_each_channel_type(
+    codex: Path, gateway: ServedGateway, fake: FakeUpstream, target: Target, tmp_path: Path
+) -> None:
+    """apply_patch as Codex offers it to OpenAI's models, a custom tool: the channel gets a
+    function of one string, its call comes back as a custom_tool_call Codex applies, and the
+    patch's outcome goes back as the function's result."""
+    home = codex_home(tmp_path / "codex-home", gateway, target.model)
+    catalog = freeform_catalog(tmp_path / "models.json", target.model)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": KEYS["alice"]}
+    proc = await asyncio.create_subprocess_exec(
+        str(codex), "exec", "--skip-git-repo-check", "-s", "danger-full-access",
+        "-c", f"model_catalog_json={catalog}", PATCH_PROMPT,
+        cwd=work, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 180)
+    printed = out.decode(errors="replace")
+    assert proc.returncode == 0, printed[-2000:]
+    assert (work / "hello.txt").read_text() == "hello from the gateway\n"  # Codex applied it
+    assert "Hello from the demo upstream" in printed
+    chats = [r for r in fake.requests if r.path == target.chat_path(True)]
+    assert len(chats) == 2
+    assert b"apply_patch" in chats[0].body and b"hello.txt" in chats[1].body
+    await gateway.state.writer.flush()
+    records = await gateway.state.store.usage("alice", 10)
+    assert [(r.protocol, r.channel, r.status) for r in records] == [
+        ("responses", target.channel, 200)
+    ] * 2

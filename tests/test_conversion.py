@@ -101,6 +101,7 @@ class Case:
             created=1700000000,
             include_usage=self.route.include_usage,
             tool_namespaces=self.route.tool_namespaces,
+            custom_tools=self.route.custom_tools,
         )
 
     def attempt(self) -> Exchange:

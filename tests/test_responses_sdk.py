@@ -146,7 +146,6 @@ async def test_reasoning_arrives_as_a_reasoning_item(
     [
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"conversation": "conv_123"}, "conversation"),
-        ({"tools": [{"type": "custom", "name": "grammar"}]}, "custom"),
         ({"tools": [{"type": "local_shell"}]}, "local_shell"),
         (
             {
@@ -438,7 +437,8 @@ def test_namespace_tools_are_flattened_and_hosted_tools_left_out() -> None:
     req = adapter.decode_request(payload, route)
     assert [t["function"]["name"] for t in req["tools"]] == ["exec_command", "agents__spawn"]
     assert req["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__spawn"
-    ctx = Ctx("r1", "chat-small", 0, tool_namespaces=route.tool_namespaces)
+    namespaces, custom = route.tool_namespaces, route.custom_tools
+    ctx = Ctx("r1", "chat-small", 0, tool_namespaces=namespaces, custom_tools=custom)
     function = {"name": "agents__spawn", "arguments": "{}"}
     call = {"id": "c2", "type": "function", "function": function}
     reply = adapter.encode_response(

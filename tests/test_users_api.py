@@ -411,7 +411,7 @@ async def test_the_users_routes_need_a_user(store_url: str, path: str) -> None:
 
 async def test_the_console_modules_are_served_and_write_no_markup(store_url: str) -> None:
     async with gateway(store_url) as app:
-        for name in ("app.js", "ui.js", "people.js", "square.js"):
+        for name in ("app.js", "ui.js", "people.js", "square.js", "channels.js"):
             reply = await app.get(f"/console/assets/{name}")
             assert reply.status == 200 and "javascript" in reply.headers["content-type"]
             assert b".innerHTML" not in reply.body  # data goes in as text, never as markup

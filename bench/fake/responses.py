@@ -7,7 +7,9 @@ then per output item ``response.output_item.added``; for a reasoning item
 ``.done``, ``response.reasoning_summary_part.done``; for a message
 ``response.content_part.added``, its ``output_text`` deltas (with ``logprobs``) and ``.done``,
 ``response.content_part.done``; for a function call its ``function_call_arguments`` deltas and
-``.done``; then ``response.output_item.done``. Last ``response.completed``
+``.done`` (a call of a ``custom`` tool of the request is a ``custom_tool_call``, its ``input``
+the call's ``input`` argument, with ``custom_tool_call_input`` deltas and ``.done``); then
+``response.output_item.done``. Last ``response.completed``
 (``response.incomplete`` when cut by the token limit) with the whole response, which echoes the
 request's ``tools``, ``tool_choice``, ``parallel_tool_calls`` and ``store``. Every event
 carries ``sequence_number``, an ``error`` event too.
@@ -58,10 +60,10 @@ def chat_messages(payload: dict[str, Any]) -> list[Any]:
             if isinstance(content, list):
                 content = [_chat_part(p) for p in content if isinstance(p, dict)]
             messages.append({"role": item.get("role"), "content": content})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "content": str(item.get("output"))})
-        elif kind == "function_call":
-            call = {"function": {"arguments": item.get("arguments")}}
+        elif kind in ("function_call", "custom_tool_call"):
+            call = {"function": {"arguments": item.get("arguments", item.get("input"))}}
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     return messages
 
@@ -87,7 +89,22 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _items(plan: Plan) -> list[dict[str, Any]]:
+def _custom_names(body: dict[str, Any]) -> frozenset[str]:
+    tools = body.get("tools")
+    return frozenset(
+        t.get("name")
+        for t in (tools if isinstance(tools, list) else ())
+        if isinstance(t, dict) and t.get("type") == "custom"
+    )
+
+
+def _custom_input(arguments: str) -> str:
+    value = orjson.loads(arguments)
+    return str(value.get("input", "")) if isinstance(value, dict) else arguments
+
+
+def _items(plan: Plan, body: dict[str, Any]) -> list[dict[str, Any]]:
+    custom = _custom_names(body)
     items: list[dict[str, Any]] = []
     if plan.reasoning:
         summary = [{"type": "summary_text", "text": plan.reasoning}]
@@ -103,6 +120,18 @@ def _items(plan: Plan) -> list[dict[str, Any]]:
             }
         )
     for call in plan.tool_calls:
+        if call.name in custom:
+            items.append(
+                {
+                    "type": "custom_tool_call",
+                    "id": f"ctc_{call.id}",
+                    "call_id": f"call_{call.id}",
+                    "name": call.name,
+                    "input": _custom_input(call.arguments),
+                    "status": "completed",
+                }
+            )
+            continue
         items.append(
             {
                 "type": "function_call",
@@ -142,7 +171,7 @@ def _response(
 
 
 def render(plan: Plan, body: dict[str, Any]) -> bytes:
-    return orjson.dumps(_response(plan, body, "completed", _items(plan), _usage(plan)))
+    return orjson.dumps(_response(plan, body, "completed", _items(plan, body), _usage(plan)))
 
 
 def stream(plan: Plan, body: dict[str, Any]) -> list[tuple[int, bytes]]:
@@ -160,7 +189,7 @@ def stream(plan: Plan, body: dict[str, Any]) -> list[tuple[int, bytes]]:
         (HEAD, event("response.created", {"response": shell})),
         (HEAD, event("response.in_progress", {"response": shell})),
     ]
-    for index, item in enumerate(_items(plan)):
+    for index, item in enumerate(_items(plan, body)):
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "reasoning":
             shown = {**item, "summary": []}
@@ -190,6 +219,14 @@ def stream(plan: Plan, body: dict[str, Any]) -> list[tuple[int, bytes]]:
             events.append((TAIL, event("response.output_text.done", done)))
             part = _text_part(plan.text)
             events.append((TAIL, event("response.content_part.done", {**at, "part": part})))
+        elif item["type"] == "custom_tool_call":
+            shown = {**item, "status": "in_progress", "input": ""}
+            added = {"output_index": index, "item": shown}
+            events.append((HEAD, event("response.output_item.added", added)))
+            delta = {**where, "delta": item["input"]}
+            events.append((CONTENT, event("response.custom_tool_call_input.delta", delta)))
+            done = {**where, "input": item["input"]}
+            events.append((TAIL, event("response.custom_tool_call_input.done", done)))
         else:
             shown = {**item, "status": "in_progress", "arguments": ""}
             added = {"output_index": index, "item": shown}
@@ -203,7 +240,7 @@ def stream(plan: Plan, body: dict[str, Any]) -> list[tuple[int, bytes]]:
         events.append(
             (TAIL, event("response.output_item.done", {"output_index": index, "item": item}))
         )
-    final = _response(plan, body, "completed", _items(plan), _usage(plan))
+    final = _response(plan, body, "completed", _items(plan, body), _usage(plan))
     ending = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
     events.append((TAIL, event(ending, {"response": final})))
     return events

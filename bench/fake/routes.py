@@ -113,6 +113,9 @@ def bad_json_message(protocol: str) -> str:
 
 def incoming_for(where: Route, body: dict[str, Any]) -> Incoming | None:
     kind = where.kind
+    if kind == vertex.PREDICT:
+        vertex.predict_reply(body)  # a malformed body is Vertex's 400 (RequestShapeError)
+        return None
     if where.cloud == "vertex" and kind is not None:
         if where.protocol == "anthropic":
             return vertex.from_claude_body(body, kind)
@@ -152,6 +155,8 @@ def directive_text(where: Route, body: dict[str, Any], form: dict[str, str]) -> 
         value = form.get("prompt")
     elif kind == "embedContent":
         value = media.gemini_content_text(body.get("content"))
+    elif kind == vertex.PREDICT:
+        value = vertex.predict_text(body)
     elif kind == "batchEmbedContents":
         requests = body.get("requests")
         if isinstance(requests, list) and requests and isinstance(requests[-1], dict):

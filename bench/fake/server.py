@@ -420,6 +420,8 @@ class FakeUpstream:
             return self._json(media.gemini_models(), headers)
         if kind == "embeddings":
             return self._json(media.openai_embeddings(body), headers)
+        if kind == vertex.PREDICT:
+            return self._json(vertex.predict_reply(body), headers)
         if kind == "embedContent":
             out = {"embedding": media.gemini_embedding(body)}
             return self._json(orjson.dumps(out), headers)

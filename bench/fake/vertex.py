@@ -12,6 +12,12 @@ Gemini bodies are the Gemini API's but as Vertex checks them: each content needs
 ``tools``, ``generationConfig``) at the top, not AI Studio's ``generateContentRequest``.
 Replies are Gemini's with Vertex's ``createTime`` and ``usageMetadata.trafficType``.
 
+Embeddings: ``.../publishers/google/models/{m}:predict`` with ``{"instances": [{"content",
+"task_type"?, "title"?}], "parameters"?: {"outputDimensionality"?, "autoTruncate"?}}``, answered
+``{"predictions": [{"embeddings": {"values", "statistics": {"token_count", "truncated"}}}],
+"metadata": {"billableCharacterCount"}}``, as Vertex's text-embedding and gemini-embedding
+models answer; an instance without a string ``content`` is Vertex's 400.
+
 Claude bodies are the Messages body with ``anthropic_version`` and without ``model`` (a count
 names its ``model``); refusals are Anthropic's 400 ``invalid_request_error`` as Vertex relays
 them (``model: Extra inputs are not permitted``, ``anthropic_version: Field required``). Replies
@@ -26,6 +32,7 @@ from typing import Any
 import orjson
 
 from bench.fake.incoming import Incoming, RequestShapeError, from_anthropic, from_gemini
+from bench.fake.media import DEFAULT_DIMENSIONS, tokens, vector
 
 PATH = re.compile(
     r"^/(?P<version>v1|v1beta1)/projects/(?P<project>[^/]+)/locations/(?P<region>[^/]+)"
@@ -33,6 +40,7 @@ PATH = re.compile(
 )
 PREFIXES = ("/v1/projects/", "/v1beta1/projects/")
 GEMINI_KINDS = frozenset({"generateContent", "streamGenerateContent", "countTokens"})
+PREDICT = "predict"  # a Google embedding model's method
 CLAUDE_KINDS = frozenset({"rawPredict", "streamRawPredict"})
 COUNT_MODEL = "count-tokens"
 ROLES = frozenset({"user", "model"})
@@ -46,7 +54,7 @@ def route(method: str, path: str) -> tuple[str, str | None, str | None]:
         return "gemini", None, None
     publisher, model, action = found["publisher"], found["model"], found["action"]
     if publisher == "google":
-        known = method == "POST" and action in GEMINI_KINDS
+        known = method == "POST" and (action in GEMINI_KINDS or action == PREDICT)
         return "gemini", action if known else None, model
     if method != "POST" or action not in CLAUDE_KINDS:
         return "anthropic", None, model
@@ -103,3 +111,40 @@ def gemini_events(events: list[tuple[int, bytes]], sse: bool) -> list[tuple[int,
         data = event[len(b"data: ") :].rstrip(b"\r\n")
         out.append((kind, b"data: " + gemini_reply(data) + b"\r\n\r\n"))
     return out
+
+
+def _instances(body: dict[str, Any]) -> list[dict[str, Any]]:
+    instances = body.get("instances")
+    if not isinstance(instances, list) or not instances:
+        raise RequestShapeError("Invalid JSON payload received. 'instances' must be a list.")
+    for i, item in enumerate(instances):
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+            raise RequestShapeError(f"instances[{i}].content is required and must be a string.")
+    return instances
+
+
+def predict_text(body: dict[str, Any]) -> str:
+    """The last instance's content: where a directive lives."""
+    instances = body.get("instances")
+    last = instances[-1] if isinstance(instances, list) and instances else None
+    content = last.get("content") if isinstance(last, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def predict_reply(body: dict[str, Any]) -> bytes:
+    """The embeddings of a ``:predict`` call, each with its token count."""
+    instances = _instances(body)
+    parameters = body.get("parameters")
+    dims = parameters.get("outputDimensionality") if isinstance(parameters, dict) else None
+    dims = dims if isinstance(dims, int) and dims > 0 else DEFAULT_DIMENSIONS
+    predictions = [
+        {
+            "embeddings": {
+                "values": vector(item["content"], dims),
+                "statistics": {"token_count": tokens(item["content"]), "truncated": False},
+            }
+        }
+        for item in instances
+    ]
+    chars = sum(len(item["content"]) for item in instances)
+    return orjson.dumps({"predictions": predictions, "metadata": {"billableCharacterCount": chars}})

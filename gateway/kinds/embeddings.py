@@ -1,6 +1,7 @@
 """The embeddings kind: ``POST /v1/embeddings`` and generate-content's ``:embedContent`` and
-``:batchEmbedContents``, served by openai, azure (OpenAI's shape, at Azure's addresses) and
-gemini channels.
+``:batchEmbedContents``, served by openai, azure (OpenAI's shape, at Azure's addresses),
+gemini and vertex (Google's embedding models through ``:predict``, ``protocols.
+vertex_embeddings``) channels.
 
 The request is decoded once at arrival (so a malformed one is a 400 whichever channel would
 have served it). Same protocol on both sides: the body goes through with the model renamed;
@@ -21,13 +22,14 @@ from gateway.edge.asgi import parse_json, read_body
 from gateway.errors import GatewayError, UpstreamError
 from gateway.kinds.base import JSON_TYPE, Incoming, Reply, ReplyHeaders
 from gateway.kinds.chat import upstream_json
-from gateway.kinds.wire import openai_call, openai_errors
+from gateway.kinds.wire import embeddings_call, embeddings_errors
 from gateway.policy.billing import Metered, billable_tokens
 from gateway.policy.tokens import CHARS_PER_TOKEN
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamCall, UpstreamTarget
-from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest
+from gateway.protocols.embeddings import EmbeddingsAdapter, EmbeddingsRequest, EmbeddingsUpstream
 from gateway.protocols.gemini.embeddings import GEMINI_EMBEDDINGS
 from gateway.protocols.openai.embeddings import OPENAI_EMBEDDINGS
+from gateway.protocols.vertex_embeddings import VERTEX_EMBEDDINGS
 from gateway.types import JSON
 
 EMBEDDINGS: dict[str, EmbeddingsAdapter] = {
@@ -35,10 +37,11 @@ EMBEDDINGS: dict[str, EmbeddingsAdapter] = {
     "gemini": GEMINI_EMBEDDINGS,
 }
 # the channel types and the protocol each speaks for embeddings
-SPOKEN: dict[str, EmbeddingsAdapter] = {
+SPOKEN: dict[str, EmbeddingsUpstream] = {
     "openai": OPENAI_EMBEDDINGS,
     "azure": OPENAI_EMBEDDINGS,
     "gemini": GEMINI_EMBEDDINGS,
+    "vertex": VERTEX_EMBEDDINGS,
 }
 CHANNEL_TYPES = frozenset(SPOKEN)
 
@@ -84,12 +87,12 @@ class EmbeddingsExchange:
         self._same = upstream is job.client
         if self._same:
             payload = job.payload if last else orjson.loads(orjson.dumps(job.payload))
-            call = upstream.embeddings_passthrough(payload, job.route, target)
+            call = job.client.embeddings_passthrough(payload, job.route, target)
         else:
             call = upstream.embeddings_request(job.req, target)
-        address = openai_call(channel, target)
+        address = embeddings_call(channel, target)
         self.call: UpstreamCall | None = call if address is None else address(call)
-        self._errors = openai_errors(channel) if address is not None else upstream.decode_error
+        self._errors = embeddings_errors(channel) or upstream.decode_error
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self.keepalive = b""
@@ -104,7 +107,7 @@ class EmbeddingsExchange:
         payload = upstream_json(raw)
         job = self._job
         if self._same:
-            out, usage = self._upstream.embeddings_passthrough_response(payload, self._ctx)
+            out, usage = job.client.embeddings_passthrough_response(payload, self._ctx)
             tokens = usage["prompt_tokens"] if usage else job.estimate
         else:
             resp = self._upstream.decode_embeddings_response(payload, job.req)

@@ -22,7 +22,8 @@ names an error in its ``x-amzn-errortype`` header, which ``errors`` reads. Verte
 for both publishers; Bedrock and Azure do not (the local estimate answers).
 
 The openai-type kinds (embeddings, images, audio, completions) reach ``azure`` channels
-through ``openai_call`` and ``openai_errors``.
+through ``openai_call`` and ``openai_errors``; embeddings reach ``vertex`` channels at
+``:predict`` through ``embeddings_call`` and ``embeddings_errors``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import ClassVar
 
 from gateway.config import OPENAI_TYPES, Channel
 from gateway.errors import GatewayError
-from gateway.protocols import ADAPTERS, CLIENTS, azure, bedrock, vertex
+from gateway.protocols import ADAPTERS, CLIENTS, azure, bedrock, vertex, vertex_embeddings
 from gateway.protocols.anthropic.bedrock import InvokeAdapter
 from gateway.protocols.base import (
     ConvertedStream,
@@ -209,6 +210,27 @@ def openai_call(channel: Channel, target: UpstreamTarget) -> Address | None:
 def openai_errors(channel: Channel) -> Callable[[int, bytes], GatewayError]:
     """How an openai-type channel's error replies read."""
     return azure.decode_error if channel.type == "azure" else openai_decode_error
+
+
+def embeddings_call(channel: Channel, target: UpstreamTarget) -> Address | None:
+    """Where a channel's embeddings calls go: None (as encoded) for openai and gemini
+    channels, Azure's deployment addresses, Vertex's ``:predict`` in the channel's project."""
+    if channel.type != "vertex":
+        return openai_call(channel, target)
+    site = vertex.VertexSite(channel.cloud.project, channel.cloud.region, channel.base_url)
+    model = target.model
+
+    def address(call: UpstreamCall) -> UpstreamCall:
+        return vertex_embeddings.predict_call(call, site, model)
+
+    return address
+
+
+def embeddings_errors(channel: Channel) -> Callable[[int, bytes], GatewayError] | None:
+    """How a cloud channel's embeddings errors read; None: as its protocol's."""
+    if channel.type == "vertex":
+        return vertex.decode_error
+    return azure.decode_error if channel.type == "azure" else None
 
 
 def _vertex(channel: Channel, target: UpstreamTarget) -> Wire:

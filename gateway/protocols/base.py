@@ -45,6 +45,7 @@ class RouteMatch:
     include_usage: bool = False  # chat-completions stream_options.include_usage
     action: str = ""  # a generate-content path's action ("embedContent", ...); else ""
     tool_namespaces: tuple[str, ...] = ()  # a Responses request's namespace tools
+    custom_tools: tuple[str, ...] = ()  # a Responses request's custom tools (function names)
     # the session the body names (``prompt_cache_key``, the messages protocol's
     # ``metadata.user_id``), "" for none; ``session_late``: it ranks after Codex's
     # ``session_id`` header (``policy/affinity.session_of`` has the whole order)
@@ -88,6 +89,7 @@ class Ctx:
     include_usage: bool = False  # chat-completions stream_options.include_usage
     prompt_tokens_estimate: int = 0  # local estimate, for protocols that want it up front
     tool_namespaces: tuple[str, ...] = ()  # Responses: the request's namespace tools
+    custom_tools: tuple[str, ...] = ()  # Responses: its custom tools, as function names
 
 
 class StreamDecoder(Protocol):

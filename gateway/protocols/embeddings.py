@@ -40,8 +40,25 @@ class EmbeddingsResponse(TypedDict):
     usage: NotRequired[EmbeddingsUsage]  # absent when the upstream reports none
 
 
-class EmbeddingsAdapter(Protocol):
-    name: ClassVar[str]  # "openai" | "gemini"
+class EmbeddingsUpstream(Protocol):
+    """The upstream side: what a channel's embeddings protocol needs (``vertex``'s has only
+    this side: no client speaks it)."""
+
+    name: ClassVar[str]  # "openai" | "gemini" | "vertex"
+
+    def embeddings_request(
+        self, req: EmbeddingsRequest, target: UpstreamTarget
+    ) -> UpstreamCall: ...
+
+    def decode_embeddings_response(
+        self, payload: JSON, req: EmbeddingsRequest
+    ) -> EmbeddingsResponse: ...
+
+    def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
+
+
+class EmbeddingsAdapter(EmbeddingsUpstream, Protocol):
+    """Both sides, for the protocols clients speak (``openai``, ``gemini``)."""
 
     # client side
     def match_embeddings(self, payload: JSON, route: RouteMatch) -> RouteMatch:
@@ -54,17 +71,6 @@ class EmbeddingsAdapter(Protocol):
     def encode_embeddings(
         self, resp: EmbeddingsResponse, req: EmbeddingsRequest, ctx: Ctx
     ) -> JSON: ...
-
-    # upstream side
-    def embeddings_request(
-        self, req: EmbeddingsRequest, target: UpstreamTarget
-    ) -> UpstreamCall: ...
-
-    def decode_embeddings_response(
-        self, payload: JSON, req: EmbeddingsRequest
-    ) -> EmbeddingsResponse: ...
-
-    def decode_error(self, status: int, raw: bytes) -> GatewayError: ...
 
     # same protocol on both sides: the body goes through, only the model renamed
     def embeddings_passthrough(

@@ -239,6 +239,7 @@ class Relay:
             created=int(time.time()),
             include_usage=route.include_usage,
             tool_namespaces=route.tool_namespaces,
+            custom_tools=route.custom_tools,
         )
         req = RelayRequest(
             kind, job, model, rate, call, ctx, forwarded_headers(headers), interrupt, receive,

@@ -74,6 +74,7 @@ STATIC = Path(__file__).parent / "static"
 ASSETS = {
     "app.js": "text/javascript",
     "ui.js": "text/javascript",
+    "channels.js": "text/javascript",  # the Channels page, a module app.js imports
     "people.js": "text/javascript",
     "square.js": "text/javascript",
     "audit.js": "text/javascript",

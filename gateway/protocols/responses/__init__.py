@@ -36,6 +36,7 @@ class ResponsesAdapter:
         self, kind: str, payload: JSON, path_model: str | None, query: bytes, stream: bool | None
     ) -> RouteMatch:
         model = body_model(payload)
+        namespaces, custom = tools.declared(payload)
         REQUEST.opt_bool(payload.get("stream"), "stream")
         REQUEST.opt_integer(payload.get("max_output_tokens"), "max_output_tokens")
         return RouteMatch(
@@ -43,7 +44,8 @@ class ResponsesAdapter:
             capability=kind,
             model=model,
             stream=payload.get("stream") is True,
-            tool_namespaces=tools.namespaces(payload),
+            tool_namespaces=namespaces,
+            custom_tools=custom,
             session=text_field(payload, "prompt_cache_key"),
         )
 

@@ -38,7 +38,13 @@ LIFECYCLE = frozenset(
     }
 )
 ENDINGS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta"})
+DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+    }
+)
 
 
 def passthrough_request(payload: JSON, route: RouteMatch, target: UpstreamTarget) -> UpstreamCall:

@@ -4,19 +4,21 @@ Output items in the order a Responses model gives them: a ``reasoning`` item (su
 thinking text, ``encrypted_content`` the opaque signature), one ``reasoning`` item per
 Anthropic ``redacted_thinking`` block (``encrypted_content`` its data after ``REDACTED``, so
 that it goes back as that block), a ``message`` with one ``output_text`` part, then one
-``function_call`` per tool call, a call that carries Gemini's ``thought_signature`` preceded
-by a ``reasoning`` item with no summary whose ``encrypted_content`` is that signature (it goes
-back to that call, see ``request``). A reply cut by the token limit is ``status: incomplete``
-with ``incomplete_details.reason: max_output_tokens``, one stopped by a content filter
-(Gemini SAFETY and the like, Anthropic's refusal) with ``content_filter``; its last item, the
-one the cut fell in, is ``incomplete`` too when it is a message or a call (as OpenAI marks
-it). Ids derive from the request id; nothing is stored (``store: false``).
+``function_call`` per tool call (a ``custom_tool_call`` for a custom tool's), a call that
+carries Gemini's ``thought_signature`` preceded by a ``reasoning`` item with no summary whose
+``encrypted_content`` is that signature (it goes back to that call, see ``request``). A reply
+cut by the token limit is ``status: incomplete`` with ``incomplete_details.reason:
+max_output_tokens``, one stopped by a content filter (Gemini SAFETY and the like, Anthropic's
+refusal) with ``content_filter``; its last item, the one the cut fell in, is ``incomplete`` too
+when it is a message or a call (as OpenAI marks it). Ids derive from the request id; nothing is
+stored (``store: false``).
 """
 
 from __future__ import annotations
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import Ctx, count, usage_parts
+from gateway.protocols.responses.custom import input_of
 from gateway.protocols.responses.tools import split_name
 from gateway.types import JSON, ChatResponse, ToolCall, Usage
 
@@ -53,16 +55,29 @@ def output_text(text: str) -> dict[str, JSON]:
 
 
 def function_item(ctx: Ctx, n: int, call_id: str, name: str, arguments: str, status: str) -> JSON:
-    """A function call; one of a namespace tool's functions with its namespace apart."""
+    """A function call; one of a namespace tool's functions with its namespace apart; the call
+    of a custom tool's function as that tool's ``custom_tool_call``, its ``input`` the text of
+    the function's one parameter (``custom``)."""
+    custom = name in ctx.custom_tools
     namespace, name = split_name(name, ctx.tool_namespaces)
-    item = {
-        "type": "function_call",
-        "id": f"fc_{ctx.request_id}_{n}",
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
-        "status": status,
-    }
+    if custom:
+        item = {
+            "type": "custom_tool_call",
+            "id": f"ctc_{ctx.request_id}_{n}",
+            "call_id": call_id,
+            "name": name,
+            "input": input_of(arguments),
+            "status": status,
+        }
+    else:
+        item = {
+            "type": "function_call",
+            "id": f"fc_{ctx.request_id}_{n}",
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "status": status,
+        }
     if namespace is not None:
         item["namespace"] = namespace
     return item

@@ -12,11 +12,12 @@ reasoning is that call's own ``thought_signature`` (how ``reply`` shows Gemini's
 functionCall part). Flat function ``tools``, ``tool_choice``, ``text.format``,
 ``max_output_tokens``, ``reasoning.effort`` map to their chat-completions fields.
 
-Tools and their names: ``tools``.
+Tools and their names: ``tools``; custom tools, and their ``custom_tool_call`` and
+``custom_tool_call_output`` items (a function's call and result): ``custom``.
 
 Refused with a 400 naming the field: what needs a kept response (the gateway keeps nothing:
 ``previous_response_id``, ``conversation``, ``background``, ``item_reference`` items,
-``input_file`` parts), custom tools, the tools a client runs with item types of their own
+``input_file`` parts), the tools a client runs with item types of their own
 (``local_shell``, ``computer_use_preview``), a ``tool_choice`` naming a function not in
 ``tools``. Dropped on purpose: the tools OpenAI runs itself (``web_search``, ``file_search``,
 ...: no other provider runs them, and clients such as Codex CLI always offer them), a
@@ -27,12 +28,15 @@ Refused with a 400 naming the field: what needs a kept response (the gateway kee
 
 from __future__ import annotations
 
+from gateway.protocols.responses.custom import arguments_of
 from gateway.protocols.responses.reply import REDACTED
-from gateway.protocols.responses.tools import bad, decode_tool_choice, decode_tools, tool_name
+from gateway.protocols.responses.tools import all_tools, bad, decode_tool_choice, tool_name
 from gateway.types import JSON, ChatMessage, ChatRequest, ToolCall
 
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 KEPT_AS_STATE = ("previous_response_id", "conversation")
+CALLS = ("function_call", "custom_tool_call")  # tuples: a kind may be any JSON value
+CALL_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 
 
 def decode_request(payload: JSON) -> ChatRequest:
@@ -60,8 +64,7 @@ def decode_request(payload: JSON) -> ChatRequest:
     if payload.get("stream") is True:
         req["stream"] = True
     _sampling(payload, req)
-    tools = payload.get("tools")
-    converted = decode_tools(tools) if tools is not None else []
+    converted = all_tools(payload)
     if converted:
         req["tools"] = converted
     if payload.get("tool_choice") is not None:
@@ -128,7 +131,7 @@ def decode_input(value: JSON) -> list[ChatMessage]:
                 _carry_reasoning(message, reasoning, where)
                 reasoning = []
             messages.append(message)
-        elif kind == "function_call":
+        elif kind in CALLS:
             call = decode_function_call(item, where)
             last = messages[-1] if messages else None
             joins = last is not None and last["role"] == "assistant"
@@ -143,8 +146,10 @@ def decode_input(value: JSON) -> list[ChatMessage]:
                 _carry_reasoning(turn, reasoning, where)
                 reasoning = []
                 messages.append(turn)
-        elif kind == "function_call_output":
+        elif kind in CALL_OUTPUTS:
             messages.append(decode_function_output(item, where))
+        elif kind == "additional_tools":
+            continue  # its tools are the request's (``tools.all_tools``)
         elif kind == "item_reference":
             raise bad(f"'{where}': item references are not supported; send the item itself")
         else:
@@ -240,12 +245,18 @@ def decode_part(part: JSON, where: str) -> dict[str, JSON]:
 
 
 def decode_function_call(item: dict[str, JSON], where: str) -> ToolCall:
+    """A function call, or a custom tool's call (its ``input`` as its function's arguments)."""
     call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
     if not isinstance(call_id, str) or not call_id:
         raise bad(f"'{where}.call_id' must be a string")
     if not isinstance(name, str) or not name:
         raise bad(f"'{where}.name' must be a string")
-    if not isinstance(arguments, str):
+    if item.get("type") == "custom_tool_call":
+        text = item.get("input")
+        if not isinstance(text, str):
+            raise bad(f"'{where}.input' must be a string")
+        arguments = arguments_of(text)
+    elif not isinstance(arguments, str):
         raise bad(f"'{where}.arguments' must be a string of JSON")
     namespace = item.get("namespace")
     if isinstance(namespace, str) and namespace:

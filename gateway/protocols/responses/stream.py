@@ -4,20 +4,22 @@
 announced (``response.output_item.added``), filled (``response.reasoning_summary_*``,
 ``response.content_part.added`` + ``response.output_text.delta``,
 ``response.function_call_arguments.delta``) and closed (the matching ``.done`` events and
-``response.output_item.done``) before the next is announced, as OpenAI streams them; the
-stream ends with ``response.completed`` (``response.incomplete`` when the token limit or a
-content filter cut it, and the last item, the one the cut fell in, ``incomplete`` when it is
-a message or a call) carrying every item and the usage, or ``response.failed`` for an error
-after it started (with the items so far and the usage billed so far). A reasoning item gets a
-summary part only once there is summary text (a signature alone has none). Every event has a
+``response.output_item.done``) before the next is announced, as OpenAI streams them; the stream
+ends with ``response.completed`` (``response.incomplete`` when the token limit or a content
+filter cut it, and the last item, the one the cut fell in, ``incomplete`` when it is a message
+or a call) carrying every item and the usage, or ``response.failed`` for an error after it
+started (with the items so far and the usage billed so far). A reasoning item gets a summary
+part only once there is summary text (a signature alone has none). Every event has a
 ``sequence_number`` counting from 0, and an SSE ``event:`` line naming it.
 
-Function calls: one streams live. When the next call starts, the live one is closed if its
-arguments are already a whole JSON value (an upstream that sends calls one after another, as
-all of them do); otherwise the upstream interleaves them, and the later calls wait, their
-arguments buffered, until the live one is whole (or the stream ends), then go out in order.
-A call with Gemini's ``thought_signature`` is preceded by a reasoning item carrying it, and an
-Anthropic ``redacted_thinking`` block is a reasoning item of its own (``reply``).
+Function calls: one streams live. A custom tool's call (``custom_tool_call``) shows its input
+only once its function's arguments are whole: its one ``response.custom_tool_call_input.delta``
+is that input, the text inside the arguments' JSON. When the next call starts, the live one is
+closed if its arguments are already a whole JSON value (an upstream that sends calls one after
+another, as all of them do); otherwise the upstream interleaves them, and the later calls wait,
+their arguments buffered, until the live one is whole (or the stream ends), then go out in
+order. A call with Gemini's ``thought_signature`` is preceded by a reasoning item carrying it,
+and an Anthropic ``redacted_thinking`` block is a reasoning item of its own (``reply``).
 """
 
 from __future__ import annotations
@@ -198,13 +200,17 @@ class ResponsesStreamEncoder:
         if arguments:
             item.text.append(arguments)
             if item is self._live:
-                delta = {**self._where(item), "delta": arguments}
-                out += self._event("response.function_call_arguments.delta", delta)
+                if not self._custom(item):
+                    delta = {**self._where(item), "delta": arguments}
+                    out += self._event("response.function_call_arguments.delta", delta)
                 if self._waiting and arguments.rstrip()[-1:] in ("}", "]") and _whole(item):
                     out += self._close(item)
                     self._live = None
                     out += self._next_calls(False)
         return out
+
+    def _custom(self, item: _Item) -> bool:
+        return item.name in self._ctx.custom_tools
 
     def _go_live(self, item: _Item) -> bytes:
         """Announce a call (after the reasoning item carrying its signature), with the
@@ -215,9 +221,9 @@ class ResponsesStreamEncoder:
             out += self._announce(signed, "rs", reasoning_item("", "", item.signature))
             out += self._close(signed)
         shown = function_item(self._ctx, item.number, item.call_id, item.name, "", "in_progress")
-        out += self._announce(item, "fc", shown)
+        out += self._announce(item, "ctc" if self._custom(item) else "fc", shown)
         self._live = item
-        if item.text:
+        if item.text and not self._custom(item):
             delta = {**self._where(item), "delta": "".join(item.text)}
             out += self._event("response.function_call_arguments.delta", delta)
         return out
@@ -269,6 +275,14 @@ class ResponsesStreamEncoder:
             done = {**where, "text": text, "logprobs": []}
             out += self._event("response.output_text.done", done)
             out += self._event("response.content_part.done", {**where, "part": output_text(text)})
+        elif self._custom(item):
+            shown = function_item(self._ctx, item.number, item.call_id, item.name, text, status)
+            item.done = {**shown, "id": item.id}
+            if shown["input"]:
+                delta = {**where, "delta": shown["input"]}
+                out += self._event("response.custom_tool_call_input.delta", delta)
+            done = {**where, "input": shown["input"]}
+            out += self._event("response.custom_tool_call_input.done", done)
         else:
             shown = function_item(self._ctx, item.number, item.call_id, item.name, text, status)
             item.done = {**shown, "id": item.id}
