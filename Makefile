@@ -51,8 +51,9 @@ run: install
 test: install
 	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m "not serial"
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m serial
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m "not serial and not solo"
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m serial
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m solo
 
 # the inner loop: everything that runs in process (conversions, adapters, the pipeline with a
 # scripted upstream, both stores, the pure modules); no served gateway, process or browser

@@ -44,7 +44,9 @@ SERVED_MODULES = frozenset(
 
 # modules whose tests hold a deadline of the contract (a change seen everywhere within a
 # second, a stream cut at the grace period, a probe answered under a flood) or kill processes:
-# ``make test`` runs them on their own after the rest, which runs on two processes
+# ``make test`` runs them after the rest, two modules at a time (they mostly wait on timers
+# and processes, so two of them load the machine far less than the rest's two CPU-bound
+# processes do)
 SERIAL_MODULES = frozenset(
     {
         "test_abuse",
@@ -55,15 +57,22 @@ SERIAL_MODULES = frozenset(
         "test_load_balancer",
         "test_metrics",
         "test_readyz",
-        "test_schemathesis",  # its last test reads what the run's cases saw, in one process
         "test_server",
         "test_store_outage",
     }
 )
 
 
+# modules that cannot run under pytest-xdist: ``make test`` runs them last, in one process
+SOLO_MODULES = frozenset(
+    {
+        "test_schemathesis",  # its last test reads what the run's cases saw, in its process
+    }
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    served, serial = pytest.mark.served, pytest.mark.serial
+    served, serial, solo = pytest.mark.served, pytest.mark.serial, pytest.mark.solo
     for item in items:
         module = item.module.__name__.rpartition(".")[2] if item.module else ""
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -71,3 +80,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(served)
         if module in SERIAL_MODULES:
             item.add_marker(serial)
+        if module in SOLO_MODULES:
+            item.add_marker(solo)
