@@ -177,18 +177,26 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
         port=port,
         workers=workers,
         backlog=BACKLOG,
-        access_log=False,
-        server_header=False,
-        # the config allows no less than 1
-        timeout_keep_alive=round(settings.server.keep_alive_seconds),
-        log_level="warning",
-        timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
-        limit_concurrency=limit,  # past it, uvicorn answers 503 itself
-        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
-        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees it:
-        # off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
-        proxy_headers=False,
+        **uvicorn_options(settings.server, limit),
     )
+
+
+def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, object]:
+    """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
+    suite's in-process uvicorn)."""
+    return {
+        "access_log": False,
+        "server_header": False,
+        # the config allows no less than 1
+        "timeout_keep_alive": round(server.keep_alive_seconds),
+        "log_level": "warning",
+        "timeout_graceful_shutdown": math.ceil(server.graceful_seconds),
+        "limit_concurrency": limit,  # past it, uvicorn answers 503 itself
+        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
+        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees
+        # it: off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
+        "proxy_headers": False,
+    }
 
 
 def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
@@ -196,11 +204,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     from granian.constants import Interfaces  # type: ignore[import-not-found,unused-ignore]
     from granian.http import HTTP1Settings  # type: ignore[import-not-found,unused-ignore]
 
-    # granian's own header timeout (30 s by default; it closes without an answer)
-    header_timeout = settings.server.header_timeout_seconds
-    http1 = None
-    if header_timeout > 0:
-        http1 = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
+    http1 = granian_http1(settings.server, HTTP1Settings)
     # on SIGTERM a worker finishes its requests for at most this long, then is killed
     # (granian's default: waited for without end; it takes whole seconds, at least 1)
     grace = max(1, math.ceil(settings.server.graceful_seconds))
@@ -221,3 +225,11 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
         http1_settings=http1,
         workers_kill_timeout=grace,
     ).serve()
+
+
+def granian_http1(server: ServerSettings, make: Callable[..., object]) -> object | None:
+    """granian's HTTP/1 settings (``make``: its ``HTTP1Settings``): its own header timeout
+    (30 s by default; it closes without an answer) set to ``server.header_timeout_seconds``."""
+    if server.header_timeout_seconds <= 0:
+        return None
+    return make(header_read_timeout=round(server.header_timeout_seconds * 1000))
