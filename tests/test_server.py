@@ -22,6 +22,7 @@ import pytest
 from bench import procs
 from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
+from tests.plugins.embedded import each_server
 from tests.plugins.processes import Gateway, free_port, write_config
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 
@@ -106,6 +107,26 @@ def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) ->
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.mark.parametrize("server", each_server())
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_server_with_status_0(
+    tmp_path: Path, server: str, sig: signal.Signals
+) -> None:
+    """A supervisor reads any other status as a failure: uvicorn raised SIGTERM again once it
+    had shut down, and the process ended with -15."""
+    proc, port = start(tmp_path, minimal_config(tmp_path), server)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 @pytest.mark.parametrize("server", SERVERS)

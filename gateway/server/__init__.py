@@ -170,6 +170,11 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     import uvicorn
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
+    # uvicorn raises the signal that stopped it again once it has shut down, for the handler
+    # found before it ran: the default one ended a clean SIGTERM with status -15 (a failure,
+    # to a supervisor). With these the process ends with status 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stopped)
     uvicorn.run(
         PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
         factory=True,
@@ -179,6 +184,10 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
         backlog=BACKLOG,
         **uvicorn_options(settings.server, limit),
     )
+
+
+def _stopped(_signal: int, _frame: object) -> None:
+    """A stop signal raised again by uvicorn once it is done: nothing more to do."""
 
 
 def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, object]:
