@@ -62,6 +62,7 @@ class Figures:
     idle_rss_kib: int = 0
     streams_asked: int = 0
     streams_held: int = 0
+    streams_failed: dict[str, int] = field(default_factory=dict)
     held_rss_kib: int = 0
     per_stream_kib: float = 0.0
     gateway_sockets: int = 0
@@ -73,9 +74,10 @@ class Figures:
 
 
 class Held(asyncio.Protocol):
-    """One client connection carrying one paced stream; ``first`` is set at its first chunk."""
+    """One client connection carrying one paced stream; ``first`` is True at its first chunk,
+    False if the connection ended before (``status``: the status line it got, if any)."""
 
-    def __init__(self, request: bytes, first: asyncio.Future[None]) -> None:
+    def __init__(self, request: bytes, first: asyncio.Future[bool]) -> None:
         self.request, self.first, self.seen = request, first, b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,11 +88,16 @@ class Held(asyncio.Protocol):
         if not self.first.done():
             self.seen += data
             if b"data:" in self.seen:
-                self.first.set_result(None)
+                self.first.set_result(True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.first.done():
-            self.first.set_exception(ConnectionError("closed before its first chunk"))
+            self.first.set_result(False)
+
+    @property
+    def status(self) -> str:
+        line = self.seen.split(b"\r\n", 1)[0]
+        return line.split()[1].decode() if line.startswith(b"HTTP/") else "none"
 
 
 def http_request(path: str, body: bytes, port: int) -> bytes:
@@ -104,29 +111,38 @@ def http_request(path: str, body: bytes, port: int) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-async def hold_streams(port: int, n: int) -> tuple[list[asyncio.BaseTransport], int]:
-    """N paced streams opened at once: (their transports, how many got their first chunk)."""
+async def hold_streams(
+    port: int, n: int
+) -> tuple[list[asyncio.BaseTransport], int, dict[str, int]]:
+    """N paced streams opened at once: their transports, how many got their first chunk, and
+    what the others got (a status, ``none``: nothing, ``connect``: no connection)."""
     loop = asyncio.get_running_loop()
     request = http_request(targets.CHAT_PATH, payloads.chat_request("paced", True), port)
     gate = asyncio.Semaphore(CONNECT_AT_ONCE)
     transports: list[asyncio.BaseTransport] = []
-    firsts: list[asyncio.Future[None]] = []
+    held: list[Held] = []
+    failed: dict[str, int] = {}
 
     async def one() -> None:
-        first: asyncio.Future[None] = loop.create_future()
+        first: asyncio.Future[bool] = loop.create_future()
         async with gate:
-            with contextlib.suppress(OSError, TimeoutError):
-                transport, _ = await asyncio.wait_for(
+            try:
+                transport, proto = await asyncio.wait_for(
                     loop.create_connection(lambda: Held(request, first), "127.0.0.1", port), 10
                 )
-                transports.append(transport)
-                firsts.append(first)
+            except (OSError, TimeoutError):
+                failed["connect"] = failed.get("connect", 0) + 1
+                return
+            transports.append(transport)
+            held.append(proto)
 
     await asyncio.gather(*(one() for _ in range(n)))
-    if firsts:
-        await asyncio.wait(firsts, timeout=HOLD_DEADLINE)
-    held = sum(1 for f in firsts if f.done() and f.exception() is None)
-    return transports, held
+    if held:
+        await asyncio.wait([h.first for h in held], timeout=HOLD_DEADLINE)
+    for h in held:
+        if not (h.first.done() and h.first.result()):
+            failed[h.status] = failed.get(h.status, 0) + 1
+    return transports, sum(1 for h in held if h.first.done() and h.first.result()), failed
 
 
 def kernel_tcp_kib() -> int:
@@ -211,7 +227,7 @@ async def memory(tmp: Path, up: targets.Upstream, server: str, n: int, figures: 
         figures.idle_rss_kib = procs.rss_kib(procs.tree(proc.pid))
         kernel_before = kernel_tcp_kib()
         quiet = asyncio.create_task(silent(port))
-        transports, held = await hold_streams(port, n)
+        transports, held, figures.streams_failed = await hold_streams(port, n)
         await asyncio.sleep(1.0)
         pids = procs.tree(proc.pid)
         figures.streams_asked, figures.streams_held = n, held
