@@ -114,7 +114,7 @@ def http_request(path: str, body: bytes, port: int) -> bytes:
 async def hold_streams(
     port: int, n: int
 ) -> tuple[list[asyncio.BaseTransport], int, dict[str, int]]:
-    """N paced streams opened at once: their transports, how many got their first chunk, and
+    """N paced streams held open together: their transports, how many got their first chunk, and
     what the others got (a status, ``none``: nothing, ``connect``: no connection)."""
     loop = asyncio.get_running_loop()
     request = http_request(targets.CHAT_PATH, payloads.chat_request("paced", True), port)
@@ -135,6 +135,9 @@ async def hold_streams(
                 return
             transports.append(transport)
             held.append(proto)
+            # the next waits for this one to be past its first chunk: N streams set up at most
+            # CONNECT_AT_ONCE at a time, so that the upstream's accept queue is not what fails
+            await asyncio.wait([first], timeout=HOLD_DEADLINE)
 
     await asyncio.gather(*(one() for _ in range(n)))
     if held:
