@@ -129,6 +129,36 @@ def test_a_stop_signal_ends_the_server_with_status_0(
             proc.kill()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("server", each_server())
+def test_workers_end_when_their_server_is_killed(tmp_path: Path, server: str) -> None:
+    """SIGKILL of the server process (the OOM killer, a supervisor's last resort): no worker
+    goes on serving the port as an orphan (granian's did)."""
+    proc, port = start(tmp_path, minimal_config(tmp_path), server, "--workers", "2")
+    workers = [pid for pid in procs.tree(proc.pid) if pid != proc.pid]
+    try:
+        assert workers
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if alive(pid)], (tmp_path / "log").read_text()[-3000:]
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize("server", SERVERS)
 def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, server: str) -> None:
     """With the default (75 s) the connection would still be open when the read gives up."""
