@@ -134,10 +134,16 @@ def test_a_stop_signal_ends_the_server_with_status_0(
 def test_workers_end_when_their_server_is_killed(tmp_path: Path, server: str) -> None:
     """SIGKILL of the server process (the OOM killer, a supervisor's last resort): no worker
     goes on serving the port as an orphan (granian's did)."""
-    proc, port = start(tmp_path, minimal_config(tmp_path), server, "--workers", "2")
-    workers = [pid for pid in procs.tree(proc.pid) if pid != proc.pid]
+    config = minimal_config(tmp_path, "logging: {level: info}\n")
+    proc, port = start(tmp_path, config, server, "--workers", "2")
+    log = tmp_path / "log"
+    workers: list[int] = []
     try:
-        assert workers
+        deadline = time.monotonic() + 60
+        while len(STARTED.findall(log.read_text())) < 2:  # both serving
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        workers = [pid for pid in procs.tree(proc.pid) if pid != proc.pid]
         proc.kill()
         proc.wait(30)
         deadline = time.monotonic() + 30
