@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
@@ -197,7 +197,7 @@ def _stopped(_signal: int, _frame: object) -> None:
     """A stop signal raised again by uvicorn once it is done: nothing more to do."""
 
 
-def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, object]:
+def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
     suite's in-process uvicorn)."""
     return {
@@ -243,7 +243,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     ).serve()
 
 
-def granian_http1(server: ServerSettings, make: Callable[..., object]) -> object | None:
+def granian_http1(server: ServerSettings, make: Callable[..., Any]) -> Any:
     """granian's HTTP/1 settings (``make``: its ``HTTP1Settings``): its own header timeout
     (30 s by default; it closes without an answer) set to ``server.header_timeout_seconds``."""
     if server.header_timeout_seconds <= 0:
