@@ -165,7 +165,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", each_server())
 def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, server: str) -> None:
     """With the default (75 s) the connection would still be open when the read gives up."""
     proc, port = start(
