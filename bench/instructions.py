@@ -98,10 +98,16 @@ def _served(port: int, cell: Cell, patience: float = 300.0) -> bool:
 
 
 def _total(path: Path) -> int:
+    return _summary(path) or 0
+
+
+def _summary(path: Path) -> int | None:
+    """The instructions a dump counted; None while it is being written (a process that ran
+    nothing in the window, granian's parent, counts 0)."""
     for line in path.read_text().splitlines():
         if line.startswith("summary:"):
             return int(line.split()[1])
-    return 0
+    return None
 
 
 def _dumps(out: Path, patience: float = 60.0) -> list[str]:
@@ -112,7 +118,7 @@ def _dumps(out: Path, patience: float = 60.0) -> list[str]:
     while time.monotonic() < deadline:
         time.sleep(1)
         dumps = sorted(glob.glob(f"{out}/cg.*.*"))
-        if dumps and dumps == seen and all(_total(Path(d)) for d in dumps):
+        if dumps and dumps == seen and all(_summary(Path(d)) is not None for d in dumps):
             return dumps
         seen = dumps
     raise RuntimeError(f"callgrind's dumps in {out} did not complete")
