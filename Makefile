@@ -13,7 +13,8 @@ LOCK_UPGRADE ?= --upgrade
 COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' $(LOCK_UPGRADE)
 
-.PHONY: install lock run test test-fast lint typecheck bench bench-peers bench-agents soak fixtures clean
+.PHONY: install lock run test test-fast lint typecheck bench bench-peers bench-agents bench-servers soak \
+	fixtures clean
 
 install: $(VENV)/.installed
 
@@ -80,6 +81,13 @@ bench-peers: install
 # the agent workloads only (installs a missing peer first); BENCH_QUICK=1 for 3 s cells
 bench-agents: install
 	$(PY) -m bench.agents
+
+# the servers side by side on what the choice of default rests on besides throughput: memory
+# per open stream (STREAMS held at once), idle RSS, a silent connection, /healthz and the probe
+# port under a connection flood, instructions per request (bench/servers.py)
+STREAMS ?= 9900
+bench-servers: install
+	$(PY) -m bench.servers --streams $(STREAMS)
 
 soak: install
 	$(PY) -m bench.soak

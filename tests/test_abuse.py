@@ -27,10 +27,30 @@ import yaml
 from bench.fake_upstream import FakeUpstream
 from gateway.config import parse_settings
 from gateway.server import accept_errors
+from tests.plugins.embedded import each_server
 from tests.plugins.processes import Gateway, free_port, write_config
 from tests.plugins.servers import ADMIN_TOKEN, KEYS, ServedGateway, make_config, serve_app
 
 DEADLINE = 20.0
+
+# what uvicorn and granian do not do that hypercorn (mended) does: each test of it is a strict
+# xfail there, so that the day one passes the gap is seen closed (bench/RESULTS.md, servers)
+NO_CAP = {
+    "uvicorn": "limit_concurrency answers 503 only to a request: idle connections are held",
+    "granian": "no connection cap",
+}
+NO_ACCEPT_LOG = {
+    "uvicorn": "uvloop sheds connections on EMFILE without a line",
+    "granian": "granian logs every failed accept",
+}
+NO_HEADER_TIMEOUT = {
+    "uvicorn": "no header timeout",
+    "granian": "header_read_timeout closes without a 408, and never a silent connection",
+}
+NO_SILENT_CLOSE = {
+    "uvicorn": "no header timeout: a silent connection is held",
+    "granian": "header_read_timeout does not start until a first byte",
+}
 
 
 def chat_body(size: int = 0) -> bytes:
@@ -220,10 +240,12 @@ async def healthy(url: str) -> bool:
         return False
 
 
+@pytest.mark.parametrize("server", each_server(gaps=NO_CAP))
 async def test_past_the_connection_cap_a_new_one_gets_503(
-    fake: FakeUpstream, tmp_path: Path
+    fake: FakeUpstream, tmp_path: Path, server: str
 ) -> None:
-    gw = Gateway(serve_config(tmp_path, fake, max_connections=5), free_port(), tmp_path / "log")
+    config = serve_config(tmp_path, fake, max_connections=5)
+    gw = Gateway(config, free_port(), tmp_path / "log", server=server)
     await gw.start()
     held: list[asyncio.StreamWriter] = []
     try:
@@ -262,14 +284,18 @@ async def test_past_the_connection_cap_a_new_one_gets_503(
         await gw.exit_code()
 
 
+@pytest.mark.parametrize("server", each_server(gaps=NO_ACCEPT_LOG))
 async def test_out_of_file_descriptors_is_logged_once_and_survived(
-    fake: FakeUpstream, tmp_path: Path
+    fake: FakeUpstream, tmp_path: Path, server: str
 ) -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 128:
         pytest.skip("the hard file limit is too low to run the gateway under a lower one")
     gw = Gateway(
-        serve_config(tmp_path, fake, max_connections=100_000), free_port(), tmp_path / "log"
+        serve_config(tmp_path, fake, max_connections=100_000),
+        free_port(),
+        tmp_path / "log",
+        server=server,
     )
     limit = 96
 
@@ -302,7 +328,7 @@ async def test_out_of_file_descriptors_is_logged_once_and_survived(
         await gw.exit_code()
 
 
-# ---- header timeout and 401 close, under `gateway serve` (hypercorn, mended) -----------------
+# ---- header timeout and 401 close, under `gateway serve` on each server ----------------------
 
 # halfway between two dripped bytes (one a second): the close never races a byte in flight
 HEADER_TIMEOUT = 2.5
@@ -331,11 +357,12 @@ async def drip(writer: asyncio.StreamWriter, data: bytes, every: float = 1.0) ->
         await asyncio.sleep(every)
 
 
-@pytest.fixture
-async def served(fake: FakeUpstream, tmp_path: Path) -> Any:
-    """``gateway serve`` with the default keep-alive (75 s) and a short header timeout."""
+@contextlib.asynccontextmanager
+async def serving(fake: FakeUpstream, tmp_path: Path, server: str) -> AsyncIterator[Gateway]:
+    """``gateway serve`` on ``server`` with the default keep-alive (75 s) and a short header
+    timeout."""
     config = serve_config(tmp_path, fake, header_timeout_seconds=HEADER_TIMEOUT)
-    gw = Gateway(config, free_port(), tmp_path / "log")
+    gw = Gateway(config, free_port(), tmp_path / "log", server=server)
     await gw.start()
     try:
         yield gw
@@ -348,7 +375,15 @@ REQUEST_HEAD = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-
 MARGIN = 2.5  # the event loop's delay on a loaded machine
 
 
-async def test_dripped_headers_of_a_first_request_get_408_and_close(served: Gateway) -> None:
+@pytest.mark.parametrize("server", each_server(gaps=NO_HEADER_TIMEOUT))
+async def test_dripped_headers_of_a_first_request_get_408_and_close(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
+    async with serving(fake, tmp_path, server) as served:
+        await dripped_first(served)
+
+
+async def dripped_first(served: Gateway) -> None:
     reader, writer = await connect(served.url)
     dripping = asyncio.create_task(drip(writer, REQUEST_HEAD))
     try:
@@ -361,7 +396,15 @@ async def test_dripped_headers_of_a_first_request_get_408_and_close(served: Gate
     assert took >= HEADER_TIMEOUT - 0.5  # not closed before its time either
 
 
-async def test_dripped_headers_after_a_keep_alive_get_408_and_close(served: Gateway) -> None:
+@pytest.mark.parametrize("server", each_server(gaps=NO_HEADER_TIMEOUT))
+async def test_dripped_headers_after_a_keep_alive_get_408_and_close(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
+    async with serving(fake, tmp_path, server) as served:
+        await dripped_after_keep_alive(served)
+
+
+async def dripped_after_keep_alive(served: Gateway) -> None:
     reader, writer = await connect(served.url)
     try:
         writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -380,28 +423,34 @@ async def test_dripped_headers_after_a_keep_alive_get_408_and_close(served: Gate
         writer.close()
 
 
+@pytest.mark.parametrize("server", each_server(gaps=NO_SILENT_CLOSE))
 async def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
-    served: Gateway,
+    fake: FakeUpstream, tmp_path: Path, server: str
 ) -> None:
-    reader, writer = await connect(served.url)
-    try:
-        data, _ = await closed_within(reader, HEADER_TIMEOUT + MARGIN)
-    finally:
-        writer.close()
+    async with serving(fake, tmp_path, server) as served:
+        reader, writer = await connect(served.url)
+        try:
+            data, _ = await closed_within(reader, HEADER_TIMEOUT + MARGIN)
+        finally:
+            writer.close()
     assert data == b""  # nothing was asked: nothing is answered
 
 
-async def test_a_whole_request_on_a_kept_connection_is_served(served: Gateway) -> None:
+@pytest.mark.parametrize("server", each_server())
+async def test_a_whole_request_on_a_kept_connection_is_served(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
     """Requests sent at a real speed, on one connection over several header timeouts."""
-    reader, writer = await connect(served.url)
-    try:
-        for _ in range(3):
-            writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
-            status, _, _ = await response(reader)
-            assert status == 200
-            await asyncio.sleep(HEADER_TIMEOUT * 0.75)
-    finally:
-        writer.close()
+    async with serving(fake, tmp_path, server) as served:
+        reader, writer = await connect(served.url)
+        try:
+            for _ in range(3):
+                writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+                status, _, _ = await response(reader)
+                assert status == 200
+                await asyncio.sleep(HEADER_TIMEOUT * 0.75)
+        finally:
+            writer.close()
 
 
 WRONG = "sk-wrong-0000000000000000"
@@ -427,11 +476,14 @@ UNAUTHORIZED: list[tuple[str, str, dict[str, str], bytes]] = [
 ]
 
 
-async def test_every_401_closes_the_connection(fake: FakeUpstream, tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", each_server())
+async def test_every_401_closes_the_connection(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
     """Any method, any path, any way of giving a key: the 401 ends the connection at once,
     not after the keep-alive (75 s; the header timeout is off here)."""
     config = serve_config(tmp_path, fake, header_timeout_seconds=0)
-    gw = Gateway(config, free_port(), tmp_path / "log")
+    gw = Gateway(config, free_port(), tmp_path / "log", server=server)
     await gw.start()
     try:
         for method, path, headers, body in UNAUTHORIZED:

@@ -17,6 +17,7 @@ import pytest
 from bench.fake import media
 from bench.fake.routes import multipart as fake_multipart
 from bench.fake_upstream import FakeUpstream
+from tests.plugins.embedded import SERVER
 from tests.plugins.servers import KEYS, ServedGateway, make_config
 from tests.test_sdk_matrix import GENAI_AIOHTTP_WARNING, genai_client, usage_record
 
@@ -278,6 +279,12 @@ async def test_transcription_with_the_model_after_the_file(
     await check_record(gw, endpoint="audio_transcription", status=200, cost=70 * 0.0001)
 
 
+@pytest.mark.xfail(
+    SERVER in ("uvicorn", "granian"),
+    reason="the server closes with the upload unread: the SDK, still sending, mostly gets a "
+    "reset, not the 413 (a race: hypercorn reads on, and wins it)",
+    strict=False,
+)
 async def test_an_upload_over_the_limit_is_413_before_it_is_read(
     fake: FakeUpstream, store_url: str
 ) -> None:

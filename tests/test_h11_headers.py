@@ -120,6 +120,7 @@ async def test_replies_through_the_gateway_s_hypercorn_keep_their_headers(
         write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db"),
         free_port(),
         tmp_path / "gw.log",
+        server="hypercorn",  # whatever server the suite runs on: this is hypercorn's
     )
     await gw.start()
     try:

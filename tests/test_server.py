@@ -22,6 +22,7 @@ import pytest
 from bench import procs
 from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
+from tests.plugins.embedded import each_server
 from tests.plugins.processes import Gateway, free_port, write_config
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 
@@ -109,7 +110,63 @@ def test_replies_do_not_name_the_server_software(tmp_path: Path, server: str) ->
         proc.wait(30)
 
 
-@pytest.mark.parametrize("server", SERVERS)
+@pytest.mark.parametrize("server", each_server())
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_server_with_status_0(
+    tmp_path: Path, server: str, sig: signal.Signals
+) -> None:
+    """A supervisor reads any other status as a failure: uvicorn raised SIGTERM again once it
+    had shut down, and the process ended with -15."""
+    proc, port = start(tmp_path, minimal_config(tmp_path), server)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0, (tmp_path / "log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("server", each_server())
+def test_workers_end_when_their_server_is_killed(tmp_path: Path, server: str) -> None:
+    """SIGKILL of the server process (the OOM killer, a supervisor's last resort): no worker
+    goes on serving the port as an orphan (granian's did)."""
+    config = minimal_config(tmp_path, "logging: {level: info}\n")
+    proc, port = start(tmp_path, config, server, "--workers", "2")
+    log = tmp_path / "log"
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(STARTED.findall(log.read_text())) < 2:  # both serving
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        workers = [pid for pid in procs.tree(proc.pid) if pid != proc.pid]
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in workers if alive(pid)], (tmp_path / "log").read_text()[-3000:]
+    finally:
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("server", each_server())
 def test_an_idle_connection_is_closed_after_the_keep_alive(tmp_path: Path, server: str) -> None:
     """With the default (75 s) the connection would still be open when the read gives up."""
     proc, port = start(

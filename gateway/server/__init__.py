@@ -5,7 +5,9 @@ With one worker the app is built here and served in this process; with several, 
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
 hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
 ``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
-under uvicorn and granian through ``probed_app()``), on the host named by ``GATEWAY_HOST``.
+under uvicorn and granian through ``worker_app()``), on the host named by ``GATEWAY_HOST``.
+Every worker process ends with the server process that started it (``parent``): a worker of
+any of the three went on serving as an orphan after a SIGKILL of its server.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
 does not fit the installed hypercorn or h11: ``gateway.server.mends``).
@@ -22,7 +24,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
@@ -38,6 +40,7 @@ from gateway.server.hypercorn_mend import (
     ServerConfig,
     default_connection_limit,
 )
+from gateway.server.parent import end_with_parent, mark_parent
 from gateway.server.probes import Probed
 from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
@@ -49,7 +52,7 @@ BACKLOG = 2048
 GRANIAN_MAX_CONCURRENT = 65536
 APP_FACTORY = "gateway.app:create_app"
 HYPERCORN_WORKER_FACTORY = "gateway.server:hypercorn_worker_app"
-PROBED_FACTORY = "gateway.server:probed_app"  # uvicorn's and granian's, with a probe port
+WORKER_FACTORY = "gateway.server:worker_app"  # uvicorn's and granian's
 HOST_ENV = "GATEWAY_HOST"  # the host the workers bind their probe port on
 
 
@@ -68,6 +71,7 @@ def serve(
         raise SystemExit(2)
     os.environ["GATEWAY_CONFIG"] = settings.path
     os.environ[HOST_ENV] = host
+    mark_parent()  # each worker process ends with this one
     with contextlib.ExitStack() as run:
         if workers > 1 and not os.environ.get(METRICS_DIR_ENV):  # else the operator's own
             snapshots = run.enter_context(tempfile.TemporaryDirectory(prefix="gateway-metrics-"))
@@ -145,8 +149,10 @@ def probed(app: ASGIApp, port: int) -> ASGIApp:
     return Probed(app, os.environ.get(HOST_ENV, "0.0.0.0"), port)
 
 
-def probed_app() -> ASGIApp:
-    """A uvicorn or granian worker's app when ``server.probe_port`` is set."""
+def worker_app() -> ASGIApp:
+    """A uvicorn or granian worker's app, built from ``GATEWAY_CONFIG``, with the probe port
+    when ``server.probe_port`` is set; the worker ends with its server (``parent``)."""
+    end_with_parent()
     return probed(app_factory()(), load_settings().server.probe_port)
 
 
@@ -159,6 +165,7 @@ def hypercorn_worker_app() -> ASGIApp:
     sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
     streams finish was killed there, streams, access-log lines and all."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    end_with_parent()  # SIGKILL for it (SIGTERM is ignored): the parent is gone
     settings = load_settings()
     configure_logging(settings)  # before create_app() does: a mend's log line is formatted
     mend_hypercorn(settings.server)
@@ -170,25 +177,42 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     import uvicorn
 
     print(f"gateway: serving on http://{host}:{port} (uvicorn)", flush=True)
+    # uvicorn raises the signal that stopped it again once it has shut down, for the handler
+    # found before it ran: the default one ended a clean SIGTERM with status -15 (a failure,
+    # to a supervisor). With these the process ends with status 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stopped)
     uvicorn.run(
-        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
+        WORKER_FACTORY,
         factory=True,
         host=host,
         port=port,
         workers=workers,
         backlog=BACKLOG,
-        access_log=False,
-        server_header=False,
-        # the config allows no less than 1
-        timeout_keep_alive=round(settings.server.keep_alive_seconds),
-        log_level="warning",
-        timeout_graceful_shutdown=math.ceil(settings.server.graceful_seconds),
-        limit_concurrency=limit,  # past it, uvicorn answers 503 itself
-        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
-        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees it:
-        # off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
-        proxy_headers=False,
+        **uvicorn_options(settings.server, limit),
     )
+
+
+def _stopped(_signal: int, _frame: object) -> None:
+    """A stop signal raised again by uvicorn once it is done: nothing more to do."""
+
+
+def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
+    """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
+    suite's in-process uvicorn)."""
+    return {
+        "access_log": False,
+        "server_header": False,
+        # the config allows no less than 1
+        "timeout_keep_alive": round(server.keep_alive_seconds),
+        "log_level": "warning",
+        "timeout_graceful_shutdown": math.ceil(server.graceful_seconds),
+        "limit_concurrency": limit,  # past it, uvicorn answers 503 itself
+        # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
+        # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees
+        # it: off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
+        "proxy_headers": False,
+    }
 
 
 def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
@@ -196,11 +220,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     from granian.constants import Interfaces  # type: ignore[import-not-found,unused-ignore]
     from granian.http import HTTP1Settings  # type: ignore[import-not-found,unused-ignore]
 
-    # granian's own header timeout (30 s by default; it closes without an answer)
-    header_timeout = settings.server.header_timeout_seconds
-    http1 = None
-    if header_timeout > 0:
-        http1 = HTTP1Settings(header_read_timeout=round(header_timeout * 1000))
+    http1 = granian_http1(settings.server, HTTP1Settings)
     # on SIGTERM a worker finishes its requests for at most this long, then is killed
     # (granian's default: waited for without end; it takes whole seconds, at least 1)
     grace = max(1, math.ceil(settings.server.graceful_seconds))
@@ -210,7 +230,7 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
     # the socket's and ``trusted_proxies`` alone decides what X-Forwarded-For is believed
     print(f"gateway: serving on http://{host}:{port} (granian)", flush=True)
     Granian(
-        PROBED_FACTORY if settings.server.probe_port else APP_FACTORY,
+        WORKER_FACTORY,
         address=host,
         port=port,
         interface=Interfaces.ASGI,
@@ -221,3 +241,11 @@ def _granian(settings: Settings, host: str, port: int, workers: int) -> None:
         http1_settings=http1,
         workers_kill_timeout=grace,
     ).serve()
+
+
+def granian_http1(server: ServerSettings, make: Callable[..., Any]) -> Any:
+    """granian's HTTP/1 settings (``make``: its ``HTTP1Settings``): its own header timeout
+    (30 s by default; it closes without an answer) set to ``server.header_timeout_seconds``."""
+    if server.header_timeout_seconds <= 0:
+        return None
+    return make(header_read_timeout=round(server.header_timeout_seconds * 1000))

@@ -1,7 +1,8 @@
 """Gateways and Redis servers in processes of their own, as an operator runs them, and the
 mixed load and money checks that the crash and load-balancer tests share.
 
-``Gateway`` runs ``gateway serve`` with a config file from ``write_config``; ``OwnRedis`` is a
+``Gateway`` runs ``gateway serve`` with a config file from ``write_config``, on the suite's
+server (``GATEWAY_TEST_SERVER``) unless told another; ``OwnRedis`` is a
 redis-server on disk (append-only, fsync always) that a test can stop and start again;
 ``load`` drives every client protocol, streams and replies, and collects the request ids of
 the replies that arrived complete; ``settled`` and ``assert_billed_once`` check that each of
@@ -26,6 +27,7 @@ import yaml
 
 from gateway.store import Store, UsageRecord
 from gateway.store.backends import open_store
+from tests.plugins.embedded import SERVER
 from tests.plugins.servers import KEYS, make_config
 
 KEY = KEYS["alice"]
@@ -96,7 +98,7 @@ class Gateway:
         log: Path,
         workers: int = 1,
         env: dict[str, str] | None = None,
-        server: str = "hypercorn",
+        server: str = SERVER,
     ) -> None:
         self.config, self.port, self.log = config, port, log
         self.workers, self.env, self.server = workers, env or {}, server

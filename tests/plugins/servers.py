@@ -1,26 +1,24 @@
 """Served gateways for end-to-end tests: the fake upstream and the gateway on real sockets.
 
 ``fake`` is the bundled fake upstream on an ephemeral port; ``gateway`` is the app served by
-hypercorn on an ephemeral port in the test's event loop, configured by ``make_config`` against
+the suite's server (``GATEWAY_TEST_SERVER``, hypercorn unless set) on an ephemeral port in
+the test's event loop, configured by ``make_config`` against
 that upstream and the store of ``store_url`` (so every end-to-end test runs on both stores).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
 from gateway.app import GatewayApp, Services, create_app
 from gateway.config import Settings, parse_settings
+from tests.plugins.embedded import listening
 
 if TYPE_CHECKING:
     from bench.fake_upstream import FakeUpstream
@@ -128,45 +126,11 @@ class ServedGateway:
 
 @contextlib.asynccontextmanager
 async def serve_app(settings: Settings) -> AsyncIterator[ServedGateway]:
-    """Serve a gateway with hypercorn on an ephemeral port until the block ends."""
+    """Serve a gateway on an ephemeral port until the block ends, by the server the suite
+    runs on (``GATEWAY_TEST_SERVER``, ``tests.plugins.embedded``)."""
     app = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    port = sock.getsockname()[1]
-    cfg = Config()
-    cfg.bind = [f"fd://{sock.fileno()}"]
-    cfg.accesslog = None
-    cfg.errorlog = None
-    cfg.graceful_timeout = 1.0
-    stop = asyncio.Event()
-    task = asyncio.create_task(serve(app, cfg, shutdown_trigger=stop.wait))  # type: ignore[arg-type]
-    try:
-        url = f"http://127.0.0.1:{port}"
-        import aiohttp
-
-        async with aiohttp.ClientSession() as s:
-            for _ in range(200):
-                try:
-                    async with s.get(url + "/healthz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.02)
-        yield ServedGateway(url=url, app=app, settings=settings)
-    finally:
-        stop.set()
-        # a shutdown takes well under a second; the bound is for a machine busy elsewhere (one
-        # took over 10 s while callgrind ran beside the suite, writing its dumps)
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 30)
-        with contextlib.suppress(OSError):  # hypercorn may have closed the fd already
-            sock.close()
+    async with listening(app, settings) as port:
+        yield ServedGateway(url=f"http://127.0.0.1:{port}", app=app, settings=settings)
 
 
 @pytest.fixture
