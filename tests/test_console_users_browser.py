@@ -200,6 +200,7 @@ async def the_story(gateway: ServedGateway, browser: Any) -> None:  # noqa: F811
     # the choice to paste one
     assert sorted(options[:2]) == ["codex (vip)", "laptop (default)"], options
     assert options[2:] == ["a key I paste below"], options
+    await form.locator("select[name=key]").select_option(label="laptop (default)")
     assert not await form.get_by_label("Paste a key").is_visible()
     await form.get_by_role("button", name="Send").click()
     await page.locator("#try-reply").filter(has_not_text="Waiting").wait_for()
