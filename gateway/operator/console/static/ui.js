@@ -378,10 +378,12 @@ export function prices(p) {
   return parts.join(", ") || "free";
 }
 
+// a change, then the page drawn again, then its notice: what the notice says is on the page
+// by the time it shows (a click right after it reaches the new page, not the old one)
 export async function act(run, done) {
   try {
     await run();
-    notice(done, true);
     await state.render();
+    notice(done, true);
   } catch (e) { notice(e.message); }
 }
