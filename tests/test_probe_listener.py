@@ -100,7 +100,7 @@ CAP = 20  # the client port's connection cap
 HELD = 40  # idle connections the flood keeps open: twice the cap
 CHURN = 2000  # connections it opens and drops meanwhile
 CHURN_AT_ONCE = 50
-PROBES = 20
+PROBES = 8  # each one the client port does not answer waits out its 1 s
 
 
 def probe_config(tmp_path: Path, fake: FakeUpstream, probe_port: int) -> Path:
