@@ -6,7 +6,7 @@ A store that does not answer may answer later (the gateway serves 503 and retrie
 URL names what cannot exist never will: ``permanent_problem`` tells the two apart, so that
 start-up fails with one line (exit code 2, as for any configuration error) instead of
 retrying for ever: a Redis database number past the server's ``databases``, or credentials
-the server refuses (a wrong password is as permanent as a typo in the host is not).
+the server refuses (a refused password does not pass by itself, as an unreachable host may).
 """
 
 from __future__ import annotations
