@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import agent_payloads, nginx, payloads, peers, procs
+from bench import agent_payloads, nginx, payloads, peers, procs, targets
 from bench.agent_payloads import Workload
 
 RELAY_CORE = 0
@@ -171,35 +171,14 @@ def nginx_relay(tmp: Path, upstream: int, works: list[Workload]) -> Relay | None
 def litellm(tmp: Path, upstream: int, works: list[Workload]) -> Relay | None:
     if not peers.LITELLM_BIN.exists():
         return None
-    conf = tmp / "agents-litellm.yaml"
-    lines = ["model_list:"]
-    for model, prefix in sorted({(w.model, w.prefix) for w in works}):
-        lines += [
-            f"  - model_name: {model}",
-            "    litellm_params:",
-            f"      model: openai/{payloads.UPSTREAM_MODEL}",
-            f"      api_base: http://127.0.0.1:{upstream}/{prefix}/v1",
-            f"      api_key: {payloads.UPSTREAM_KEY}",
-        ]
-    lines += [
-        "general_settings:",
-        f"  master_key: {payloads.BENCH_KEY}",
-        "litellm_settings:",
-        "  drop_params: true",
-        "  telemetry: false",
-        # a Messages request to an openai model goes to the upstream's chat completions, as in
-        # the other relays (1.106 sends it to the Responses API by default)
-        "  use_chat_completions_url_for_anthropic_messages: true",
-    ]
-    conf.write_text("\n".join(lines) + "\n")
-    port = procs.free_port()
-    cmd = procs.pinned(
-        [str(peers.LITELLM_BIN), "--config", str(conf), "--host", "127.0.0.1", "--port",
-         str(port), "--num_workers", "1"],
-        RELAY_CORE,
-    )  # fmt: skip
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-    proc = procs.start(cmd, tmp / "agents-litellm.log", env=env, cwd=str(tmp))
+    models = {
+        model: f"http://127.0.0.1:{upstream}/{prefix}/v1"
+        for model, prefix in sorted({(w.model, w.prefix) for w in works})
+    }
+    # a Messages request to an openai model goes to the upstream's chat completions, as in
+    # the other relays (1.106 sends it to the Responses API by default)
+    settings = ("  use_chat_completions_url_for_anthropic_messages: true",)
+    port, proc = targets.start_litellm(tmp, "agents-litellm", models, settings)
     return ready(_standard(Relay("litellm", "litellm", port, proc), works), works[2], 180)
 
 

@@ -195,17 +195,20 @@ def bare_relay(tmp: Path, up: Upstream, server: str) -> Target | None:
     return _settle(Target(f"bare-{server}", "bare", server, port, proc, relay_paths()), 30)
 
 
-def litellm(tmp: Path, up: Upstream) -> Target | None:
-    if not peers.LITELLM_BIN.exists():
-        return None
-    conf = tmp / "litellm.yaml"
+def start_litellm(
+    tmp: Path, name: str, models: dict[str, str], settings: tuple[str, ...] = ()
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """LiteLLM's proxy on one pinned core, its config ``<name>.yaml``: each model name served
+    by the openai upstream at its base URL (``models``), ``settings`` more lines of its
+    ``litellm_settings``; the port and the process."""
+    conf = tmp / f"{name}.yaml"
     lines = ["model_list:"]
-    for kind in KINDS:
+    for model, base_url in models.items():
         lines += [
-            f"  - model_name: {payloads.MODEL[kind]}",
+            f"  - model_name: {model}",
             "    litellm_params:",
             f"      model: openai/{payloads.UPSTREAM_MODEL}",
-            f"      api_base: {up.base_url(kind)}",
+            f"      api_base: {base_url}",
             f"      api_key: {payloads.UPSTREAM_KEY}",
         ]
     lines += [
@@ -214,6 +217,7 @@ def litellm(tmp: Path, up: Upstream) -> Target | None:
         "litellm_settings:",
         "  drop_params: true",
         "  telemetry: false",
+        *settings,
     ]
     conf.write_text("\n".join(lines) + "\n")
     port = procs.free_port()
@@ -223,7 +227,15 @@ def litellm(tmp: Path, up: Upstream) -> Target | None:
         RELAY_CORE,
     )  # fmt: skip
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-    proc = procs.start(cmd, tmp / "litellm.log", env=env, cwd=str(tmp))
+    return port, procs.start(cmd, tmp / f"{name}.log", env=env, cwd=str(tmp))
+
+
+def litellm(tmp: Path, up: Upstream) -> Target | None:
+    if not peers.LITELLM_BIN.exists():
+        return None
+    port, proc = start_litellm(
+        tmp, "litellm", {payloads.MODEL[kind]: up.base_url(kind) for kind in KINDS}
+    )
     return _settle(Target("litellm", "litellm", "uvicorn", port, proc, relay_paths()), 120)
 
 

@@ -25,7 +25,6 @@ import asyncio
 import functools
 import hmac
 import logging
-import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Generic, Protocol, TypeVar, cast
 
 import orjson
-from redis.exceptions import RedisClusterException, RedisError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -63,7 +61,8 @@ from gateway.operator import (
 )
 from gateway.operator.lockout import Lockout
 from gateway.operator.replies import error_response, json_response
-from gateway.store import Store, StoreError
+from gateway.store import Store
+from gateway.store.backends import STORE_FAILURES
 from gateway.store.catalogue import View
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
@@ -75,7 +74,6 @@ MAX_BODY = 64 * 1024  # bytes of an admin request body (the largest real one is 
 STORE_TIMEOUT = 2.0  # seconds an admin call waits for the store before answering 503
 ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 # what a store that is away or hung raises: its own errors, its connection's, the time out
-STORE_ERRORS = (StoreError, RedisError, RedisClusterException, sqlite3.Error, OSError, TimeoutError)
 
 
 class Refreshable(Protocol):
@@ -193,7 +191,7 @@ async def _answer(
         if err.status in (408, 413):  # the body was not read to its end
             resp.headers["connection"] = "close"
         return resp
-    except STORE_ERRORS as exc:  # the store failed or did not answer in time
+    except STORE_FAILURES as exc:  # the store failed or did not answer in time
         log.warning(
             "admin.store_unavailable request_id=%s path=%s error=%s",
             request.scope.get(REQUEST_ID, "-"),

@@ -49,7 +49,7 @@ from gateway.policy.billing import ip_range
 from gateway.policy.redaction import SECRET_FIELDS as CHANNEL_SECRETS
 from gateway.policy.redaction import redact
 from gateway.store import Store
-from gateway.store.audit import AuditEntry
+from gateway.store.audit import AuditEntry, entry_dict
 from gateway.store.records import format_time
 from gateway.types import JSON
 
@@ -217,15 +217,4 @@ async def record(store: Store, entry: AuditEntry, budget: float = WRITE_TIMEOUT)
 
 
 def entry_json(e: AuditEntry) -> dict[str, JSON]:
-    return {
-        "time": format_time(e.time),
-        "actor": e.actor,
-        "action": e.action,
-        "object_type": e.object_type,
-        "object_id": e.object_id,
-        "fields": e.fields,
-        "ip_range": e.ip_range,
-        "status": e.status,
-        "via": e.via,
-        "request_id": e.request_id,
-    }
+    return entry_dict(e, format_time(e.time))

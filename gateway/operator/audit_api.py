@@ -27,13 +27,7 @@ from gateway.operator.accounts import usage_limit
 from gateway.operator.audit import entry_json
 from gateway.operator.replies import json_response
 from gateway.operator.spreadsheet import csv_text
-from gateway.operator.usage_query import (
-    CURSOR_HEADER,
-    cursor_text,
-    parse_cursor,
-    parse_status,
-    parse_time,
-)
+from gateway.operator.usage_query import CURSOR_HEADER, cursor_text, listing_params
 from gateway.store import CursorError, Store
 from gateway.store.audit import AuditEntry, AuditPage, AuditQuery
 from gateway.types import JSON
@@ -58,22 +52,18 @@ def query_of(params: Mapping[str, str]) -> AuditQuery:
             raise InvalidRequestError(f"{name}: at most {MAX_PARAM} characters")
         return value
 
-    obj, since, until = given("object"), given("since"), given("until")
-    status, cursor = given("status"), given("cursor")
-    kind, _, obj_id = (obj or "").partition(":")
-    query = AuditQuery(
+    kind, _, obj_id = (given("object") or "").partition(":")
+    listing = listing_params(given)
+    return AuditQuery(
         actor=given("actor"),
         action=given("action"),
         object_type=kind or None,
         object_id=obj_id or None,
-        status=None if status is None else parse_status(status),
-        since=None if since is None else parse_time(since, "since"),
-        until=None if until is None else parse_time(until, "until"),
-        after=None if cursor is None else parse_cursor(cursor),
+        status=listing.status,
+        since=listing.since,
+        until=listing.until,
+        after=listing.after,
     )
-    if query.since is not None and query.until is not None and query.since >= query.until:
-        raise InvalidRequestError("until: must be after since")
-    return query
 
 
 async def read(store: Store, query: AuditQuery, limit: int) -> AuditPage:

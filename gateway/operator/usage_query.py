@@ -16,8 +16,9 @@ A bad value is a 400 naming the parameter.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import orjson
 
@@ -79,6 +80,30 @@ def parse_status(value: str) -> int | str:
     raise InvalidRequestError("status: must be an HTTP status (100-599), ok or error")
 
 
+class Listing(NamedTuple):
+    """What every paged listing's query (usage records, the audit log) filters on."""
+
+    status: int | str | None
+    since: datetime | None
+    until: datetime | None
+    after: Position | None
+
+
+def listing_params(given: Callable[[str], str | None]) -> Listing:
+    """``status``, ``since``, ``until`` and ``cursor`` of a listing's parameters (``given``:
+    a parameter's value, or None), each parsed, a bad one a 400 naming it; until after since."""
+    status, since, until, cursor = given("status"), given("since"), given("until"), given("cursor")
+    listing = Listing(
+        status=None if status is None else parse_status(status),
+        since=None if since is None else parse_time(since, "since"),
+        until=None if until is None else parse_time(until, "until"),
+        after=None if cursor is None else parse_cursor(cursor),
+    )
+    if listing.since is not None and listing.until is not None and listing.since >= listing.until:
+        raise InvalidRequestError("until: must be after since")
+    return listing
+
+
 def from_params(
     params: Mapping[str, str], account: str | None = None, key_id: str | None = None
 ) -> UsageQuery:
@@ -89,20 +114,16 @@ def from_params(
         value = params.get(name)
         return value if value else None
 
-    since, until = given("since"), given("until")
-    status, cursor = given("status"), given("cursor")
-    query = UsageQuery(
+    listing = listing_params(given)
+    return UsageQuery(
         account=account if account is not None else given("account"),
         key_id=key_id if key_id is not None else given("key"),
         model=given("model"),
-        status=None if status is None else parse_status(status),
-        since=None if since is None else parse_time(since, "since"),
-        until=None if until is None else parse_time(until, "until"),
-        after=None if cursor is None else parse_cursor(cursor),
+        status=listing.status,
+        since=listing.since,
+        until=listing.until,
+        after=listing.after,
     )
-    if query.since is not None and query.until is not None and query.since >= query.until:
-        raise InvalidRequestError("until: must be after since")
-    return query
 
 
 def asks_for_pages(params: Mapping[str, str]) -> bool:

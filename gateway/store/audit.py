@@ -107,22 +107,26 @@ def status_matches(wanted: int | str | None, status: int) -> bool:
     return status == wanted
 
 
+def entry_dict(e: AuditEntry, time: JSON) -> dict[str, JSON]:
+    """The entry's fields by name, its time as given (micro-seconds in the stores, RFC 3339
+    in the admin API)."""
+    return {
+        "time": time,
+        "actor": e.actor,
+        "action": e.action,
+        "object_type": e.object_type,
+        "object_id": e.object_id,
+        "fields": e.fields,
+        "ip_range": e.ip_range,
+        "status": e.status,
+        "via": e.via,
+        "request_id": e.request_id,
+    }
+
+
 def encode_entry(e: AuditEntry) -> bytes:
     """The entry as JSON (Redis keeps it whole; SQLite keeps ``fields`` this way)."""
-    return orjson.dumps(
-        {
-            "time": to_micros(e.time),
-            "actor": e.actor,
-            "action": e.action,
-            "object_type": e.object_type,
-            "object_id": e.object_id,
-            "fields": e.fields,
-            "ip_range": e.ip_range,
-            "status": e.status,
-            "via": e.via,
-            "request_id": e.request_id,
-        }
-    )
+    return orjson.dumps(entry_dict(e, to_micros(e.time)))
 
 
 def decode_entry(raw: bytes | str) -> AuditEntry:

@@ -55,11 +55,11 @@ from gateway.store.records import (
     key_from_row,
     key_row,
     seed_keys,
-    to_micros,
     usage_from_row,
     usage_row,
 )
 from gateway.store.sqlite_audit import AuditTable
+from gateway.store.sqlite_filters import status_and_period
 from gateway.store.sqlite_people import SQLitePeople
 from gateway.store.sqlite_schema import BUMP_VERSION, create_schema
 from gateway.store.sqlite_signin import SignInTables
@@ -168,19 +168,9 @@ def _usage_where(query: UsageQuery) -> tuple[str, list[object]]:
         if value is not None:
             clauses.append(f"{column} = ?")
             args.append(value)
-    if query.status == "ok":
-        clauses.append("status < 400")
-    elif query.status == "error":
-        clauses.append("status >= 400")
-    elif query.status is not None:
-        clauses.append("status = ?")
-        args.append(query.status)
-    if query.since is not None:
-        clauses.append("time >= ?")
-        args.append(to_micros(query.since))
-    if query.until is not None:
-        clauses.append("time < ?")
-        args.append(to_micros(query.until))
+    shared, shared_args = status_and_period(query.status, query.since, query.until)
+    clauses += shared
+    args += shared_args
     if query.after is not None:
         time, seq = query.after
         if not isinstance(seq, int):

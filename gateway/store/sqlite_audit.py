@@ -24,6 +24,7 @@ from gateway.store.audit import (
     AuditQuery,
 )
 from gateway.store.records import from_micros, to_micros
+from gateway.store.sqlite_filters import status_and_period
 from gateway.types import JSON
 
 T = TypeVar("T")
@@ -75,19 +76,9 @@ def _where(query: AuditQuery) -> tuple[str, list[object]]:
         if value is not None:
             clauses.append(f"{column} = ?")
             args.append(value)
-    if query.status == "ok":
-        clauses.append("status < 400")
-    elif query.status == "error":
-        clauses.append("status >= 400")
-    elif query.status is not None:
-        clauses.append("status = ?")
-        args.append(query.status)
-    if query.since is not None:
-        clauses.append("time >= ?")
-        args.append(to_micros(query.since))
-    if query.until is not None:
-        clauses.append("time < ?")
-        args.append(to_micros(query.until))
+    shared, shared_args = status_and_period(query.status, query.since, query.until)
+    clauses += shared
+    args += shared_args
     if query.after is not None:
         seq = query.after[1]
         if not isinstance(seq, int):
