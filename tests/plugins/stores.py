@@ -3,7 +3,7 @@
 tests start on loopback (Debian's redis-server and ``redis-cli --cluster create``), flushed
 before each test; a module adds it to its backends with ``ALL_BACKENDS``.
 
-Redis is found at ``GATEWAY_TEST_REDIS`` (default ``redis://127.0.0.1:6379/13``;
+Redis is found at ``GATEWAY_TEST_REDIS`` (default ``redis://127.0.0.1:6379/10``;
 ``tests/ensure_redis.sh`` starts one). When it does not answer, Redis tests are skipped with the
 reason locally and fail when ``CI`` is set.
 """
@@ -26,7 +26,7 @@ from gateway.store import Store
 from gateway.store.backends import open_store
 
 REDIS_ENV = "GATEWAY_TEST_REDIS"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/10"
 BACKENDS = ["sqlite", "redis"]
 ALL_BACKENDS = [*BACKENDS, "cluster"]
 CLUSTER_NODES = 3
