@@ -13,6 +13,8 @@ Which worker served each request: every gateway runs with ``GATEWAY_METRICS_DIR`
 directory of the bench's, where each worker writes its counters to ``<pid>.json`` every second
 (``gateway.observe.metrics``, what ``/metrics`` adds up anyway: nothing is added to the hot
 path). A cell's share per worker is the growth of that worker's request count across the cell.
+CPU per stream: the target's process tree's CPU time across a run (the whole stream, not only
+up to its first byte), over N.
 
 Prints a markdown section for bench/RESULTS.md and the figures as JSON (``--json FILE``).
 """
@@ -120,8 +122,9 @@ def measure(
     burst(tmp, target, min(n, WARM_UP), spread)
     for _ in range(reps):
         time.sleep(SNAPSHOT_WAIT)
-        before = served(snapshots)
+        before, cpu = served(snapshots), procs.cpu_seconds(target.pids())
         cell.runs.append(burst(tmp, target, n, spread))
+        cell.runs[-1]["cpu_ms_per_stream"] = (procs.cpu_seconds(target.pids()) - cpu) * 1000 / n
         time.sleep(SNAPSHOT_WAIT)
         after = served(snapshots)
         cell.shares.append(sorted((after[p] - before.get(p, 0) for p in after), reverse=True))
@@ -150,8 +153,8 @@ def markdown(cells: list[Cell], n: int, spread: float, reps: int, command: str) 
         + f", aiohttp {version('aiohttp')}, uvloop {version('uvloop')}.",
         "",
         "| target | TTFB p50 ms | TTFB p99 ms | p99 − direct | connect p99 ms | errors "
-        "| requests per worker (each run) |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| CPU ms per stream | requests per worker (each run) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for c in cells:
         p99 = c.median("ttfb_p99_ms")
@@ -160,7 +163,8 @@ def markdown(cells: list[Cell], n: int, spread: float, reps: int, command: str) 
         errors = sum(int(r["errors"]) for r in c.runs)
         lines.append(
             f"| {c.target} | {c.median('ttfb_p50_ms'):,.0f} | {p99:,.0f} | {added} "
-            f"| {c.median('connect_p99_ms'):,.1f} | {errors} | {shares} |"
+            f"| {c.median('connect_p99_ms'):,.1f} | {errors} "
+            f"| {c.median('cpu_ms_per_stream'):.2f} | {shares} |"
         )
     return "\n".join(lines) + "\n"
 

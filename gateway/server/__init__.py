@@ -21,10 +21,13 @@ import importlib
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any, cast
+
+from hypercorn.config import Sockets
 
 from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
@@ -86,7 +89,7 @@ def serve(
 
 
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
-    cfg = ServerConfig()
+    cfg = WorkersConfig() if workers > 1 else ServerConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.graceful_timeout = settings.server.graceful_seconds
     cfg.keep_alive_timeout = settings.server.keep_alive_seconds
@@ -119,6 +122,50 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
         await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+class WorkersConfig(ServerConfig):
+    """The config of several hypercorn workers: each worker listens on a socket of its own.
+
+    hypercorn's parent binds one socket and hands it to every worker: one accept queue, which
+    every worker's event loop watches, and whichever wakes first accepts all that waits
+    (asyncio accepts up to the backlog at a time). A burst of new connections went mostly to
+    one worker. Here the parent's socket (bound with ``SO_REUSEPORT``, as hypercorn binds it
+    for several workers, and never listening: it only holds the port) reaches each worker as
+    a socket of that worker's own, bound to the same address with ``SO_REUSEPORT``
+    (``ListenerPerWorker``): the kernel gives each listening socket its own accept queue and
+    spreads new connections over them by a hash of their addresses, so each worker gets its
+    share whatever its event loop is doing."""
+
+    def create_sockets(self) -> Sockets:
+        sockets = super().create_sockets()
+        if not hasattr(socket, "SO_REUSEPORT"):
+            return sockets  # one shared socket, as hypercorn has it
+        own: list[socket.socket] = [ListenerPerWorker.of(s) for s in sockets.insecure_sockets]
+        return Sockets(sockets.secure_sockets, own, sockets.quic_sockets)
+
+
+class ListenerPerWorker(socket.socket):
+    """The parent's bound socket, which unpickles (in each worker hypercorn spawns) as a new
+    socket bound to the same address with ``SO_REUSEPORT``; the worker listens on it."""
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> ListenerPerWorker:
+        return cls(sock.family, sock.type, sock.proto, sock.detach())
+
+    def __reduce__(self) -> tuple[Callable[..., socket.socket], tuple[Any, ...]]:
+        return worker_listener, (self.family, self.getsockname())
+
+
+def worker_listener(family: int, address: Any) -> socket.socket:
+    """A worker's own socket on ``address``, bound as hypercorn binds its shared one."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.setblocking(False)
+    return sock
 
 
 def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
