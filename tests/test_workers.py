@@ -1,5 +1,6 @@
-"""``--workers 2`` under hypercorn: new connections reach both workers, each its share, and
-each worker listens on a socket of its own (``gateway.server.WorkersConfig``)."""
+"""``--workers 2``: new connections reach both workers, each its share, and each worker
+listens on a socket of its own (``gateway.server.ListenerPerWorker``; hypercorn and uvicorn:
+granian's workers share one socket, and a burst is spread over them evenly all the same)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from bench import procs
 from gateway.observe.metrics import DIR_ENV
+from tests.plugins.embedded import each_server
 from tests.plugins.processes import Gateway
 
 CONNECTIONS = 64
@@ -65,7 +67,8 @@ def listeners(port: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
-async def test_two_hypercorn_workers_each_serve_their_share(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", each_server("hypercorn", "uvicorn"))
+async def test_two_workers_each_serve_their_share(tmp_path: Path, server: str) -> None:
     """Connections opened one after another, each with one request: both workers answer
     some. With one socket shared by the workers, whichever worker's loop woke first took
     what waited: a burst went mostly to one."""
@@ -73,7 +76,7 @@ async def test_two_hypercorn_workers_each_serve_their_share(tmp_path: Path) -> N
     snapshots.mkdir()
     port = procs.free_port()
     gw = Gateway(minimal_config(tmp_path), port, tmp_path / "gw.log", workers=2,
-                 env={DIR_ENV: str(snapshots)}, server="hypercorn")  # fmt: skip
+                 env={DIR_ENV: str(snapshots)}, server=server)  # fmt: skip
     await gw.start()
     try:
         deadline = time.monotonic() + 60

@@ -229,15 +229,24 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     # to a supervisor). With these the process ends with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopped)
-    uvicorn.run(
-        WORKER_FACTORY,
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        backlog=BACKLOG,
-        **uvicorn_options(settings.server, limit),
-    )
+    options = uvicorn_options(settings.server, limit)
+    if workers == 1 or not hasattr(socket, "SO_REUSEPORT"):
+        uvicorn.run(
+            WORKER_FACTORY, factory=True, host=host, port=port, workers=workers,
+            backlog=BACKLOG, **options,
+        )  # fmt: skip
+        return
+    from uvicorn.supervisors import Multiprocess
+
+    # as uvicorn.run does for several workers, but each worker on a listener of its own
+    # (``ListenerPerWorker``): on uvicorn's one shared socket a burst went mostly to one
+    config = uvicorn.Config(
+        WORKER_FACTORY, factory=True, host=host, port=port, workers=workers, backlog=BACKLOG,
+        **options,
+    )  # fmt: skip
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    held = worker_listener(family, (host, port))  # the port, held; never listening here
+    Multiprocess(config, sockets=[ListenerPerWorker.of(held)]).run()
 
 
 def _stopped(_signal: int, _frame: object) -> None:
