@@ -7,7 +7,9 @@ hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
 ``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
 under uvicorn and granian through ``worker_app()``), on the host named by ``GATEWAY_HOST``.
 Every worker process ends with the server process that started it (``parent``): a worker of
-any of the three went on serving as an orphan after a SIGKILL of its server.
+any of the three went on serving as an orphan after a SIGKILL of its server. Under hypercorn
+and uvicorn each of several workers listens on a socket of its own (``ListenerPerWorker``),
+so that the kernel spreads new connections over them; granian's workers share one.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
 does not fit the installed hypercorn or h11: ``gateway.server.mends``).
@@ -125,17 +127,8 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
 
 
 class WorkersConfig(ServerConfig):
-    """The config of several hypercorn workers: each worker listens on a socket of its own.
-
-    hypercorn's parent binds one socket and hands it to every worker: one accept queue, which
-    every worker's event loop watches, and whichever wakes first accepts all that waits
-    (asyncio accepts up to the backlog at a time). A burst of new connections went mostly to
-    one worker. Here the parent's socket (bound with ``SO_REUSEPORT``, as hypercorn binds it
-    for several workers, and never listening: it only holds the port) reaches each worker as
-    a socket of that worker's own, bound to the same address with ``SO_REUSEPORT``
-    (``ListenerPerWorker``): the kernel gives each listening socket its own accept queue and
-    spreads new connections over them by a hash of their addresses, so each worker gets its
-    share whatever its event loop is doing."""
+    """The config of several hypercorn workers: each listens on a socket of its own
+    (``ListenerPerWorker``) instead of the one hypercorn's parent binds and hands to all."""
 
     def create_sockets(self) -> Sockets:
         sockets = super().create_sockets()
@@ -146,8 +139,18 @@ class WorkersConfig(ServerConfig):
 
 
 class ListenerPerWorker(socket.socket):
-    """The parent's bound socket, which unpickles (in each worker hypercorn spawns) as a new
-    socket bound to the same address with ``SO_REUSEPORT``; the worker listens on it."""
+    """The server process's bound socket, which unpickles in each worker it spawns
+    (hypercorn's and uvicorn's, both with ``multiprocessing``'s spawn) as a new socket of that
+    worker's own, bound to the same address with ``SO_REUSEPORT``; the worker listens on it.
+
+    Both servers bind one socket in the server process and hand it to every worker: one
+    accept queue, watched by every worker's event loop, and whichever loop wakes first
+    accepts all that waits (asyncio accepts up to the backlog at a time), so a burst of new
+    connections went mostly to one worker. With a listening socket per worker the kernel
+    gives each its own accept queue and spreads new connections over them by a hash of their
+    addresses: each worker gets its share, busy or not (a stalled worker's share waits for
+    it). The server process's socket, bound with ``SO_REUSEPORT`` and never listening, only
+    holds the port."""
 
     @classmethod
     def of(cls, sock: socket.socket) -> ListenerPerWorker:
@@ -158,7 +161,7 @@ class ListenerPerWorker(socket.socket):
 
 
 def worker_listener(family: int, address: Any) -> socket.socket:
-    """A worker's own socket on ``address``, bound as hypercorn binds its shared one."""
+    """A socket on ``address`` with ``SO_REUSEPORT``, bound as hypercorn binds its own."""
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
