@@ -14,7 +14,10 @@ directory of the bench's, where each worker writes its counters to ``<pid>.json`
 (``gateway.observe.metrics``, what ``/metrics`` adds up anyway: nothing is added to the hot
 path). A cell's share per worker is the growth of that worker's request count across the cell.
 CPU per stream: the target's process tree's CPU time across a run (the whole stream, not only
-up to its first byte), over N.
+up to its first byte), over N. With ``--first-ms 3000`` (an upstream that waits 3 s before its
+first chunk) the set-up CPU per stream too: the CPU time from the first arrival until just
+before a first chunk can come back (accept, parse, admission, routing, the upstream
+connection and request of every stream), over N.
 
 Prints a markdown section for bench/RESULTS.md and the figures as JSON (``--json FILE``).
 """
@@ -36,13 +39,14 @@ from typing import Any
 
 import orjson
 
-from bench import payloads, procs, targets
+from bench import payloads, procs, streams, targets
 
 FIRST_MS, DELAY_MS = 200, 25  # the paced upstream, as in scenario (c)
 METRICS_DIR_ENV = "GATEWAY_METRICS_DIR"
 REQUESTS = 5  # a snapshot row's request count: model, protocol, endpoint, channel, status, then it
 SNAPSHOT_WAIT = 1.6  # a worker writes its snapshot every second
 WARM_UP = 200  # streams of an untimed burst first: imports, pools and caches in place
+SETUP_FIRST_MS = 1000  # an upstream this slow leaves the set-up alone before its first chunk
 
 
 @dataclass
@@ -98,7 +102,12 @@ def served(snapshots: Path | None) -> dict[int, int]:
     return counts
 
 
-def burst(tmp: Path, target: targets.Target, n: int, spread_ms: float) -> dict[str, Any]:
+def burst(
+    tmp: Path, target: targets.Target, n: int, spread_ms: float, first_ms: int = FIRST_MS
+) -> dict[str, Any]:
+    """One burst; with its figures, ``setup_cpu_ms``: the target's CPU time from the first
+    arrival until 50 ms before the upstream's first chunk can be back (``first_ms`` after the
+    first request): the streams' set-up alone, when ``first_ms`` is long enough for all of it."""
     body = tmp / "burst-body.json"
     body.write_bytes(payloads.chat_request("paced", True))
     cmd = procs.pinned(
@@ -108,22 +117,32 @@ def burst(tmp: Path, target: targets.Target, n: int, spread_ms: float) -> dict[s
          "--header", f"Authorization: Bearer {payloads.BENCH_KEY}"],
         1,
     )  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    line = next((x for x in done.stdout.splitlines() if x.startswith("STREAMSJSON ")), None)
+    client = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    pids, setup = target.pids(), float("nan")
+    for started in client.stdout:
+        if started.startswith(streams.BURST_START):
+            cpu = procs.cpu_seconds(pids)
+            time.sleep((int(started.split()[1]) + first_ms - 50) / 1000)
+            setup = (procs.cpu_seconds(pids) - cpu) * 1000
+            break
+    out, err = client.communicate(timeout=300)
+    line = next((x for x in out.splitlines() if x.startswith("STREAMSJSON ")), None)
     if line is None:
-        raise RuntimeError(f"bench.streams failed: {done.stderr[-800:]}")
-    return dict(json.loads(line[len("STREAMSJSON ") :]))
+        raise RuntimeError(f"bench.streams failed: {err[-800:]}")
+    return {**json.loads(line[len("STREAMSJSON ") :]), "setup_cpu_ms": setup}
 
 
 def measure(
-    tmp: Path, target: targets.Target, snapshots: Path | None, n: int, spread: float, reps: int
-) -> Cell:
+    tmp: Path, target: targets.Target, snapshots: Path | None, n: int, spread: float, reps: int,
+    first_ms: int,
+) -> Cell:  # fmt: skip
     cell = Cell(target.name)
-    burst(tmp, target, min(n, WARM_UP), spread)
+    burst(tmp, target, min(n, WARM_UP), spread, first_ms)
     for _ in range(reps):
         time.sleep(SNAPSHOT_WAIT)
         before, cpu = served(snapshots), procs.cpu_seconds(target.pids())
-        cell.runs.append(burst(tmp, target, n, spread))
+        cell.runs.append(burst(tmp, target, n, spread, first_ms))
         cell.runs[-1]["cpu_ms_per_stream"] = (procs.cpu_seconds(target.pids()) - cpu) * 1000 / n
         time.sleep(SNAPSHOT_WAIT)
         after = served(snapshots)
@@ -139,13 +158,17 @@ def version(name: str) -> str:
         return ""
 
 
-def markdown(cells: list[Cell], n: int, spread: float, reps: int, command: str) -> str:
-    """The section for bench/RESULTS.md."""
+def markdown(
+    cells: list[Cell], n: int, spread: float, reps: int, first_ms: int, command: str
+) -> str:
+    """The section for bench/RESULTS.md; with an upstream slow enough to answer
+    (``SETUP_FIRST_MS``), the set-up CPU per stream too."""
+    setup = first_ms >= SETUP_FIRST_MS
     direct = next((c for c in cells if c.target == "direct"), None)
     base = direct.median("ttfb_p99_ms") if direct else float("nan")
     lines = [
         f"Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; "
-        f"N = {n} arrivals over {spread:g} ms, upstream first chunk after {FIRST_MS} ms, "
+        f"N = {n} arrivals over {spread:g} ms, upstream first chunk after {first_ms} ms, "
         f"median of {reps} runs (errors: all runs).",
         "",
         f"Versions: python {platform.python_version()}, kernel {platform.release()}, "
@@ -153,8 +176,10 @@ def markdown(cells: list[Cell], n: int, spread: float, reps: int, command: str) 
         + f", aiohttp {version('aiohttp')}, uvloop {version('uvloop')}.",
         "",
         "| target | TTFB p50 ms | TTFB p99 ms | p99 − direct | connect p99 ms | errors "
-        "| CPU ms per stream | requests per worker (each run) |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| CPU ms per stream |"
+        + (" set-up CPU ms per stream |" if setup else "")
+        + " requests per worker (each run) |",
+        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if setup else "") + "---|",
     ]
     for c in cells:
         p99 = c.median("ttfb_p99_ms")
@@ -164,19 +189,23 @@ def markdown(cells: list[Cell], n: int, spread: float, reps: int, command: str) 
         lines.append(
             f"| {c.target} | {c.median('ttfb_p50_ms'):,.0f} | {p99:,.0f} | {added} "
             f"| {c.median('connect_p99_ms'):,.1f} | {errors} "
-            f"| {c.median('cpu_ms_per_stream'):.2f} | {shares} |"
+            f"| {c.median('cpu_ms_per_stream'):.2f} "
+            + (f"| {c.median('setup_cpu_ms') / n:.2f} " if setup else "")
+            + f"| {shares} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def run(servers: list[str], workers: list[int], n: int, spread: float, reps: int) -> list[Cell]:
+def run(
+    servers: list[str], workers: list[int], n: int, spread: float, reps: int, first_ms: int
+) -> list[Cell]:
     cells = []
     with tempfile.TemporaryDirectory(prefix="bench-burst-") as name:
         tmp = Path(name)
-        up = targets.start_upstream(tmp, FIRST_MS, DELAY_MS)
+        up = targets.start_upstream(tmp, first_ms, DELAY_MS)
         try:
             direct = targets.direct(up)
-            cells.append(measure(tmp, direct, None, n, spread, reps))
+            cells.append(measure(tmp, direct, None, n, spread, reps, first_ms))
             for server in servers:
                 for count in workers:
                     started = start_gateway(tmp, up, server, count)
@@ -185,7 +214,7 @@ def run(servers: list[str], workers: list[int], n: int, spread: float, reps: int
                         continue
                     target, snapshots = started
                     try:
-                        cells.append(measure(tmp, target, snapshots, n, spread, reps))
+                        cells.append(measure(tmp, target, snapshots, n, spread, reps, first_ms))
                     finally:
                         assert target.proc is not None
                         procs.stop(target.proc)
@@ -201,15 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=1000)
     parser.add_argument("--spread-ms", type=float, default=100.0)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--first-ms", type=int, default=FIRST_MS, help="the upstream's wait")
     parser.add_argument("--server", action="append", choices=targets.SERVERS)
     parser.add_argument("--workers", action="append", type=int)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     procs.install_cleanup()
     servers = [s for s in args.server or targets.SERVERS if targets.server_available(s)]
-    cells = run(servers, args.workers or [1, 2], args.n, args.spread_ms, args.reps)
+    cells = run(servers, args.workers or [1, 2], args.n, args.spread_ms, args.reps, args.first_ms)
     command = "python -m bench.burst " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(markdown(cells, args.n, args.spread_ms, args.reps, command.strip()))
+    print(markdown(cells, args.n, args.spread_ms, args.reps, args.first_ms, command.strip()))
     if args.json:
         args.json.write_bytes(orjson.dumps([asdict(c) for c in cells], option=orjson.OPT_INDENT_2))
     return 0

@@ -29,6 +29,7 @@ from pathlib import Path
 CONNECT_TIMEOUT = 10.0  # a server whose accept queue is full must not stall the run
 CONNECT_PHASE_TIMEOUT = 30.0  # the whole connect phase of one cell
 CONNECT_CONCURRENCY = 256
+BURST_START = "BURSTSTART"  # --burst: the line said just before the first arrival is due
 
 
 def raise_fd_limit() -> int:
@@ -215,6 +216,8 @@ async def arrivals(
         await stream.done
 
     t0, due0 = loop.time() + 0.05, time.perf_counter() + 0.05
+    sys.stdout.write(f"{BURST_START} 50\n")  # the first arrival in 50 ms (bench.burst's clock)
+    sys.stdout.flush()
     step = spread_ms / 1000 / max(1, n)
     tasks: list[asyncio.Future[None]] = []
 
