@@ -13,7 +13,7 @@ LOCK_UPGRADE ?= --upgrade
 COMPILE = $(VENV)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28 --custom-compile-command 'make lock' $(LOCK_UPGRADE)
 
-.PHONY: install lock run test test-fast lint typecheck bench bench-peers bench-agents bench-servers soak \
+.PHONY: install lock run test test-fast lint typecheck bench bench-peers bench-agents bench-servers bench-burst soak \
 	fixtures clean
 
 install: $(VENV)/.installed
@@ -101,6 +101,11 @@ bench-agents: install
 STREAMS ?= 9900
 bench-servers: install
 	$(PY) -m bench.servers --streams $(STREAMS)
+
+# a burst (issue 30): 1,000 streams arriving within 100 ms on new connections, against direct
+# and the gateway on each server with 1 and 2 workers, and each worker's share (bench/burst.py)
+bench-burst: install
+	$(PY) -m bench.burst
 
 soak: install
 	$(PY) -m bench.soak

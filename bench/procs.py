@@ -18,7 +18,26 @@ _CHILDREN: list[subprocess.Popen[bytes]] = []
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+PORTS_ENV = "BENCH_PORTS"  # "first-last": take ports from this range (a shared machine)
+_next_port = 0
+
+
 def free_port() -> int:
+    """A port nothing listens on: the next free one of ``BENCH_PORTS`` when set, else one the
+    kernel picks."""
+    global _next_port
+    first, _, last = os.environ.get(PORTS_ENV, "").partition("-")
+    if first and last:
+        _next_port = max(_next_port, int(first))
+        while _next_port <= int(last):
+            port, _next_port = _next_port, _next_port + 1
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"{PORTS_ENV}: no free port left")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

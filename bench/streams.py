@@ -5,6 +5,10 @@ the starts spread evenly over --spread-ms, so that all N streams are open togeth
 upstream waits before its first chunk. Per stream: time from sending the request to the first
 ``data:`` byte (TTFB) and to the done marker (total), and whether the stream completed (status
 200 and the done marker seen).
+
+``--burst``: a burst of arrivals instead (issue 30): no connection is opened beforehand; each
+stream connects at its start (spread over --spread-ms) and posts as soon as it is connected,
+and its TTFB counts from the connect call, so the server's accept queue is inside the figure.
 Prints one JSON line. Raises its own file-descriptor limit to the hard limit.
 
     python -m bench.streams --port P --path /v1/chat/completions --body-file F -n 1000
@@ -25,6 +29,7 @@ from pathlib import Path
 CONNECT_TIMEOUT = 10.0  # a server whose accept queue is full must not stall the run
 CONNECT_PHASE_TIMEOUT = 30.0  # the whole connect phase of one cell
 CONNECT_CONCURRENCY = 256
+BURST_START = "BURSTSTART"  # --burst: the line said just before the first arrival is due
 
 
 def raise_fd_limit() -> int:
@@ -119,6 +124,7 @@ async def run(
     timeout: float,
     marker: bytes,
     headers: dict[str, str],
+    burst: bool = False,
 ) -> dict[str, object]:
     loop = asyncio.get_running_loop()
     head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
@@ -126,6 +132,8 @@ async def run(
     head.append(f"Content-Length: {len(body)}")
     request = ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
+    if burst:
+        return await arrivals(port, request, n, spread_ms, timeout, marker)
     streams: list[Stream] = []
     connect_errors = 0
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
@@ -167,7 +175,81 @@ async def run(
     for stream in streams:
         if not stream.closed and stream.transport is not None:
             stream.transport.abort()
+    return {
+        "requested": n,
+        "opened": opened,
+        "connect_errors": connect_errors,
+        "connect_seconds": round(connect_seconds, 3),
+        **summary(streams, n),
+        "seconds": round(elapsed, 3),
+    }
 
+
+async def arrivals(
+    port: int, request: bytes, n: int, spread_ms: float, timeout: float, marker: bytes
+) -> dict[str, object]:
+    """``--burst``: N streams, each connecting at its start and posting once connected."""
+    loop = asyncio.get_running_loop()
+    streams: list[Stream] = []
+    connect_ms: list[float] = []
+    connect_errors = 0
+
+    lag_ms: list[float] = []  # how late the client started each arrival (it is no bottleneck)
+
+    async def arrive(due: float) -> None:
+        nonlocal connect_errors
+        stream = Stream(marker, loop.create_future())
+        began = time.perf_counter()
+        lag_ms.append((began - due) * 1000)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: stream, "127.0.0.1", port), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError):
+            connect_errors += 1
+            return
+        connect_ms.append((time.perf_counter() - began) * 1000)
+        stream.send(request)
+        stream.sent = began  # the arrival: the accept queue counts
+        streams.append(stream)
+        assert stream.done is not None
+        await stream.done
+
+    t0, due0 = loop.time() + 0.05, time.perf_counter() + 0.05
+    sys.stdout.write(f"{BURST_START} 50\n")  # the first arrival in 50 ms (bench.burst's clock)
+    sys.stdout.flush()
+    step = spread_ms / 1000 / max(1, n)
+    tasks: list[asyncio.Future[None]] = []
+
+    def start(due: float) -> None:
+        tasks.append(asyncio.ensure_future(arrive(due)))
+
+    for i in range(n):
+        loop.call_at(t0 + i * step, start, due0 + i * step)
+    await asyncio.sleep(t0 - loop.time() + spread_ms / 1000 + 0.01)
+    while len(tasks) < n:  # a late loop: every start made before waiting
+        await asyncio.sleep(0.005)
+    start = time.perf_counter()
+    await asyncio.wait(tasks, timeout=timeout)
+    elapsed = time.perf_counter() - start
+    for stream in streams:
+        if not stream.closed and stream.transport is not None:
+            stream.transport.abort()
+    for task in tasks:
+        task.cancel()
+    return {
+        "requested": n,
+        "opened": len(streams),
+        "connect_errors": connect_errors,
+        "connect_p99_ms": percentile(connect_ms, 99),
+        "client_lag_p99_ms": percentile(lag_ms, 99),
+        **summary(streams, n),
+        "seconds": round(elapsed, 3),
+    }
+
+
+def summary(streams: list[Stream], n: int) -> dict[str, object]:
+    """TTFB and total percentiles, completion and statuses of a run's streams."""
     ttfb = [(s.first - s.sent) * 1000 for s in streams if s.first and s.sent]
     total = [(s.ended - s.sent) * 1000 for s in streams if s.completed and s.sent]
     completed = sum(1 for s in streams if s.completed)
@@ -175,10 +257,6 @@ async def run(
     for s in streams:
         statuses[str(s.status)] = statuses.get(str(s.status), 0) + 1
     return {
-        "requested": n,
-        "opened": opened,
-        "connect_errors": connect_errors,
-        "connect_seconds": round(connect_seconds, 3),
         "completed": completed,
         "errors": n - completed,
         "completion_rate": completed / n if n else 0.0,
@@ -186,7 +264,6 @@ async def run(
         "ttfb_p99_ms": percentile(ttfb, 99),
         "total_p50_ms": percentile(total, 50),
         "total_p99_ms": percentile(total, 99),
-        "seconds": round(elapsed, 3),
         "statuses": statuses,
     }
 
@@ -201,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--marker", default="[DONE]")
     parser.add_argument("--header", action="append", default=[], help="Name: value")
+    parser.add_argument("--burst", action="store_true", help="connect at each start (timed)")
     args = parser.parse_args(argv)
     raise_fd_limit()
     headers = dict(h.split(": ", 1) for h in args.header)
@@ -220,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             args.timeout,
             args.marker.encode(),
             headers,
+            args.burst,
         )
     )
     sys.stdout.write("STREAMSJSON " + json.dumps(result) + "\n")

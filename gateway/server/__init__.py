@@ -7,7 +7,9 @@ hypercorn first), which reads the file named by ``GATEWAY_CONFIG``. With a
 ``server.probe_port`` the app is wrapped to serve the probes there too (``probes.Probed``;
 under uvicorn and granian through ``worker_app()``), on the host named by ``GATEWAY_HOST``.
 Every worker process ends with the server process that started it (``parent``): a worker of
-any of the three went on serving as an orphan after a SIGKILL of its server.
+any of the three went on serving as an orphan after a SIGKILL of its server. Under hypercorn
+and uvicorn each of several workers listens on a socket of its own (``ListenerPerWorker``),
+so that the kernel spreads new connections over them; granian's workers share one.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
 does not fit the installed hypercorn or h11: ``gateway.server.mends``).
@@ -21,10 +23,13 @@ import importlib
 import math
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any, cast
+
+from hypercorn.config import Sockets
 
 from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
@@ -86,7 +91,7 @@ def serve(
 
 
 def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
-    cfg = ServerConfig()
+    cfg = WorkersConfig() if workers > 1 else ServerConfig()
     cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     cfg.graceful_timeout = settings.server.graceful_seconds
     cfg.keep_alive_timeout = settings.server.keep_alive_seconds
@@ -119,6 +124,51 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
         await hypercorn_serve(app, cfg, shutdown_trigger=stop.wait)  # type: ignore[arg-type]
 
     asyncio.run(main())
+
+
+class WorkersConfig(ServerConfig):
+    """The config of several hypercorn workers: each listens on a socket of its own
+    (``ListenerPerWorker``) instead of the one hypercorn's parent binds and hands to all."""
+
+    def create_sockets(self) -> Sockets:
+        sockets = super().create_sockets()
+        if not hasattr(socket, "SO_REUSEPORT"):
+            return sockets  # one shared socket, as hypercorn has it
+        own: list[socket.socket] = [ListenerPerWorker.of(s) for s in sockets.insecure_sockets]
+        return Sockets(sockets.secure_sockets, own, sockets.quic_sockets)
+
+
+class ListenerPerWorker(socket.socket):
+    """The server process's bound socket, which unpickles in each worker it spawns
+    (hypercorn's and uvicorn's, both with ``multiprocessing``'s spawn) as a new socket of that
+    worker's own, bound to the same address with ``SO_REUSEPORT``; the worker listens on it.
+
+    Both servers bind one socket in the server process and hand it to every worker: one
+    accept queue, watched by every worker's event loop, and whichever loop wakes first
+    accepts all that waits (asyncio accepts up to the backlog at a time), so a burst of new
+    connections went mostly to one worker. With a listening socket per worker the kernel
+    gives each its own accept queue and spreads new connections over them by a hash of their
+    addresses: each worker gets its share, busy or not (a stalled worker's share waits for
+    it). The server process's socket, bound with ``SO_REUSEPORT`` and never listening, only
+    holds the port."""
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> ListenerPerWorker:
+        return cls(sock.family, sock.type, sock.proto, sock.detach())
+
+    def __reduce__(self) -> tuple[Callable[..., socket.socket], tuple[Any, ...]]:
+        return worker_listener, (self.family, self.getsockname())
+
+
+def worker_listener(family: int, address: Any) -> socket.socket:
+    """A socket on ``address`` with ``SO_REUSEPORT``, bound as hypercorn binds its own."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.setblocking(False)
+    return sock
 
 
 def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
@@ -182,15 +232,24 @@ def _uvicorn(host: str, port: int, workers: int, settings: Settings, limit: int)
     # to a supervisor). With these the process ends with status 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stopped)
-    uvicorn.run(
-        WORKER_FACTORY,
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        backlog=BACKLOG,
-        **uvicorn_options(settings.server, limit),
-    )
+    options = uvicorn_options(settings.server, limit)
+    if workers == 1 or not hasattr(socket, "SO_REUSEPORT"):
+        uvicorn.run(
+            WORKER_FACTORY, factory=True, host=host, port=port, workers=workers,
+            backlog=BACKLOG, **options,
+        )  # fmt: skip
+        return
+    from uvicorn.supervisors import Multiprocess
+
+    # as uvicorn.run does for several workers, but each worker on a listener of its own
+    # (``ListenerPerWorker``): on uvicorn's one shared socket a burst went mostly to one
+    config = uvicorn.Config(
+        WORKER_FACTORY, factory=True, host=host, port=port, workers=workers, backlog=BACKLOG,
+        **options,
+    )  # fmt: skip
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    held = worker_listener(family, (host, port))  # the port, held; never listening here
+    Multiprocess(config, sockets=[ListenerPerWorker.of(held)]).run()
 
 
 def _stopped(_signal: int, _frame: object) -> None:

@@ -1,0 +1,98 @@
+"""``--workers 2``: new connections reach both workers, each its share, and each worker
+listens on a socket of its own (``gateway.server.ListenerPerWorker``; hypercorn and uvicorn:
+granian's workers share one socket, and a burst is spread over them evenly all the same)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bench import procs
+from gateway.observe.metrics import DIR_ENV
+from tests.plugins.embedded import each_server
+from tests.plugins.processes import Gateway
+
+CONNECTIONS = 64
+# each worker's least share of CONNECTIONS: the kernel spreads connections by a hash of their
+# addresses, so fewer than an eighth on either worker is as likely as a broken spread is not
+LEAST = CONNECTIONS // 8
+
+
+def minimal_config(tmp_path: Path) -> Path:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/gateway.db\n"
+        "admin_token: test-admin-token\ngroups: [default]\nmodels: []\nchannels: []\n"
+    )
+    return config
+
+
+def served(snapshots: Path) -> dict[int, int]:
+    """``/healthz`` requests each worker has counted, by pid (its snapshot: every second)."""
+    counts = {}
+    for path in snapshots.glob("*.json"):
+        with contextlib.suppress(OSError, orjson.JSONDecodeError):
+            snap = orjson.loads(path.read_bytes())
+            counts[snap["pid"]] = sum(row[5] for row in snap["rows"] if row[2] == "healthz")
+    return counts
+
+
+def healthz(port: int) -> None:
+    """One ``GET /healthz`` on a connection of its own."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+    finally:
+        conn.close()
+
+
+def listeners(port: int) -> int:
+    """Listening TCP sockets on ``port`` (Linux's socket table)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                local, state = line.split()[1], line.split()[3]
+                count += int(local.rsplit(":", 1)[1], 16) == port and state == "0A"
+    return count
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")
+@pytest.mark.parametrize("server", each_server("hypercorn", "uvicorn"))
+async def test_two_workers_each_serve_their_share(tmp_path: Path, server: str) -> None:
+    """Connections opened one after another, each with one request: both workers answer
+    some. With one socket shared by the workers, whichever worker's loop woke first took
+    what waited: a burst went mostly to one."""
+    snapshots = tmp_path / "metrics"
+    snapshots.mkdir()
+    port = procs.free_port()
+    gw = Gateway(minimal_config(tmp_path), port, tmp_path / "gw.log", workers=2,
+                 env={DIR_ENV: str(snapshots)}, server=server)  # fmt: skip
+    await gw.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(served(snapshots)) < 2:  # both workers up (each writes its snapshot)
+            assert time.monotonic() < deadline, gw.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        assert listeners(port) == 2  # one per worker, none in the server process
+        before = served(snapshots)
+        for _ in range(CONNECTIONS):
+            await asyncio.to_thread(healthz, port)
+        while sum(served(snapshots).values()) < sum(before.values()) + CONNECTIONS:
+            assert time.monotonic() < deadline, served(snapshots)
+            await asyncio.sleep(0.2)
+        after = served(snapshots)
+        shares = [after[pid] - before.get(pid, 0) for pid in after]
+        assert len(shares) == 2 and min(shares) >= LEAST, shares
+    finally:
+        gw.kill(15)
+        assert await gw.exit_code() == 0, gw.log.read_text()[-3000:]
