@@ -38,6 +38,7 @@ SERVED_MODULES = frozenset(
         "test_server",
         "test_store_outage",
         "test_upload_memory",
+        "test_workers",
     }
 )
 
