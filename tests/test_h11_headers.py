@@ -20,7 +20,13 @@ from hypothesis import strategies as st
 
 from bench.fake_upstream import FakeUpstream
 from gateway.server import mends
-from gateway.server.h11_headers import HEADER_CHECK, make_check, name_ok, value_ok
+from gateway.server.h11_headers import (
+    HEADER_CHECK,
+    make_check,
+    make_set_comma_header,
+    name_ok,
+    value_ok,
+)
 from tests.plugins.processes import KEY, Gateway, free_port, write_config
 
 fast_check = make_check(h11_check)
@@ -59,6 +65,14 @@ def test_a_header_list_gets_h11_s_answer(headers: list[tuple[bytes, bytes]]) -> 
     assert outcome(fast_check, headers) == outcome(h11_check, headers)
 
 
+def full(check: Any, headers: list[tuple[Any, Any]]) -> Any:
+    """``outcome``, with the raw names too: the (raw name, name, value) items made."""
+    try:
+        return ("ok", check(headers)._full_items)
+    except h11.LocalProtocolError as exc:
+        return ("refused", str(exc))
+
+
 @given(
     st.lists(st.tuples(NAMES, VALUES), max_size=5),
     st.sampled_from([b"transfer-encoding", b"connection", b"content-length", b"x-a"]),
@@ -68,22 +82,25 @@ def test_a_header_list_gets_h11_s_answer(headers: list[tuple[bytes, bytes]]) -> 
 def test_h11_adding_a_header_gets_the_same_headers(
     headers: list[tuple[bytes, bytes]], name: bytes, values: list[bytes]
 ) -> None:
-    """What h11 does to add its own header (``set_comma_header``, which checks every header
-    again through the module's ``normalize_and_validate``, the cheaper one once mended),
-    whatever the headers it adds it to (those that passed the check) and whatever it adds:
-    the same headers, or the same refusal."""
+    """What h11 does to add its own header (``set_comma_header``), whatever the headers it
+    adds it to (those that passed the check) and whatever it adds: through the mend's
+    ``set_comma_header`` (which does not check the kept headers again), and through h11's
+    own with the cheaper check, the same headers as h11's own gives, or the same refusal."""
     import h11._headers
 
     try:
         made = h11_check(headers)
     except h11.LocalProtocolError:
         return  # never reaches set_comma_header
-    add = h11._headers.set_comma_header
+    add = mends.original(h11._headers.set_comma_header)
+    mended = make_set_comma_header(add, h11._headers.Headers)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(h11._headers, "normalize_and_validate", h11_check)
-        own = outcome(lambda _: add(made, name, values), [])
+        own = full(lambda _: add(made, name, values), [])
         patch.setattr(h11._headers, "normalize_and_validate", fast_check)
-        assert outcome(lambda _: add(made, name, values), []) == own
+        assert full(lambda _: add(made, name, values), []) == own
+        assert full(lambda _: mended(made, name, values), []) == own
+        assert full(lambda _: mended(made, name, values), []) == own  # remembered: the same
 
 
 @pytest.mark.parametrize(
@@ -150,17 +167,22 @@ async def test_replies_through_the_gateway_s_hypercorn_keep_their_headers(
 
 def without_h11_mend(monkeypatch: pytest.MonkeyPatch) -> None:
     """h11 as installed, for the test; after it, h11 as it was before (mended or not)."""
+    import h11._connection
     import h11._events
     import h11._headers
 
     for module in (h11._events, h11._headers):
         monkeypatch.setattr(module, "normalize_and_validate", h11_check)
+    add = mends.original(h11._headers.set_comma_header)
+    for module in (h11._connection, h11._headers):
+        monkeypatch.setattr(module, "set_comma_header", add)
     # set, then taken away: the undo puts back whatever was there, or nothing
     monkeypatch.setattr(h11._headers.Headers, "__iter__", None, raising=False)
     monkeypatch.delattr(h11._headers.Headers, "__iter__")
 
 
 def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import h11._connection
     import h11._events
     import h11._headers
 
@@ -171,6 +193,8 @@ def test_h11_is_given_the_cheaper_check_once(monkeypatch: pytest.MonkeyPatch) ->
     assert h11._headers.normalize_and_validate is fast
     assert fast is not h11_check and h11._events.normalize_and_validate is fast
     assert mends.original(fast) is h11_check
+    adding = h11._connection.set_comma_header
+    assert h11._headers.set_comma_header is adding and mends.mended(adding, "h11.header_check")
     with pytest.raises(h11.LocalProtocolError):
         h11.Response(status_code=200, headers=[(b"x-a", b"1\r\nx-b: 2")])
     ok = h11.Response(status_code=200, headers=[(b"Content-Type", b"text/plain")])

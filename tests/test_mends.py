@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import h11
+import h11._connection
 import h11._events
 import h11._headers
 import hypercorn.events
@@ -46,7 +47,7 @@ KINDS = {
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
-OWNERS.append(RecentFirstConnector)
+OWNERS += [h11._connection, RecentFirstConnector]
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +107,7 @@ def test_every_mend_fits_the_installed_libraries(name: str) -> None:
 # loop are stand-ins), then the upstream pool's, each mend's state before and after them
 START_UP = """
 import asyncio, json, sys
-import h11._events, h11._headers
+import h11._connection, h11._events, h11._headers
 from hypercorn.asyncio.tcp_server import TCPServer
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
@@ -139,6 +140,8 @@ parts = {
     "h11._headers.normalize_and_validate": h11._headers.normalize_and_validate,
     "h11._events.normalize_and_validate": h11._events.normalize_and_validate,
     "h11._headers.Headers.__iter__": vars(h11._headers.Headers).get("__iter__"),
+    "h11._headers.set_comma_header": h11._headers.set_comma_header,
+    "h11._connection.set_comma_header": h11._connection.set_comma_header,
     "RecentFirstConnector._get": vars(RecentFirstConnector).get("_get"),
 }
 print(json.dumps({
@@ -175,6 +178,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "h11._headers.normalize_and_validate": ["h11.header_check"],
         "h11._events.normalize_and_validate": ["h11.header_check"],
         "h11._headers.Headers.__iter__": ["h11.header_check"],
+        "h11._headers.set_comma_header": ["h11.header_check"],
+        "h11._connection.set_comma_header": ["h11.header_check"],
         "RecentFirstConnector._get": ["aiohttp.recent_first"],
     }
     assert seen["wrapped"] == {
@@ -186,6 +191,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "h11._headers.normalize_and_validate": "h11._headers",
         "h11._events.normalize_and_validate": "h11._headers",
         "h11._headers.Headers.__iter__": "collections.abc",
+        "h11._headers.set_comma_header": "h11._headers",
+        "h11._connection.set_comma_header": "h11._headers",
         "RecentFirstConnector._get": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
@@ -288,6 +295,22 @@ def _unchecked(patch: pytest.MonkeyPatch) -> None:
         patch.setattr(module, "normalize_and_validate", _checks_all)
 
 
+def _adds_otherwise(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
+    return headers
+
+
+def _title_kept(patch: pytest.MonkeyPatch) -> None:
+    """An h11 whose ``set_comma_header`` makes the kept headers' names title case."""
+    add = h11._headers.set_comma_header
+
+    def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
+        made = add(headers, name, new_values)
+        return h11._headers.Headers([(r.title(), n, v) for r, n, v in made._full_items])
+
+    patch.setattr(h11._headers, "set_comma_header", set_comma_header)
+    patch.setattr(h11._connection, "set_comma_header", set_comma_header)
+
+
 def _pairs_only(patch: pytest.MonkeyPatch) -> None:
     """An h11 ``Headers`` that keeps (name, value) pairs."""
 
@@ -324,6 +347,9 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("h11.header_check", _set(h11._events, "normalize_and_validate", _checks_all), "another"),
     ("h11.header_check", _unchecked, "skips the Content-Length rules"),
     ("h11.header_check", _pairs_only, "Headers._full_items is missing or not"),
+    ("h11.header_check", _gone(h11._headers, "set_comma_header"), "set_comma_header is missing"),
+    ("h11.header_check", _set(h11._connection, "set_comma_header", _adds_otherwise), "another"),
+    ("h11.header_check", _title_kept, "set_comma_header(..., b'content-length', []) makes"),
     ("aiohttp.recent_first", _gone(BaseConnector, "_get"), "TCPConnector._get is missing"),
     ("aiohttp.recent_first", _set(BaseConnector, "_get", _takes_less), "takes (self, key)"),
     ("aiohttp.recent_first", _set(BaseConnector, "_get", _from_the_right), "uses popleft"),

@@ -6,14 +6,24 @@ writes HTTP/1.1 through h11, is the default server. What it saves is in bench/RE
 h11 checks every header of every response it is given (``normalize_and_validate``): a name
 must be a token, a value must hold no NUL, CR, LF, form feed or vertical tab and neither start
 nor end with white space. It does so with two regular expressions per header, the value's one
-backtracking over every byte, and a stream's headers are checked twice (once more when h11
-adds ``Transfer-Encoding``, through the same module-level name). Here the same rules are
+backtracking over every byte. Here the same rules are
 checked with one ``bytes.translate`` over a ready table and two byte lookups per header; then
 h11's own function runs on headers that passed, told they are already parsed, so that
 everything else (lower-cased names, the ``Content-Length`` and ``Transfer-Encoding`` rules)
 is h11's own code, unchanged. A header h11 would refuse goes to h11's own check, and gets h11's
 own error (``tests/test_h11_headers.py`` holds the two to the same answers). Headers h11 parsed
 itself (``_parsed=True``) are left to h11, as it leaves them unchecked.
+
+To a stream's reply h11 adds ``Transfer-Encoding: chunked`` (and takes out any
+``Content-Length``) through ``set_comma_header``, which hands every header to the check and
+to the normalising of names and values again, twice per stream. Those headers are the items of a
+``Headers`` that check made: valid, normalised, and normalised again to themselves. The
+wrapper keeps them as they are and adds what h11 adds, made by h11's own ``set_comma_header``
+on no other headers (checked, with h11's errors) and remembered by name and values (h11 adds
+a handful: ``chunked``, ``close``). The result is the ``Headers`` h11's would make: its kept
+headers hold no header of the name set, so none of h11's rules (one Content-Length, one
+Transfer-Encoding) can meet them (``tests/test_h11_headers.py`` holds the two to the same
+answers).
 
 h11's ``Headers`` is a ``Sequence`` without an ``__iter__`` of its own: every loop over a
 request's headers (hypercorn makes four per request) went through the abstract class's, one
@@ -92,6 +102,35 @@ def make_check(original: Callable[..., Any]) -> Callable[..., Any]:
     return normalize_and_validate
 
 
+# the headers h11 adds (made by its own set_comma_header), by name and values: a handful
+_ADDED_KEPT = 16
+
+
+def make_set_comma_header(
+    original: Callable[..., Any], headers_type: type[Any]
+) -> Callable[..., Any]:
+    """h11's ``set_comma_header`` (``original``) that does not check again the headers it
+    keeps (module docstring); anything but h11's own ``Headers`` goes to ``original``."""
+    added: dict[tuple[bytes, ...], list[tuple[bytes, bytes, bytes]]] = {}
+    nothing = headers_type([])
+
+    def set_comma_header(headers: Any, name: bytes, new_values: list[bytes]) -> Any:
+        if type(headers) is not headers_type:
+            return original(headers, name, new_values)
+        kept = [item for item in headers._full_items if item[1] != name]
+        if new_values:
+            key = (name, *new_values)
+            made = added.get(key)
+            if made is None:
+                made = original(nothing, name, new_values)._full_items
+                if len(added) < _ADDED_KEPT:
+                    added[key] = made
+            kept += made
+        return headers_type(kept)
+
+    return set_comma_header
+
+
 _NAME_AND_VALUE = operator.itemgetter(1, 2)
 
 
@@ -133,10 +172,33 @@ def _check() -> list[str]:
     except Exception as exc:  # whatever a changed Headers raises
         first = exc
     needs.require(first == (b"x-a", b"1"), "h11 Headers[i] is not (lower-cased name, value)")
+    if not needs.missing:  # its sample needs the Headers found right
+        _check_set_comma_header(needs, headers, check)
     return needs.missing
 
 
+def _check_set_comma_header(needs: Needs, headers: Any, check: Any) -> None:
+    """h11 adds its headers through ``set_comma_header`` (``_connection`` imports it by name),
+    and the wrapper makes the same ``Headers`` from a sample as h11's own does."""
+    connection = needs.module("h11._connection")
+    params = ["headers", "name", "new_values"]
+    add = needs.function(headers, "set_comma_header", "h11._headers", params, coroutine=False)
+    bound = needs.attr(connection, "set_comma_header", "h11._connection")
+    if add is None or bound is None or headers is None:
+        return
+    needs.require(original(bound) is add, "h11._connection.set_comma_header is another one")
+    sample = check([(b"content-type", b"text/plain"), (b"content-length", b"5")])
+    wrapper = make_set_comma_header(add, headers.Headers)
+    for name, values in ((b"content-length", []), (b"transfer-encoding", [b"chunked"])):
+        ours, own = wrapper(sample, name, values), add(sample, name, values)
+        needs.require(
+            getattr(ours, "_full_items", None) == getattr(own, "_full_items", False),
+            f"h11 set_comma_header(..., {name!r}, {values!r}) makes other headers",
+        )
+
+
 def _apply() -> None:
+    import h11._connection as connection
     import h11._events as events
     import h11._headers as headers
 
@@ -144,6 +206,10 @@ def _apply() -> None:
     fast = wrapping(_NAME, check, make_check(check))
     events.normalize_and_validate = fast  # type: ignore[attr-defined]
     headers.normalize_and_validate = fast
+    add = headers.set_comma_header
+    adding = wrapping(_NAME, add, make_set_comma_header(add, headers.Headers))
+    connection.set_comma_header = adding  # type: ignore[attr-defined]
+    headers.set_comma_header = adding
     if "__iter__" not in vars(headers.Headers):  # an h11 with its own keeps it
         pairs = wrapping(_NAME, headers.Headers.__iter__, _pairs)
         headers.Headers.__iter__ = pairs  # type: ignore[method-assign]
@@ -151,12 +217,17 @@ def _apply() -> None:
 
 def _in_place() -> bool:
     try:
+        import h11._connection as connection
         import h11._events as events
         import h11._headers as headers
     except ImportError:
         return False
     bound = events.normalize_and_validate  # type: ignore[attr-defined]
-    return mended(headers.normalize_and_validate, _NAME) and mended(bound, _NAME)
+    adding = connection.set_comma_header  # type: ignore[attr-defined]
+    return all(
+        mended(func, _NAME)
+        for func in (headers.normalize_and_validate, bound, headers.set_comma_header, adding)
+    )
 
 
 HEADER_CHECK = Mend(
@@ -164,7 +235,7 @@ HEADER_CHECK = Mend(
     library="h11",
     written_for="0.16",
     kind="speed",
-    fixes="h11 checks every response header with two regular expressions",
+    fixes="h11 checks every response header with two regular expressions (a stream's 3 times)",
     check=_check,
     apply=_apply,
     in_place=_in_place,
