@@ -24,8 +24,9 @@ import h11._headers
 import hypercorn.events
 import pytest
 from aiohttp.connector import BaseConnector
+from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
-from hypercorn.asyncio.worker_context import AsyncioSingleTask
+from hypercorn.asyncio.worker_context import AsyncioSingleTask, EventWrapper, WorkerContext
 from hypercorn.config import Config
 from hypercorn.protocol.h11 import H11Protocol
 
@@ -40,13 +41,15 @@ KINDS = {
     "hypercorn.idle_close": "correctness",
     "hypercorn.connection_cap": "safety",
     "hypercorn.date_header": "speed",
+    "hypercorn.lean_app_queue": "speed",
+    "hypercorn.lean_events": "speed",
     "hypercorn.header_timeout": "safety",
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
-OWNERS.append(RecentFirstConnector)
+OWNERS += [RecentFirstConnector, task_group, WorkerContext]
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +110,9 @@ def test_every_mend_fits_the_installed_libraries(name: str) -> None:
 START_UP = """
 import asyncio, json, sys
 import h11._events, h11._headers
+from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.worker_context import WorkerContext
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
@@ -150,6 +155,7 @@ print(json.dumps({
     },
     "wrapped": {part: mends.original(func).__module__ for part, func in parts.items()},
     "limits": [CONNECTIONS.limit, HEADER_TIMEOUT.seconds],
+    "lean": [type(task_group.asyncio.Queue()).__name__, WorkerContext.event_class.__name__],
 }))
 """
 
@@ -189,6 +195,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "RecentFirstConnector._get": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
+    assert seen["lean"] == ["AppQueue", "LeanEvent"]  # hypercorn's queue and events, leaner
     assert "server.mend" not in done.stderr  # nothing left out
 
 
@@ -274,6 +281,17 @@ async def _connects_otherwise(self: Any, req: Any, traces: Any, timeout: Any) ->
     return await self._take(req.connection_key, traces)
 
 
+async def _spawns_otherwise(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
+    queue: Any = asyncio.Queue(config.max_app_queue_size)
+    queue.put_nowait({"type": "http.request"})  # uses the queue beyond get and put
+    self.spawn(app, scope, queue.get, send)
+    return queue.put
+
+
+def _no_event_class(self: Any, *args: Any) -> None:
+    self.can_read = EventWrapper()  # an event made otherwise than by the context
+
+
 def _no_date(self: Any, protocol: str) -> list[tuple[bytes, bytes]]:
     return []
 
@@ -320,6 +338,16 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("hypercorn.date_header", _gone(Config, "include_date_header"), "include_date_header is"),
     ("hypercorn.date_header", _set(Config, "response_headers", lambda self: []), "takes (self)"),
     ("hypercorn.date_header", _set(Config, "response_headers", _no_date), "no longer adds"),
+    ("hypercorn.lean_app_queue", _set(task_group, "asyncio", os), "not the asyncio module"),
+    ("hypercorn.lean_app_queue", _set(task_group.TaskGroup, "spawn_app", _takes_more), "takes"),
+    (
+        "hypercorn.lean_app_queue",
+        _set(task_group.TaskGroup, "spawn_app", _spawns_otherwise),
+        "uses more of its queue",
+    ),  # fmt: skip
+    ("hypercorn.lean_events", _gone(WorkerContext, "event_class"), "event_class is missing"),
+    ("hypercorn.lean_events", _gone(EventWrapper, "clear"), "EventWrapper.clear is missing"),
+    ("hypercorn.lean_events", _set(H11Protocol, "__init__", _no_event_class), "event_class"),
     ("h11.header_check", _gone(h11._headers, "normalize_and_validate"), "normalize_and_valid"),
     ("h11.header_check", _set(h11._events, "normalize_and_validate", _checks_all), "another"),
     ("h11.header_check", _unchecked, "skips the Content-Length rules"),

@@ -40,6 +40,7 @@ UNMENDED_ENV = "GATEWAY_UNMENDED"
 # the modules that declare mends (``MENDS`` in each), imported when the registry is asked for
 MODULES = (
     "gateway.server.hypercorn_mend",
+    "gateway.server.hypercorn_lean",
     "gateway.server.header_timeout",
     "gateway.server.h11_headers",
     "gateway.upstream.pool",
