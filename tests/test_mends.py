@@ -28,6 +28,7 @@ from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import AsyncioSingleTask, EventWrapper, WorkerContext
 from hypercorn.config import Config
+from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 
 import gateway.server as server
@@ -49,7 +50,7 @@ KINDS = {
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
-OWNERS += [RecentFirstConnector, task_group, WorkerContext]
+OWNERS += [RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
 
 
 @pytest.fixture(autouse=True)
@@ -113,6 +114,7 @@ import h11._events, h11._headers
 from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.protocol import ProtocolWrapper
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
@@ -137,6 +139,7 @@ async def pool():
 asyncio.run(pool())
 parts = {
     "TCPServer._read_data": TCPServer._read_data,
+    "ProtocolWrapper.handle": ProtocolWrapper.handle,
     "TCPServer.run": TCPServer.run,
     "TCPServer.protocol_send": TCPServer.protocol_send,
     "TCPServer._idle_timeout": TCPServer._idle_timeout,
@@ -173,7 +176,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
     assert seen["after"] == list(KINDS)
     # each part the gateway changes is the gateway's wrapper, over the library's own
     assert seen["parts"] == {
-        "TCPServer._read_data": ["hypercorn.header_timeout", "hypercorn.idle_close"],
+        "TCPServer._read_data": ["hypercorn.idle_close"],
+        "ProtocolWrapper.handle": ["hypercorn.header_timeout"],
         "TCPServer.run": ["hypercorn.connection_cap"],
         "TCPServer.protocol_send": ["hypercorn.header_timeout"],
         "TCPServer._idle_timeout": ["hypercorn.header_timeout"],
@@ -185,6 +189,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
     }
     assert seen["wrapped"] == {
         "TCPServer._read_data": "hypercorn.asyncio.tcp_server",
+        "ProtocolWrapper.handle": "hypercorn.protocol",
         "TCPServer.run": "hypercorn.asyncio.tcp_server",
         "TCPServer.protocol_send": "hypercorn.asyncio.tcp_server",
         "TCPServer._idle_timeout": "hypercorn.asyncio.tcp_server",
@@ -244,6 +249,18 @@ async def _no_task_group(self: Any) -> None:
 
 def _awaits_serve(self: Any) -> Any:
     return self.serve().__await__()
+
+
+def _keeps_no_send(patch: pytest.MonkeyPatch) -> None:
+    """A protocol that does not keep the send it was given (the mend finds its connection
+    by it)."""
+    init = ProtocolWrapper.__init__
+
+    def __init__(self: Any, *args: Any) -> None:
+        init(self, *args)
+        del self.send
+
+    patch.setattr(ProtocolWrapper, "__init__", __init__)
 
 
 def _not_h11(patch: pytest.MonkeyPatch) -> None:
@@ -333,6 +350,7 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("hypercorn.header_timeout", _gone(AsyncioSingleTask, "restart"), "idle_task.restart is"),
     ("hypercorn.header_timeout", _set(hypercorn.events, "Updated", Renamed), "no field idle"),
     ("hypercorn.header_timeout", _not_h11, "protocol.connection is missing or not an h11"),
+    ("hypercorn.header_timeout", _keeps_no_send, "send is missing or not the send it was"),
     ("hypercorn.header_timeout", _set(h11.Connection, "trailing_data", b""), "trailing_data"),
     ("hypercorn.header_timeout", _gone(Config, "keep_alive_timeout"), "keep_alive_timeout is"),
     ("hypercorn.date_header", _gone(Config, "include_date_header"), "include_date_header is"),
