@@ -136,6 +136,7 @@ class Relay:
             job = await kind.read(incoming)
             read = True
             req, channels = await self._admit(kind, job, call, headers, interrupt, receive, send)
+            del incoming, headers  # this frame lasts as long as the reply: it holds neither
             await self._attempts(req, channels)
         except GatewayError as err:
             call.set_status(err.status)
