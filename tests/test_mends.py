@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.streams
 import h11
 import h11._events
 import h11._headers
@@ -47,10 +48,11 @@ KINDS = {
     "hypercorn.header_timeout": "safety",
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
+    "aiohttp.lean_buffers": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
-OWNERS += [RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
+OWNERS += [RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper, aiohttp.streams]
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +117,7 @@ from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.protocol import ProtocolWrapper
+import aiohttp.streams
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
@@ -158,7 +161,8 @@ print(json.dumps({
     },
     "wrapped": {part: mends.original(func).__module__ for part, func in parts.items()},
     "limits": [CONNECTIONS.limit, HEADER_TIMEOUT.seconds],
-    "lean": [type(task_group.asyncio.Queue()).__name__, WorkerContext.event_class.__name__],
+    "lean": [type(task_group.asyncio.Queue()).__name__, WorkerContext.event_class.__name__,
+             type(aiohttp.streams.collections.deque()).__name__],
 }))
 """
 
@@ -200,7 +204,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "RecentFirstConnector._get": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
-    assert seen["lean"] == ["AppQueue", "LeanEvent"]  # hypercorn's queue and events, leaner
+    # hypercorn's queue and events, aiohttp's response buffers: leaner
+    assert seen["lean"] == ["AppQueue", "LeanEvent", "LeanDeque"]
     assert "server.mend" not in done.stderr  # nothing left out
 
 
@@ -309,6 +314,16 @@ def _no_event_class(self: Any, *args: Any) -> None:
     self.can_read = EventWrapper()  # an event made otherwise than by the context
 
 
+def _rotates(patch: pytest.MonkeyPatch) -> None:
+    """An aiohttp.streams that turns one of its deques, which a list cannot do."""
+
+    def rotating(self: Any) -> None:
+        self._buffer.rotate(1)
+
+    rotating.__module__ = "aiohttp.streams"
+    patch.setattr(aiohttp.streams.DataQueue, "rotating", rotating, raising=False)
+
+
 def _no_date(self: Any, protocol: str) -> list[tuple[bytes, bytes]]:
     return []
 
@@ -375,6 +390,13 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("aiohttp.recent_first", _set(BaseConnector, "_get", _from_the_right), "uses popleft"),
     ("aiohttp.recent_first", _set(BaseConnector, "connect", _connects_otherwise), "uses _get"),
     ("aiohttp.recent_first", _plain_dict_pool, "_conns is missing or not a dict of deques"),
+    ("aiohttp.lean_buffers", _set(aiohttp.streams, "collections", os), "not the collections"),
+    (
+        "aiohttp.lean_buffers",
+        _set(aiohttp.streams.DataQueue, "__init__", _no_event_class),
+        "DataQueue.__init__ no longer uses collections",
+    ),  # fmt: skip
+    ("aiohttp.lean_buffers", _rotates, "uses its deques' rotate"),
 ]
 
 
