@@ -30,7 +30,7 @@ from gateway import __version__
 from gateway.config import Settings, load_settings
 from gateway.edge.asgi import REQUEST_ID, request_headers, send_error
 from gateway.edge.request_ids import request_ids
-from gateway.edge.routes import Router, protocol_of_path
+from gateway.edge.routes import Router, RouteSpec, protocol_of_path
 from gateway.errors import GatewayError, UnknownURLError
 from gateway.local.dashboard import Dashboard
 from gateway.local.model_list import ModelLists
@@ -252,12 +252,25 @@ class GatewayApp:
             refused = functools.partial(send_error, client=CLIENTS[protocol], err=err)
             await self._elsewhere(protocol, UNKNOWN, refused, scope, send)
             return
+        if found is not None and found[0].kind not in self.handlers:
+            # the relay sets its reply's x-request-id itself; this frame, alive as long as
+            # the request, holds no closure's cells (``_local``)
+            await self.relay.handle(found[0], found[1], scope, receive, send)
+            return
+        await self._local(found, path, scope, receive, send)
+
+    async def _local(
+        self,
+        found: tuple[RouteSpec, str | None] | None,
+        path: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """A request answered here (model lists, the dashboard) or by Starlette."""
         if found is not None:
             spec, model = found
-            handler = self.handlers.get(spec.kind)
-            if handler is None:  # the relay sets its reply's x-request-id itself
-                await self.relay.handle(spec, model, scope, receive, send)
-                return
+            handler = self.handlers[spec.kind]
 
             async def handled(send: Send) -> None:
                 await handler.handle(spec, model, scope, receive, send)

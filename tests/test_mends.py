@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.streams
 import h11
 import h11._connection
 import h11._events
@@ -25,9 +26,11 @@ import h11._headers
 import hypercorn.events
 import pytest
 from aiohttp.connector import BaseConnector
+from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
-from hypercorn.asyncio.worker_context import AsyncioSingleTask
+from hypercorn.asyncio.worker_context import AsyncioSingleTask, EventWrapper, WorkerContext
 from hypercorn.config import Config
+from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
 
 import gateway.server as server
@@ -41,13 +44,17 @@ KINDS = {
     "hypercorn.idle_close": "correctness",
     "hypercorn.connection_cap": "safety",
     "hypercorn.date_header": "speed",
+    "hypercorn.lean_app_queue": "speed",
+    "hypercorn.lean_events": "speed",
     "hypercorn.header_timeout": "safety",
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
+    "aiohttp.lean_buffers": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
-OWNERS += [h11._connection, RecentFirstConnector]
+OWNERS += [h11._connection, RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
+OWNERS += [aiohttp.streams]
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +115,11 @@ def test_every_mend_fits_the_installed_libraries(name: str) -> None:
 START_UP = """
 import asyncio, json, sys
 import h11._connection, h11._events, h11._headers
+from hypercorn.asyncio import task_group
 from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.protocol import ProtocolWrapper
+import aiohttp.streams
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
@@ -133,6 +144,7 @@ async def pool():
 asyncio.run(pool())
 parts = {
     "TCPServer._read_data": TCPServer._read_data,
+    "ProtocolWrapper.handle": ProtocolWrapper.handle,
     "TCPServer.run": TCPServer.run,
     "TCPServer.protocol_send": TCPServer.protocol_send,
     "TCPServer._idle_timeout": TCPServer._idle_timeout,
@@ -153,6 +165,8 @@ print(json.dumps({
     },
     "wrapped": {part: mends.original(func).__module__ for part, func in parts.items()},
     "limits": [CONNECTIONS.limit, HEADER_TIMEOUT.seconds],
+    "lean": [type(task_group.asyncio.Queue()).__name__, WorkerContext.event_class.__name__,
+             type(aiohttp.streams.collections.deque()).__name__],
 }))
 """
 
@@ -170,7 +184,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
     assert seen["after"] == list(KINDS)
     # each part the gateway changes is the gateway's wrapper, over the library's own
     assert seen["parts"] == {
-        "TCPServer._read_data": ["hypercorn.header_timeout", "hypercorn.idle_close"],
+        "TCPServer._read_data": ["hypercorn.idle_close"],
+        "ProtocolWrapper.handle": ["hypercorn.header_timeout"],
         "TCPServer.run": ["hypercorn.connection_cap"],
         "TCPServer.protocol_send": ["hypercorn.header_timeout"],
         "TCPServer._idle_timeout": ["hypercorn.header_timeout"],
@@ -184,6 +199,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
     }
     assert seen["wrapped"] == {
         "TCPServer._read_data": "hypercorn.asyncio.tcp_server",
+        "ProtocolWrapper.handle": "hypercorn.protocol",
         "TCPServer.run": "hypercorn.asyncio.tcp_server",
         "TCPServer.protocol_send": "hypercorn.asyncio.tcp_server",
         "TCPServer._idle_timeout": "hypercorn.asyncio.tcp_server",
@@ -196,6 +212,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "RecentFirstConnector._get": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
+    # hypercorn's queue and events, aiohttp's response buffers: leaner
+    assert seen["lean"] == ["AppQueue", "LeanEvent", "LeanDeque"]
     assert "server.mend" not in done.stderr  # nothing left out
 
 
@@ -246,6 +264,18 @@ def _awaits_serve(self: Any) -> Any:
     return self.serve().__await__()
 
 
+def _keeps_no_send(patch: pytest.MonkeyPatch) -> None:
+    """A protocol that does not keep the send it was given (the mend finds its connection
+    by it)."""
+    init = ProtocolWrapper.__init__
+
+    def __init__(self: Any, *args: Any) -> None:
+        init(self, *args)
+        del self.send
+
+    patch.setattr(ProtocolWrapper, "__init__", __init__)
+
+
 def _not_h11(patch: pytest.MonkeyPatch) -> None:
     """An HTTP/1.1 protocol that keeps no h11.Connection where the mend reads it."""
     init = H11Protocol.__init__
@@ -279,6 +309,27 @@ async def _from_the_right(self: Any, key: Any, traces: Any) -> Any:
 
 async def _connects_otherwise(self: Any, req: Any, traces: Any, timeout: Any) -> Any:
     return await self._take(req.connection_key, traces)
+
+
+async def _spawns_otherwise(self: Any, app: Any, config: Any, scope: Any, send: Any) -> Any:
+    queue: Any = asyncio.Queue(config.max_app_queue_size)
+    queue.put_nowait({"type": "http.request"})  # uses the queue beyond get and put
+    self.spawn(app, scope, queue.get, send)
+    return queue.put
+
+
+def _no_event_class(self: Any, *args: Any) -> None:
+    self.can_read = EventWrapper()  # an event made otherwise than by the context
+
+
+def _rotates(patch: pytest.MonkeyPatch) -> None:
+    """An aiohttp.streams that turns one of its deques, which a list cannot do."""
+
+    def rotating(self: Any) -> None:
+        self._buffer.rotate(1)
+
+    rotating.__module__ = "aiohttp.streams"
+    patch.setattr(aiohttp.streams.DataQueue, "rotating", rotating, raising=False)
 
 
 def _no_date(self: Any, protocol: str) -> list[tuple[bytes, bytes]]:
@@ -338,11 +389,22 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("hypercorn.header_timeout", _gone(AsyncioSingleTask, "restart"), "idle_task.restart is"),
     ("hypercorn.header_timeout", _set(hypercorn.events, "Updated", Renamed), "no field idle"),
     ("hypercorn.header_timeout", _not_h11, "protocol.connection is missing or not an h11"),
+    ("hypercorn.header_timeout", _keeps_no_send, "send is missing or not the send it was"),
     ("hypercorn.header_timeout", _set(h11.Connection, "trailing_data", b""), "trailing_data"),
     ("hypercorn.header_timeout", _gone(Config, "keep_alive_timeout"), "keep_alive_timeout is"),
     ("hypercorn.date_header", _gone(Config, "include_date_header"), "include_date_header is"),
     ("hypercorn.date_header", _set(Config, "response_headers", lambda self: []), "takes (self)"),
     ("hypercorn.date_header", _set(Config, "response_headers", _no_date), "no longer adds"),
+    ("hypercorn.lean_app_queue", _set(task_group, "asyncio", os), "not the asyncio module"),
+    ("hypercorn.lean_app_queue", _set(task_group.TaskGroup, "spawn_app", _takes_more), "takes"),
+    (
+        "hypercorn.lean_app_queue",
+        _set(task_group.TaskGroup, "spawn_app", _spawns_otherwise),
+        "uses more of its queue",
+    ),  # fmt: skip
+    ("hypercorn.lean_events", _gone(WorkerContext, "event_class"), "event_class is missing"),
+    ("hypercorn.lean_events", _gone(EventWrapper, "clear"), "EventWrapper.clear is missing"),
+    ("hypercorn.lean_events", _set(H11Protocol, "__init__", _no_event_class), "event_class"),
     ("h11.header_check", _gone(h11._headers, "normalize_and_validate"), "normalize_and_valid"),
     ("h11.header_check", _set(h11._events, "normalize_and_validate", _checks_all), "another"),
     ("h11.header_check", _unchecked, "skips the Content-Length rules"),
@@ -355,6 +417,13 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("aiohttp.recent_first", _set(BaseConnector, "_get", _from_the_right), "uses popleft"),
     ("aiohttp.recent_first", _set(BaseConnector, "connect", _connects_otherwise), "uses _get"),
     ("aiohttp.recent_first", _plain_dict_pool, "_conns is missing or not a dict of deques"),
+    ("aiohttp.lean_buffers", _set(aiohttp.streams, "collections", os), "not the collections"),
+    (
+        "aiohttp.lean_buffers",
+        _set(aiohttp.streams.DataQueue, "__init__", _no_event_class),
+        "DataQueue.__init__ no longer uses collections",
+    ),  # fmt: skip
+    ("aiohttp.lean_buffers", _rotates, "uses its deques' rotate"),
 ]
 
 

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sqlite3
-
-from redis.exceptions import RedisError
 
 from gateway.cli import (
     accounts,
@@ -43,8 +40,7 @@ from gateway.cli import (
 from gateway.cli.output import PROG, Command, Output, fail, show
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.errors import GatewayError
-from gateway.store import StoreError
-from gateway.store.backends import open_store
+from gateway.store.backends import open_store, store_failures
 
 __all__ = ["Command", "Output", "build_parser", "main", "run_command"]
 
@@ -105,6 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(run_command(args.func, args, settings))
     except GatewayError as exc:
         return fail(exc.message, 1)
-    except (StoreError, OSError, RedisError, sqlite3.Error) as exc:
+    except store_failures() as exc:
         return fail(f"store error: {exc}", 1)
     return show(out, args.json)

@@ -22,7 +22,7 @@ from gateway.errors import (
     RequestTimeoutError,
 )
 from gateway.protocols.base import ClientSide
-from gateway.types import JSON, Receive, Scope, Send
+from gateway.types import JSON, Message, Receive, Scope, Send
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 # the scope key under which a request served outside the relay (admin, dashboard) carries its
@@ -245,29 +245,36 @@ def parse_json(raw: bytes) -> JSON:
 class DisconnectWatch:
     """Interrupts a request (``CLIENT_GONE``) when its client disconnects (ASGI 2.1 only
     reports that on ``receive``), once started: by ``Watchlist``, after a delay, so that quick
-    calls never pay for a watching task."""
+    calls never pay for a watching task. The watching task runs ``receive()`` itself, and what
+    it brings is looked at in a done callback: no coroutine of the watch's own stays alive
+    beside it for as long as the request lasts."""
 
     __slots__ = ("_receive", "_interrupt", "_watcher")
 
     def __init__(self, receive: Receive, interrupt: Interrupt) -> None:
         self._receive: Receive | None = receive
         self._interrupt: Interrupt | None = interrupt
-        self._watcher: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Future[Message] | None = None
 
     def start(self) -> None:
         """Start watching, unless stopped already."""
         if self._interrupt is not None and self._watcher is None:
-            self._watcher = asyncio.create_task(self._watch())
+            self._listen()
 
-    async def _watch(self) -> None:
+    def _listen(self) -> None:
         receive = self._receive
         assert receive is not None
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if self._interrupt is not None:
-                    self._interrupt.fire(CLIENT_GONE)
-                return
+        self._watcher = watcher = asyncio.ensure_future(receive())
+        watcher.add_done_callback(self._heard)
+
+    def _heard(self, watcher: asyncio.Future[Message]) -> None:
+        if watcher is not self._watcher or watcher.cancelled():
+            return  # stopped
+        message = watcher.result()  # a receive that raised: the loop logs it, as it did
+        if message["type"] != "http.disconnect":
+            self._listen()  # anything else (the rest of a body no one read): listen on
+        elif self._interrupt is not None:
+            self._interrupt.fire(CLIENT_GONE)
 
     def stop(self) -> None:
         """Stop watching, or never start. The references are dropped too: a cancelled watcher

@@ -62,6 +62,9 @@ class ChatJob:
     size: int = 0  # bytes of the client's body
     most: int = 0  # its maximum output, every choice's (``most_output``); 0: none set
     ceiling: int | None = None  # the most output it is billed (``output_ceiling``)
+    # the call a pass-through sent it in (its body: the same request, model renamed), from
+    # which the prompt's estimate is made if one is wanted once the parsed form has gone
+    sent: UpstreamCall | None = None
 
     def expected(self, default_output: int) -> Metered:
         """Its body's bytes as prompt tokens (no decoding: an over-estimate, which only
@@ -84,10 +87,12 @@ class ChatJob:
         return used
 
     def release(self) -> None:
-        """The decoded form goes; the client's body stays only while its prompt has no
-        estimate yet (a stream cut short before the upstream counted it is billed from it)."""
+        """The decoded form goes, and the parsed body: a prompt with no estimate yet (a
+        stream cut short before the upstream counted it is billed from one) keeps only the
+        bytes its pass-through sent, a fraction of the parsed form's memory, for as long as
+        the stream lasts."""
         self.req = None
-        if self.estimate is not None:
+        if self.estimate is not None or self.sent is not None:
             self.payload = None
 
     def decoded(self, ctx: Ctx) -> ChatRequest:
@@ -101,10 +106,13 @@ class ChatJob:
     def prompt_estimate(self) -> int:
         """The local estimate of the prompt's tokens, for when the upstream never said."""
         if self.estimate is None:
-            if self.payload is None:
+            payload, sent = self.payload, self.sent
+            if payload is None and sent is None:
                 return 0
             try:
-                req = self.client.decode_request(self.payload, self.route)
+                if payload is None and sent is not None:  # parsed again, for a cut stream only
+                    payload = upstream_json(sent.body)
+                req = self.client.decode_request(payload, self.route)
             except GatewayError:
                 return 0
             self.estimate = estimate_prompt_tokens(req)
@@ -220,6 +228,7 @@ class PassthroughChat:
     ) -> None:
         payload = job.payload if last else dict(job.payload)  # renamed in place
         self.call: UpstreamCall | None = adapter.passthrough_request(payload, job.route, target)
+        job.sent = self.call  # the last made is the one answered when the job is released
         self.upload: AsyncIterable[bytes] | None = None
         self.replayable = True
         self.keepalive = KEEPALIVES.get((job.route.protocol, job.route.sse), b"")

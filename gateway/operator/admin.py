@@ -62,7 +62,7 @@ from gateway.operator import (
 from gateway.operator.lockout import Lockout
 from gateway.operator.replies import error_response, json_response
 from gateway.store import Store
-from gateway.store.backends import STORE_FAILURES
+from gateway.store.backends import store_failures
 from gateway.store.catalogue import View
 from gateway.types import JSON
 from gateway.upstream import UpstreamPool
@@ -191,7 +191,7 @@ async def _answer(
         if err.status in (408, 413):  # the body was not read to its end
             resp.headers["connection"] = "close"
         return resp
-    except STORE_FAILURES as exc:  # the store failed or did not answer in time
+    except store_failures() as exc:  # the store failed or did not answer in time
         log.warning(
             "admin.store_unavailable request_id=%s path=%s error=%s",
             request.scope.get(REQUEST_ID, "-"),

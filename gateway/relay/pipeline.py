@@ -55,7 +55,7 @@ from gateway.policy.gate import Gate
 from gateway.policy.routing import LiveCatalogue, candidates
 from gateway.policy.spend import Meter, allowance, micro_for, tokens_for
 from gateway.protocols import CLIENTS
-from gateway.protocols.base import Ctx, UpstreamTarget
+from gateway.protocols.base import Ctx, RelayStream, UpstreamTarget
 from gateway.relay.attempt import Answer, Attempts
 from gateway.relay.call import CLIENT_GONE as CLIENT_GONE_STATUS
 from gateway.relay.call import Call
@@ -136,6 +136,7 @@ class Relay:
             job = await kind.read(incoming)
             read = True
             req, channels = await self._admit(kind, job, call, headers, interrupt, receive, send)
+            del incoming, headers  # this frame lasts as long as the reply: it holds neither
             await self._attempts(req, channels)
         except GatewayError as err:
             call.set_status(err.status)
@@ -396,30 +397,22 @@ class Relay:
         for the others; a stream its client left tells nothing."""
         stream = answer.stream
         assert stream is not None
-        call, rate, observers = req.call, req.rate, self.observers
+        call, observers = req.call, self.observers
         meter = None
         if req.allowance is not None:
             meter = Meter(req.allowance, partial(self._extend, req), req.job.output_ceiling())
-
-        def used(complete: bool) -> Metered:
-            spent = exchange.used(stream, complete)
-            return spent if meter is None else meter.bound(spent)
-
-        def settle(status: int) -> Awaitable[None] | None:
-            # what was generated, even when the stream ended on an error
-            call.bill(used(status == 200), rate, req.ratio)
-            call.set_status(status)
-            return call.record(self.writer, observers.observed, observers.access)
-
+        settlement = Settlement(self, req, exchange, stream, meter)
         call.responded = True
         call.first_chunk = time.perf_counter() - call.started
         metrics = observers.metrics
         metrics.open_streams += 1
         try:
-            err = await pump(answer, req.send, settle, req.quiet, call.reply_id.encode(), meter)
+            err = await pump(
+                answer, req.send, settlement.settle, req.quiet, call.reply_id.encode(), meter
+            )
         except asyncio.CancelledError:
             # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(used(False), rate, req.ratio)
+            call.bill(settlement.used(False), req.rate, req.ratio)
             raise
         finally:
             metrics.open_streams -= 1
@@ -436,6 +429,37 @@ class Relay:
             err.status,
         )
         self.health.failed(channel, err, call.request_id)
+
+
+class Settlement:
+    """How a stream is billed and recorded once it ends (``settle``, pump's), and what it
+    used so far (``used``): one small object held while the stream lasts, where two closures
+    held a cell for each name they read."""
+
+    __slots__ = ("relay", "req", "exchange", "stream", "meter")
+
+    def __init__(
+        self,
+        relay: Relay,
+        req: RelayRequest,
+        exchange: Exchange,
+        stream: RelayStream,
+        meter: Meter | None,
+    ) -> None:
+        self.relay, self.req, self.exchange = relay, req, exchange
+        self.stream, self.meter = stream, meter
+
+    def used(self, complete: bool) -> Metered:
+        spent = self.exchange.used(self.stream, complete)
+        return spent if self.meter is None else self.meter.bound(spent)
+
+    def settle(self, status: int) -> Awaitable[None] | None:
+        # what was generated, even when the stream ended on an error
+        req, observers = self.req, self.relay.observers
+        call = req.call
+        call.bill(self.used(status == 200), req.rate, req.ratio)
+        call.set_status(status)
+        return call.record(self.relay.writer, observers.observed, observers.access)
 
 
 def _target(channel: Channel, req: RelayRequest) -> UpstreamTarget:

@@ -37,6 +37,7 @@ from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.server import mends
 from gateway.server.h11_headers import HEADER_CHECK
 from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
+from gateway.server.hypercorn_lean import LEAN_APP_QUEUE, LEAN_EVENTS
 from gateway.server.hypercorn_mend import (
     CONNECTION_CAP,
     CONNECTIONS,
@@ -176,7 +177,7 @@ def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
     (``gateway.server.mends.start``: one that does not fit is left out, or stops the
     process). ``apply=False``: only check them (hypercorn's parent process, which serves
     nothing itself)."""
-    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
+    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK, LEAN_APP_QUEUE, LEAN_EVENTS]
     if server.header_timeout_seconds > 0:
         needed.insert(2, HEADER_DEADLINE)
     if apply:

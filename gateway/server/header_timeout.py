@@ -17,10 +17,12 @@ How: hypercorn's ``TCPServer`` runs one idle task per connection (``_idle_timeou
 the keep-alive between requests and stopped while one is served. The mend tracks which of the
 two waits a connection is in (``Updated`` events from the protocol: idle or busy), and
 restarts the idle task when a request's first bytes arrive on an idle connection without its
-whole headers (checked after hypercorn handled them: whole headers began a request, and cost
-no restart). It wraps ``_idle_timeout``: while a connection waits for headers, hypercorn's own
-wait runs under the header deadline, and past it the 408 (when due) precedes hypercorn's own
-close. uvicorn and granian are not mended (README: Operations).
+whole headers (checked after hypercorn handled them, in ``ProtocolWrapper.handle``, which
+reaches its connection's ``TCPServer`` through the ``send`` it was given: whole headers began
+a request, and cost no restart). It wraps ``_idle_timeout``: while a connection waits for
+headers, hypercorn's own wait runs under the header deadline, and past it the 408 (when due)
+precedes hypercorn's own close. Nothing of the mend's own stays alive per connection but its
+``_gw_wait``. uvicorn and granian are not mended (README: Operations).
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def _check() -> list[str]:
     server_class, sample = tcp_server(needs)
     where = "TCPServer"
     read_data = needs.function(server_class, "_read_data", where, ["self"], coroutine=True)
-    needs.function(server_class, "protocol_send", where, ["self", "event"], coroutine=True)
+    protocol_send = ["self", "event"]
+    needs.function(server_class, "protocol_send", where, protocol_send, coroutine=True)
     needs.function(server_class, "_idle_timeout", where, ["self"], coroutine=True)
     needs.function(server_class, "_initiate_server_close", where, ["self"], coroutine=True)
-    # run sets the connection's protocol and task group, and starts the idle task
-    run_uses = ["protocol", "_task_group", "idle_task", "restart", "_idle_timeout"]
+    # run sets the connection's protocol (given its protocol_send) and task group, and starts
+    # the idle task
+    run_uses = ["protocol", "protocol_send", "_task_group", "idle_task", "restart", "_idle_timeout"]
     needs.uses(getattr(server_class, "run", None), run_uses, "TCPServer.run")
-    # the read loop hands what it reads to the protocol's handle (wrapped per connection)
+    # the read loop hands what it reads to the protocol's handle (wrapped)
     needs.uses(read_data, ["protocol", "handle", "RawData"], "TCPServer._read_data")
     idle_task = needs.attr(sample, "idle_task", "TCPServer()")
     restart_params = ["task_group", "action"]
@@ -86,21 +90,25 @@ def _check() -> list[str]:
 
 
 def _check_protocol(needs: Needs, server: Any) -> None:
-    """An HTTP/1.1 connection's protocol: its ``handle`` can be wrapped per connection, and
-    it keeps an ``h11.Connection`` (``protocol.connection``) whose buffer says what of a
-    request has arrived."""
+    """An HTTP/1.1 connection's protocol: it keeps the ``send`` it is given (its connection's
+    ``protocol_send``, by which ``handle`` finds the connection), and an ``h11.Connection``
+    (``protocol.connection``) whose buffer says what of a request has arrived."""
     module = needs.module("hypercorn.protocol")
     wrapper_class = needs.attr(module, "ProtocolWrapper", "hypercorn.protocol")
     needs.function(wrapper_class, "handle", "ProtocolWrapper", ["self", "event"], coroutine=True)
     if wrapper_class is None or server is None:
         return
     try:  # as TCPServer.run makes it, for a connection that speaks HTTP/1.1
-        args = (None, Config(), server.context, None, None, False, None, None, None, "http/1.1")
+        send = server.protocol_send
+        args = (None, Config(), server.context, None, None, False, None, None, send, "http/1.1")
         sample = wrapper_class(*args)
     except Exception as exc:  # a changed __init__, whatever it raises
         needs.missing.append(f"ProtocolWrapper(...) cannot be made: {type(exc).__name__}: {exc}")
         return
-    needs.require(hasattr(sample, "__dict__"), "ProtocolWrapper's handle cannot be set per object")
+    needs.require(
+        getattr(getattr(sample, "send", None), "__self__", None) is server,
+        "ProtocolWrapper(...).send is missing or not the send it was given",
+    )
     connection = getattr(getattr(sample, "protocol", None), "connection", None)
     if needs.require(
         isinstance(connection, h11.Connection),
@@ -117,35 +125,33 @@ def _check_protocol(needs: Needs, server: Any) -> None:
 
 def _apply() -> None:
     from hypercorn.events import RawData, Updated
+    from hypercorn.protocol import ProtocolWrapper
 
     server_class = tcp_server_class()
-    read_data = server_class._read_data
+    handle = ProtocolWrapper.handle
     protocol_send = server_class.protocol_send
     idle_timeout = server_class._idle_timeout
 
-    async def _read_data(self: Any) -> None:
-        protocol = self.protocol
-        handle = protocol.handle
-
-        async def handling(event: Any) -> None:
-            idle = self._gw_wait == IDLE
-            await handle(event)
-            # a request's first bytes on an idle HTTP/1 connection that did not complete its
-            # headers: their time begins (an idle HTTP/2 connection gets frames that begin no
-            # request: pings, settings). Headers whole in the read that brought them, the
-            # usual case, began a request (BUSY) and cost no restart of the idle task.
-            if (
-                idle
-                and self._gw_wait == IDLE
-                and type(event) is RawData
-                and _http1(self)
-                and _buffered(self)
-            ):
-                self._gw_wait = HEADERS
-                await self.idle_task.restart(self._task_group, self._idle_timeout)
-
-        protocol.handle = handling
-        await read_data(self)
+    async def handling(self: Any, event: Any) -> None:
+        server = getattr(self.send, "__self__", None)  # the connection's (its protocol_send)
+        if not isinstance(server, server_class):  # not a connection of hypercorn's asyncio
+            await handle(self, event)
+            return
+        idle = server._gw_wait == IDLE
+        await handle(self, event)
+        # a request's first bytes on an idle HTTP/1 connection that did not complete its
+        # headers: their time begins (an idle HTTP/2 connection gets frames that begin no
+        # request: pings, settings). Headers whole in the read that brought them, the usual
+        # case, began a request (BUSY) and cost no restart of the idle task.
+        if (
+            idle
+            and server._gw_wait == IDLE
+            and type(event) is RawData
+            and _http1(server)
+            and _buffered(server)
+        ):
+            server._gw_wait = HEADERS
+            await server.idle_task.restart(server._task_group, server._idle_timeout)
 
     async def sending(self: Any, event: Any) -> None:
         if type(event) is Updated:
@@ -173,15 +179,19 @@ def _apply() -> None:
         await asyncio.shield(self._initiate_server_close())
 
     server_class._gw_wait = HEADERS  # a new connection waits for its first request's headers
-    server_class._read_data = wrapping(_NAME, read_data, _read_data)
+    ProtocolWrapper.handle = wrapping(_NAME, handle, handling)  # type: ignore[method-assign]
     server_class.protocol_send = wrapping(_NAME, protocol_send, sending)
     server_class._idle_timeout = wrapping(_NAME, idle_timeout, _idle_timeout)
 
 
 def _in_place() -> bool:
+    from hypercorn.protocol import ProtocolWrapper
+
     server_class = tcp_server_class()
-    parts = ("_read_data", "protocol_send", "_idle_timeout")
-    return all(mended(getattr(server_class, part, None), _NAME) for part in parts)
+    parts = ("protocol_send", "_idle_timeout")
+    return mended(ProtocolWrapper.handle, _NAME) and all(
+        mended(getattr(server_class, part, None), _NAME) for part in parts
+    )
 
 
 HEADER_DEADLINE = Mend(

@@ -40,9 +40,11 @@ UNMENDED_ENV = "GATEWAY_UNMENDED"
 # the modules that declare mends (``MENDS`` in each), imported when the registry is asked for
 MODULES = (
     "gateway.server.hypercorn_mend",
+    "gateway.server.hypercorn_lean",
     "gateway.server.header_timeout",
     "gateway.server.h11_headers",
     "gateway.upstream.pool",
+    "gateway.upstream.lean_buffers",
 )
 _MARK = "__gateway_mend__"  # on a wrapper: the name of the mend that made it
 _left_out: set[str] = set()  # speed mends found not to fit (and said so) in this process

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import Protocol
-
-from redis.commands.core import AsyncScript
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.store import Store
-from gateway.store.redis import RedisStore
 from gateway.store.sqlite import SQLiteStore
+
+if TYPE_CHECKING:  # redis is loaded with a Redis store only (``store.backends``)
+    from redis.commands.core import AsyncScript
+
+    from gateway.store.redis import RedisStore
 
 PIN_KEY = "gw:{{pins}}:{id}"  # string: the pin's value, expiring
 # KEYS: the pins; ARGV: ttl ms, then value, expected ("": keep) per key -> the values after
@@ -121,8 +123,10 @@ class SQLitePins:
 def pin_store(store: Store) -> PinStore | None:
     """Where pins are shared for this store; None for a store that keeps none (each instance
     then pins on its own)."""
-    if isinstance(store, RedisStore):
-        return RedisPins(store)
     if isinstance(store, SQLiteStore):
         return SQLitePins(store)
+    from gateway.store.redis import RedisStore  # a store that is not SQLite's: redis is loaded
+
+    if isinstance(store, RedisStore):
+        return RedisPins(store)
     return None

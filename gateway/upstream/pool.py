@@ -9,7 +9,8 @@ own takes the one idle longest: after a burst, light traffic keeps reusing a few
 connections and the rest idle out, instead of cycling through every connection of the burst.
 That reaches into aiohttp's private pool, so it is a mend, ``aiohttp.recent_first`` (speed;
 checked before it is put in place, ``gateway.server.mends``), kept for a request about 5%
-cheaper after a burst (bench/RESULTS.md, "Mends").
+cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts in place
+``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -39,6 +40,7 @@ from gateway.errors import (
 )
 from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
+from gateway.upstream.lean_buffers import LEAN_BUFFERS
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -129,6 +131,7 @@ class Upstream:
 
     async def start(self) -> None:
         s = self._settings
+        mends.fits(LEAN_BUFFERS)  # each response's buffers without deques (a speed mend)
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,

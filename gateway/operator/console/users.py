@@ -49,7 +49,7 @@ from gateway.operator.console.http import (
 from gateway.operator.console.session import LIFETIME, NoSecretError, Session
 from gateway.operator.lockout import Lockout
 from gateway.store import MICRO, KeyRecord, UsageRecord, UserRecord
-from gateway.store.backends import STORE_FAILURES
+from gateway.store.backends import store_failures
 from gateway.types import JSON
 
 log = logging.getLogger("gateway.console.users")
@@ -192,7 +192,7 @@ async def _answer(request: Request, user: UserRecord, handler: Handler) -> Respo
         return Response(status_code=499)
     except GatewayError as err:
         return error_reply(err.status, err.message, err.code or err.type)
-    except STORE_FAILURES as exc:  # the store failed or did not answer in time
+    except store_failures() as exc:  # the store failed or did not answer in time
         log.warning("console.store_unavailable error=%s", type(exc).__name__)
         return error_reply(503, "the store does not answer; try again", "store_unavailable")
 

@@ -1,0 +1,118 @@
+"""The leaner app queue and events the gateway gives hypercorn (``server.hypercorn_lean``)
+keep ``asyncio.Queue``'s and ``asyncio.Event``'s behaviour as hypercorn uses them: first in
+first out, a bound that makes ``put`` wait, nothing lost to a cancelled getter, every waiter
+woken by ``set``; and under the mends hypercorn makes its queues and events of them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from hypercorn.asyncio import task_group
+from hypercorn.asyncio.worker_context import WorkerContext
+from hypercorn.config import Config
+
+from gateway.server import mends
+from gateway.server.hypercorn_lean import LEAN_APP_QUEUE, LEAN_EVENTS, AppQueue, LeanEvent
+
+
+async def test_the_queue_is_first_in_first_out_and_bounded() -> None:
+    queue = AppQueue(2)
+    await queue.put(1)
+    await queue.put(2)
+    third = asyncio.create_task(queue.put(3))
+    await asyncio.sleep(0)
+    assert not third.done()  # full: the put waits for a get
+    assert await queue.get() == 1
+    await third
+    assert [await queue.get(), await queue.get()] == [2, 3]
+
+
+async def test_a_getter_waits_for_a_put() -> None:
+    queue = AppQueue(10)
+    getter = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    assert not getter.done()
+    await queue.put({"type": "http.disconnect"})
+    assert await getter == {"type": "http.disconnect"}
+
+
+async def test_a_getter_cancelled_after_it_was_woken_loses_nothing() -> None:
+    queue = AppQueue(10)
+    first = asyncio.create_task(queue.get())
+    second = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    await queue.put("item")  # wakes the first getter, which is cancelled before it runs
+    first.cancel()
+    assert await second == "item"
+    assert first.cancelled()
+
+
+async def test_a_cancelled_getter_is_forgotten() -> None:
+    queue = AppQueue(10)
+    gone = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    later = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    await queue.put("item")
+    assert await later == "item"
+
+
+async def test_a_cancelled_put_leaves_the_queue_as_it_was() -> None:
+    queue = AppQueue(1)
+    await queue.put(1)
+    waiting = asyncio.create_task(queue.put(2))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.sleep(0)
+    assert await queue.get() == 1
+    await queue.put(3)
+    assert await queue.get() == 3
+
+
+async def test_the_event_wakes_every_waiter_and_clears() -> None:
+    event = LeanEvent()
+    assert not event.is_set()
+    waiters = [asyncio.create_task(event.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    await event.set()
+    await asyncio.gather(*waiters)
+    assert event.is_set()
+    await event.wait()  # set: returns at once
+    await event.clear()
+    assert not event.is_set()
+    late = asyncio.create_task(event.wait())
+    await asyncio.sleep(0)
+    late.cancel()  # a waiter cancelled is forgotten
+    await asyncio.sleep(0)
+    await event.set()
+
+
+@pytest.fixture
+def lean() -> Iterator[None]:
+    saved = task_group.asyncio, WorkerContext.event_class
+    for mend in (LEAN_APP_QUEUE, LEAN_EVENTS):
+        mends.put_in_place(mend)
+    yield
+    task_group.asyncio, WorkerContext.event_class = saved
+
+
+async def test_under_the_mends_hypercorn_makes_them(lean: None) -> None:
+    received = []
+
+    async def app(scope: object, receive: object, send: object, *_: object) -> None:
+        received.append(await receive())  # type: ignore[operator]
+
+    async def send(event: object) -> None:
+        pass
+
+    assert isinstance(WorkerContext(None).terminated, LeanEvent)
+    async with task_group.TaskGroup(asyncio.get_running_loop()) as group:
+        put = await group.spawn_app(app, Config(), {"type": "http"}, send)  # type: ignore[arg-type]
+        assert isinstance(put.__self__, AppQueue)  # type: ignore[attr-defined]
+        await put({"type": "http.request", "body": b"", "more_body": False})
+    assert received == [{"type": "http.request", "body": b"", "more_body": False}]
