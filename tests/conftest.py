@@ -36,6 +36,7 @@ SERVED_MODULES = frozenset(
         "test_readyz",
         "test_schemathesis",
         "test_server",
+        "test_store_imports",
         "test_store_outage",
         "test_upload_memory",
         "test_workers",
