@@ -351,6 +351,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
                       'env_key = "GATEWAY_API_KEY"', 'model = "chat-small"',
                       "export GATEWAY_API_KEY=YOUR_KEY"],
     }  # fmt: skip
+    await card.get_by_role("tab").first.wait_for()  # the page draws after its link's click
     tabs = await card.get_by_role("tab").all_text_contents()
     assert sorted(tabs) == sorted(snippets)
     for tab, wanted in snippets.items():
