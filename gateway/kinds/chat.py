@@ -111,7 +111,7 @@ class ChatJob:
                 return 0
             try:
                 if payload is None and sent is not None:  # parsed again, for a cut stream only
-                    payload = upstream_json(sent.body)
+                    payload = sent_body(sent)
                 req = self.client.decode_request(payload, self.route)
             except GatewayError:
                 return 0
@@ -200,6 +200,16 @@ def output_ceiling(payload: JSON, most: int) -> int | None:
 
 def chat_used(usage: Usage | None) -> Metered:
     return usage_classes(usage)
+
+
+def sent_body(sent: UpstreamCall) -> JSON:
+    """A pass-through's body, as its client's protocol reads it, near enough to estimate its
+    prompt from: Bedrock's and Vertex's Messages bodies name their model in the URL, not in
+    the body, where the Messages protocol wants one (its name counts for nothing)."""
+    payload = upstream_json(sent.body)
+    if isinstance(payload, dict) and "messages" in payload:
+        payload.setdefault("model", "-")
+    return payload
 
 
 def upstream_json(raw: bytes) -> JSON:
