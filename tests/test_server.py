@@ -23,7 +23,7 @@ from bench import procs
 from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
 from tests.plugins.embedded import each_server
-from tests.plugins.processes import Gateway, free_port, write_config
+from tests.plugins.processes import CLOSE_WAIT, Gateway, free_port, sockets_in_state, write_config
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,14 +308,7 @@ async def test_on_sigterm_streams_get_the_grace_then_are_cut(
 
 def close_wait_sockets(port: int) -> int:
     """The server's sockets on ``port`` whose client has closed and that it still holds."""
-    held = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                local, state = line.split()[1], line.split()[3]
-                held += int(local.rsplit(":", 1)[1], 16) == port and state == "08"
-    return held
+    return sockets_in_state(port, CLOSE_WAIT)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")

@@ -17,7 +17,7 @@ import pytest
 from bench import procs
 from gateway.observe.metrics import DIR_ENV
 from tests.plugins.embedded import each_server
-from tests.plugins.processes import Gateway
+from tests.plugins.processes import LISTEN, Gateway, sockets_in_state
 
 CONNECTIONS = 64
 # each worker's least share of CONNECTIONS: the kernel spreads connections by a hash of their
@@ -55,15 +55,8 @@ def healthz(port: int) -> None:
 
 
 def listeners(port: int) -> int:
-    """Listening TCP sockets on ``port`` (Linux's socket table)."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                local, state = line.split()[1], line.split()[3]
-                count += int(local.rsplit(":", 1)[1], 16) == port and state == "0A"
-    return count
+    """Listening TCP sockets on ``port``."""
+    return sockets_in_state(port, LISTEN)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux's socket table")

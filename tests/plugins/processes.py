@@ -81,6 +81,22 @@ REQUESTS: list[Request] = [
 ]
 
 
+# the states of Linux's socket table (/proc/net/tcp*) the tests look for
+LISTEN, CLOSE_WAIT = "0A", "08"
+
+
+def sockets_in_state(port: int, state: str) -> int:
+    """The local TCP sockets on ``port`` in ``state`` (Linux's socket table, both families)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            next(lines)
+            for line in lines:
+                local, found = line.split()[1], line.split()[3]
+                count += int(local.rsplit(":", 1)[1], 16) == port and found == state
+    return count
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
