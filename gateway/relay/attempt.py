@@ -30,6 +30,7 @@ from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.protocols.base import RelayStream
 from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
+from gateway.upstream.pool import READ_FAILURES, read_error
 
 log = logging.getLogger("gateway.relay")
 
@@ -110,7 +111,10 @@ async def first_output(
     message without the ``channel``'s credentials)."""
     while True:
         try:
-            raw = await resp.chunk()
+            try:
+                raw = await resp.chunk()
+            except READ_FAILURES as exc:
+                raise read_error(exc) from None
             if not raw:
                 return stream.finish(), True, None
             out = stream.feed(raw)
