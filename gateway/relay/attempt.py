@@ -6,7 +6,7 @@ first-byte timeout, a reply that is not what its protocol says (not JSON, empty,
 a stream that is garbage, ends, or reports an error before its first output. Each such failure
 is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
 the upstream reports (a 4xx) is not, and is not retried. A whole reply is the channel's
-success here; a stream's success or failure is known only at its end (``Relay._stream``):
+success here; a stream's success or failure is known only at its end (``Relay._stream_ended``):
 one that stalls past its idle timeout, breaks off or reports an error after its first output
 counts against the channel as one before it would, though no other channel can be tried.
 """
