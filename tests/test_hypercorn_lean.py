@@ -1,7 +1,8 @@
 """The leaner app queue and events the gateway gives hypercorn (``server.hypercorn_lean``)
 keep ``asyncio.Queue``'s and ``asyncio.Event``'s behaviour as hypercorn uses them: first in
 first out, a bound that makes ``put`` wait, nothing lost to a cancelled getter, every waiter
-woken by ``set``; and under the mends hypercorn makes its queues and events of them."""
+woken by ``set``; and under the mends hypercorn makes its queues and events of them, and a
+connection's writer waits for the socket to drain as before without its deque."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from collections.abc import Iterator
 
 import pytest
 from hypercorn.asyncio import task_group
+from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config
 
 from gateway.server import mends
-from gateway.server.hypercorn_lean import LEAN_APP_QUEUE, LEAN_EVENTS, AppQueue, LeanEvent
+from gateway.server.hypercorn_lean import (
+    LEAN_APP_QUEUE,
+    LEAN_DRAIN_WAITERS,
+    LEAN_EVENTS,
+    AppQueue,
+    LeanEvent,
+)
 
 
 async def test_the_queue_is_first_in_first_out_and_bounded() -> None:
@@ -94,11 +102,11 @@ async def test_the_event_wakes_every_waiter_and_clears() -> None:
 
 @pytest.fixture
 def lean() -> Iterator[None]:
-    saved = task_group.asyncio, WorkerContext.event_class
-    for mend in (LEAN_APP_QUEUE, LEAN_EVENTS):
+    saved = task_group.asyncio, WorkerContext.event_class, TCPServer.__init__
+    for mend in (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS):
         mends.put_in_place(mend)
     yield
-    task_group.asyncio, WorkerContext.event_class = saved
+    task_group.asyncio, WorkerContext.event_class, TCPServer.__init__ = saved
 
 
 async def test_under_the_mends_hypercorn_makes_them(lean: None) -> None:
@@ -116,3 +124,31 @@ async def test_under_the_mends_hypercorn_makes_them(lean: None) -> None:
         assert isinstance(put.__self__, AppQueue)  # type: ignore[attr-defined]
         await put({"type": "http.request", "body": b"", "more_body": False})
     assert received == [{"type": "http.request", "body": b"", "more_body": False}]
+
+
+async def test_under_the_mends_a_connection_drains_as_before(lean: None) -> None:
+    drained: list[bool] = []
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        TCPServer(None, loop, Config(), WorkerContext(None), None, reader, writer)  # type: ignore[arg-type]
+        protocol: asyncio.Protocol = writer.transport.get_protocol()  # type: ignore[assignment]
+        protocol.pause_writing()  # the socket's buffer full: a drain waits
+        waiting = asyncio.create_task(writer.drain())
+        await asyncio.sleep(0)
+        drained.append(waiting.done())
+        protocol.resume_writing()
+        await waiting
+        drained.append(waiting.done())
+        writer.close()
+
+    listener = await asyncio.start_server(connected, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    for _ in range(100):
+        if len(drained) == 2:
+            break
+        await asyncio.sleep(0.01)
+    writer.close()
+    listener.close()
+    assert drained == [False, True]

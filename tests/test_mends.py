@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from asyncio.streams import FlowControlMixin
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ KINDS = {
     "hypercorn.date_header": "speed",
     "hypercorn.lean_app_queue": "speed",
     "hypercorn.lean_events": "speed",
+    "hypercorn.lean_drain_waiters": "speed",
     "hypercorn.header_timeout": "safety",
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
@@ -54,7 +56,7 @@ KINDS = {
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
 OWNERS += [h11._connection, RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
-OWNERS += [aiohttp.streams]
+OWNERS += [aiohttp.streams, FlowControlMixin]
 
 
 @pytest.fixture(autouse=True)
@@ -148,6 +150,7 @@ parts = {
     "TCPServer.run": TCPServer.run,
     "TCPServer.protocol_send": TCPServer.protocol_send,
     "TCPServer._idle_timeout": TCPServer._idle_timeout,
+    "TCPServer.__init__": TCPServer.__init__,
     "ServerConfig.response_headers": vars(ServerConfig).get("response_headers"),
     "h11._headers.normalize_and_validate": h11._headers.normalize_and_validate,
     "h11._events.normalize_and_validate": h11._events.normalize_and_validate,
@@ -189,6 +192,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "TCPServer.run": ["hypercorn.connection_cap"],
         "TCPServer.protocol_send": ["hypercorn.header_timeout"],
         "TCPServer._idle_timeout": ["hypercorn.header_timeout"],
+        "TCPServer.__init__": ["hypercorn.lean_drain_waiters"],
         "ServerConfig.response_headers": ["hypercorn.date_header"],
         "h11._headers.normalize_and_validate": ["h11.header_check"],
         "h11._events.normalize_and_validate": ["h11.header_check"],
@@ -203,6 +207,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "TCPServer.run": "hypercorn.asyncio.tcp_server",
         "TCPServer.protocol_send": "hypercorn.asyncio.tcp_server",
         "TCPServer._idle_timeout": "hypercorn.asyncio.tcp_server",
+        "TCPServer.__init__": "hypercorn.asyncio.tcp_server",
         "ServerConfig.response_headers": "hypercorn.config",
         "h11._headers.normalize_and_validate": "h11._headers",
         "h11._events.normalize_and_validate": "h11._headers",
@@ -318,6 +323,10 @@ async def _spawns_otherwise(self: Any, app: Any, config: Any, scope: Any, send: 
     return queue.put
 
 
+async def _pops(self: Any) -> None:
+    self._drain_waiters.popleft()  # a deque's, which a list has not
+
+
 def _no_event_class(self: Any, *args: Any) -> None:
     self.can_read = EventWrapper()  # an event made otherwise than by the context
 
@@ -405,6 +414,9 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("hypercorn.lean_events", _gone(WorkerContext, "event_class"), "event_class is missing"),
     ("hypercorn.lean_events", _gone(EventWrapper, "clear"), "EventWrapper.clear is missing"),
     ("hypercorn.lean_events", _set(H11Protocol, "__init__", _no_event_class), "event_class"),
+    ("hypercorn.lean_drain_waiters", _set(TCPServer, "__init__", _takes_more), "takes (self"),
+    ("hypercorn.lean_drain_waiters", _without("writer"), "TCPServer().writer is missing"),
+    ("hypercorn.lean_drain_waiters", _set(FlowControlMixin, "_drain_helper", _pops), "popleft"),
     ("h11.header_check", _gone(h11._headers, "normalize_and_validate"), "normalize_and_valid"),
     ("h11.header_check", _set(h11._events, "normalize_and_validate", _checks_all), "another"),
     ("h11.header_check", _unchecked, "skips the Content-Length rules"),

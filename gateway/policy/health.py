@@ -4,7 +4,7 @@ A channel whose upstream refuses its credentials cools down at once for the conf
 ``cooldown_seconds``; one that fails otherwise (unreachable, 5xx) cools down only after
 ``FAILURES_BEFORE_COOLDOWN`` failures in a row, for at most ``FAILURE_COOLDOWN_SECONDS``: one
 timeout under load must not turn a single-channel model into 503s. A success clears the count.
-A stream is judged at its end (``relay.pipeline.Relay._stream``): one that stalled past its
+A stream is judged at its end (``relay.pipeline.Relay._stream_ended``): one that stalled past its
 idle timeout or broke off counts as a failure, one that ended well as a success.
 ``routing.candidates`` reads ``cooling`` to leave cooling channels out.
 

@@ -6,7 +6,7 @@ first-byte timeout, a reply that is not what its protocol says (not JSON, empty,
 a stream that is garbage, ends, or reports an error before its first output. Each such failure
 is counted toward the channel's cooldown (``health.ChannelHealth``); a client's mistake that
 the upstream reports (a 4xx) is not, and is not retried. A whole reply is the channel's
-success here; a stream's success or failure is known only at its end (``Relay._stream``):
+success here; a stream's success or failure is known only at its end (``Relay._stream_ended``):
 one that stalls past its idle timeout, breaks off or reports an error after its first output
 counts against the channel as one before it would, though no other channel can be tried.
 """
@@ -30,6 +30,7 @@ from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.protocols.base import RelayStream
 from gateway.relay.request import RelayRequest
 from gateway.upstream import UpstreamPool, UpstreamReply
+from gateway.upstream.pool import READ_FAILURES, read_error
 
 log = logging.getLogger("gateway.relay")
 
@@ -110,7 +111,10 @@ async def first_output(
     message without the ``channel``'s credentials)."""
     while True:
         try:
-            raw = await resp.chunk()
+            try:
+                raw = await resp.chunk()
+            except READ_FAILURES as exc:
+                raise read_error(exc) from None
             if not raw:
                 return stream.finish(), True, None
             out = stream.feed(raw)

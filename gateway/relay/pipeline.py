@@ -285,8 +285,19 @@ class Relay:
                 try:
                     if answer.reply is not None:
                         await self._send_reply(answer.reply, req)
-                    else:
-                        await self._stream(answer, exchange, req, channel.name)
+                    else:  # the stream's loop runs in this frame: one coroutine less held
+                        settlement = self._open_stream(answer, exchange, req)
+                        try:
+                            failed = await pump(
+                                answer, req.send, settlement.settle, req.quiet,
+                                call.reply_id.encode(), settlement.meter,
+                            )  # fmt: skip
+                        except asyncio.CancelledError:
+                            settlement.cancelled()
+                            raise
+                        finally:
+                            self.observers.metrics.open_streams -= 1
+                        self._stream_ended(failed, answer, channel.name, call)
                 finally:
                     answer.resp.close()
                 return
@@ -387,35 +398,28 @@ class Relay:
         )
         await send({"type": "http.response.body", "body": body})
 
-    async def _stream(
-        self, answer: Answer, exchange: Exchange, req: RelayRequest, channel: str
-    ) -> None:
-        """Relay a stream to its end. Its end tells the channel's health: a stream that ended
-        well is a success; one the upstream failed (silent past the channel's idle timeout,
-        the connection lost, an error event) counts toward the channel's cooldown as a
-        failure before the first byte does, so that a channel whose streams stall is left
-        for the others; a stream its client left tells nothing."""
+    def _open_stream(self, answer: Answer, exchange: Exchange, req: RelayRequest) -> Settlement:
+        """A stream about to be relayed (by ``pump``, in ``_attempts``): counted open, and
+        how it will be settled."""
         stream = answer.stream
         assert stream is not None
-        call, observers = req.call, self.observers
+        call = req.call
         meter = None
         if req.allowance is not None:
             meter = Meter(req.allowance, partial(self._extend, req), req.job.output_ceiling())
-        settlement = Settlement(self, req, exchange, stream, meter)
         call.responded = True
         call.first_chunk = time.perf_counter() - call.started
-        metrics = observers.metrics
-        metrics.open_streams += 1
-        try:
-            err = await pump(
-                answer, req.send, settlement.settle, req.quiet, call.reply_id.encode(), meter
-            )
-        except asyncio.CancelledError:
-            # the client left, or the server's grace period ended: what was generated is billed
-            call.bill(settlement.used(False), req.rate, req.ratio)
-            raise
-        finally:
-            metrics.open_streams -= 1
+        self.observers.metrics.open_streams += 1
+        return Settlement(self, req, exchange, stream, meter)
+
+    def _stream_ended(
+        self, err: GatewayError | None, answer: Answer, channel: str, call: Call
+    ) -> None:
+        """A stream's end tells the channel's health: a stream that ended well is a success;
+        one the upstream failed (silent past the channel's idle timeout, the connection
+        lost, an error event) counts toward the channel's cooldown as a failure before the
+        first byte does, so that a channel whose streams stall is left for the others; a
+        stream its client left tells nothing (``pump`` does not return then)."""
         if err is None:  # the stream ended well: its channel (or key) answered
             if answer.channel is not None:
                 self.health.of(answer.channel).succeeded(channel, answer.resp.headers)
@@ -452,6 +456,11 @@ class Settlement:
     def used(self, complete: bool) -> Metered:
         spent = self.exchange.used(self.stream, complete)
         return spent if self.meter is None else self.meter.bound(spent)
+
+    def cancelled(self) -> None:
+        """The client left, or the server's grace period ended: what was generated is billed."""
+        req = self.req
+        req.call.bill(self.used(False), req.rate, req.ratio)
 
     def settle(self, status: int) -> Awaitable[None] | None:
         # what was generated, even when the stream ended on an error

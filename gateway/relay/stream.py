@@ -35,6 +35,7 @@ from gateway.policy.spend import Meter
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
+from gateway.upstream.pool import READ_FAILURES, read_error
 
 # a reverse proxy in front (nginx) must not buffer a stream
 STREAM_HEADERS = [(b"x-accel-buffering", b"no")]
@@ -195,7 +196,7 @@ class Opened(Protocol):
 
     resp: UpstreamReply
     stream: RelayStream | None
-    first: bytes  # the stream's first output for the client, read already
+    first: bytes  # the stream's first output for the client, read already (``pump`` empties it)
     ended: bool  # the stream ended with it
     failure: GatewayError | None  # the error it ended with, in ``first``
 
@@ -228,6 +229,7 @@ async def pump(
         await send(stream_start(stream.content_type, request_id))
         quiet.started = True  # keep-alives may follow from here on
     out = opened.first  # converted, not yet sent: the last read's goes out with the end
+    opened.first = b""  # held here alone: not for as long as the stream lasts
     try:
         if failure is not None:
             raise failure
@@ -248,7 +250,11 @@ async def pump(
                     finally:
                         quiet.sending = False
                         quiet.last = time.monotonic()
-            raw = await resp.chunk()
+                del message  # sent: not held (nor its body) while the next read waits
+            try:
+                raw = await resp.chunk()
+            except READ_FAILURES as exc:
+                raise read_error(exc) from None
             if not raw:
                 out += stream.finish()
                 break

@@ -1,8 +1,9 @@
 """Mends of hypercorn (written for 0.18) that make each connection it holds smaller: its app
-queue (``hypercorn.lean_app_queue``) and its events (``hypercorn.lean_events``), both of kind
-``speed`` (they only make a connection cheaper: bench/RESULTS.md, "Memory per open stream").
-Each is a ``gateway.server.mends.Mend``: checked before it is applied, in the registry there;
-one that does not fit is left out with a warning, and hypercorn keeps its own.
+queue (``hypercorn.lean_app_queue``), its events (``hypercorn.lean_events``) and its stream
+writer's drain waiters (``hypercorn.lean_drain_waiters``), all of kind ``speed`` (they only
+make a connection cheaper: bench/RESULTS.md, "Memory per open stream"). Each is a
+``gateway.server.mends.Mend``: checked before it is applied, in the registry there; one that
+does not fit is left out with a warning, and hypercorn keeps its own.
 
 Why: an open stream holds hypercorn's per-request app queue (an ``asyncio.Queue``: three
 ``collections.deque`` and an ``asyncio.Event`` with a fourth) and the connection's ``can_read``
@@ -20,16 +21,22 @@ made, so each costs about 600 bytes empty; these five were a tenth of a stream's
 - ``LeanEvent`` is hypercorn's ``Event`` (``hypercorn.typing.Event``: ``clear``, ``wait``,
   ``set``, ``is_set``) over a flag, with a list of waiters made only when one waits. hypercorn
   makes its events through ``WorkerContext.event_class``, which the mend sets.
+- asyncio's stream writer keeps its drain waiters (``FlowControlMixin._drain_waiters``) in a
+  deque made with it, and only appends to it, removes from it and goes through it: a list
+  does that alike. hypercorn makes one writer per connection, and hands it to ``TCPServer``,
+  whose ``__init__`` the mend wraps to swap the empty deque for a list.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import types
 from typing import Any
 
-from gateway.server.mends import Mend, Needs
+from gateway.server.hypercorn_mend import tcp_server, tcp_server_class
+from gateway.server.mends import Mend, Needs, mended, wrapping
 
 WRITTEN_FOR = "0.18"
 
@@ -253,4 +260,59 @@ LEAN_EVENTS = Mend(
     in_place=lambda: getattr(_worker_context_class(), "event_class", None) is LeanEvent,
 )
 
-MENDS = (LEAN_APP_QUEUE, LEAN_EVENTS)
+
+# ---- hypercorn.lean_drain_waiters ----------------------------------------------------------
+
+_DRAIN = "hypercorn.lean_drain_waiters"
+# what a deque has and a list has not: asyncio's flow control may use none of them
+_DEQUE_ONLY = {"popleft", "appendleft", "extendleft", "rotate", "maxlen"}
+
+
+def _check_drain_waiters() -> list[str]:
+    needs = Needs()
+    server_class, sample = tcp_server(needs)
+    params = ["self", "app", "loop", "config", "context", "state", "reader", "writer"]
+    needs.function(server_class, "__init__", "TCPServer", params, coroutine=False)
+    needs.attr(sample, "writer", "TCPServer()")  # the connection's StreamWriter
+    mixin = needs.attr(asyncio.streams, "FlowControlMixin", "asyncio.streams")
+    if mixin is not None:
+        waiters = getattr(mixin(loop=object()), "_drain_waiters", None)  # the loop: kept only
+        needs.require(
+            isinstance(waiters, collections.deque) and not waiters,
+            "asyncio.streams.FlowControlMixin()._drain_waiters is missing or not an empty deque",
+        )
+        for name, func in vars(mixin).items():
+            code = getattr(func, "__code__", None)
+            used = _DEQUE_ONLY & set(code.co_names) if code is not None else set()
+            needs.require(not used, f"FlowControlMixin.{name} uses {', '.join(sorted(used))}")
+    return needs.missing
+
+
+def _apply_drain_waiters() -> None:
+    server_class = tcp_server_class()
+    init = server_class.__init__
+
+    def __init__(self: Any, *args: Any) -> None:
+        init(self, *args)
+        writer = self.writer
+        if writer is not None:  # None in the mends' own samples
+            protocol = writer.transport.get_protocol()
+            if type(getattr(protocol, "_drain_waiters", None)) is collections.deque:
+                protocol._drain_waiters = []
+
+    server_class.__init__ = wrapping(_DRAIN, init, __init__)
+
+
+LEAN_DRAIN_WAITERS = Mend(
+    name=_DRAIN,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="speed",
+    fixes="each connection's stream writer holds an empty deque (about 600 bytes) as long as "
+    "it lasts",
+    check=_check_drain_waiters,
+    apply=_apply_drain_waiters,
+    in_place=lambda: mended(getattr(tcp_server_class(), "__init__", None), _DRAIN),
+)
+
+MENDS = (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS)

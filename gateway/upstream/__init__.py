@@ -7,7 +7,7 @@ aiohttp one."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Mapping
 from typing import Protocol
 
 from gateway.config import Channel, ChannelTimeouts
@@ -16,7 +16,9 @@ from gateway.protocols.base import UpstreamCall
 
 class UpstreamReply(Protocol):
     """An upstream's reply whose status and headers arrived; its reads raise only
-    ``GatewayError`` (a failure after the status is never retried elsewhere)."""
+    ``GatewayError`` (a failure after the status is never retried elsewhere), but for
+    ``chunk``'s, which may raise ``pool.READ_FAILURES`` too (``pool.read_error`` says which
+    gateway error each is)."""
 
     @property
     def status(self) -> int: ...
@@ -26,7 +28,7 @@ class UpstreamReply(Protocol):
         """The whole body."""
         ...
 
-    async def chunk(self) -> bytes:
+    def chunk(self) -> Awaitable[bytes]:
         """The next piece of the body as it arrived; b"" at its end."""
         ...
 

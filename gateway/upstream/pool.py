@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import defaultdict, deque
-from collections.abc import AsyncIterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Mapping
 from typing import Any
 
 import aiohttp
@@ -243,12 +243,12 @@ class UpstreamResponse:
             raise read_error(exc) from None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def chunk(self) -> bytes:
-        """The next piece of the body as the socket delivered it; b"" at its end."""
-        try:
-            return await self._resp.content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise read_error(exc) from None
+    def chunk(self) -> Awaitable[bytes]:
+        """The next piece of the body as the socket delivered it; b"" at its end. aiohttp's
+        own read, awaited by the stream loop itself (no coroutine of this one's between them
+        for as long as a stream waits): its failures are ``READ_FAILURES``, which the loop
+        makes gateway errors with ``read_error``."""
+        return self._resp.content.readany()
 
     def at_eof(self) -> bool:
         """The body was read to its end."""
@@ -266,6 +266,10 @@ def too_large(limit: int) -> GatewayError:
     return UpstreamError(
         f"the upstream's reply is larger than limits.max_response_bytes ({limit} bytes)"
     )
+
+
+# what aiohttp's reads of a body raise (``UpstreamResponse.chunk``'s awaitable)
+READ_FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError)
 
 
 def read_error(exc: BaseException) -> GatewayError:
