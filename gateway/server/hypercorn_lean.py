@@ -32,11 +32,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import types
 from typing import Any
 
 from gateway.server.hypercorn_mend import tcp_server, tcp_server_class
-from gateway.server.mends import Mend, Needs, mended, wrapping
+from gateway.server.mends import Mend, Needs, mended, module_but, wrapping
 
 WRITTEN_FOR = "0.18"
 
@@ -146,17 +145,8 @@ class LeanEvent:
 _APP_QUEUE = "hypercorn.lean_app_queue"
 
 
-class _AsyncioLeanQueue(types.ModuleType):
-    """``asyncio`` as hypercorn's task_group module sees it under the mend: every name is
-    asyncio's, but ``Queue``."""
-
-    Queue = AppQueue
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-
-_ASYNCIO = _AsyncioLeanQueue("asyncio")
+# asyncio as hypercorn's task_group module sees it under the mend: but for its Queue
+_ASYNCIO = module_but(asyncio, Queue=AppQueue)
 
 
 def _task_group_module() -> Any:

@@ -29,6 +29,7 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Literal
@@ -157,6 +158,20 @@ def start(needed: Iterable[Mend], *, apply: bool = True) -> None:
                 mend.name,
             )
             raise SystemExit(1) from None
+
+
+def module_but(module: types.ModuleType, **names: Any) -> types.ModuleType:
+    """``module`` as a library's module is to see it under a mend (given to it in place of
+    ``module``): every name is ``module``'s own, but ``names``, which stand in for theirs."""
+
+    def forward(self: types.ModuleType, name: str) -> Any:
+        return getattr(module, name)
+
+    members = {**names, "__getattr__": forward}
+    stand_in: types.ModuleType = type(f"{module.__name__}_but", (types.ModuleType,), members)(
+        module.__name__
+    )
+    return stand_in
 
 
 def wrapping(mend: str, original: Callable[..., Any], wrapper: Callable[..., Any]) -> Any:

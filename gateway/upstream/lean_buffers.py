@@ -21,10 +21,9 @@ high-water marks while a client reads slowly).
 from __future__ import annotations
 
 import collections
-import types
 from typing import Any
 
-from gateway.server.mends import Mend, Needs
+from gateway.server.mends import Mend, Needs, module_but
 
 _NAME = "aiohttp.lean_buffers"
 _MODULE = "aiohttp.streams"
@@ -46,17 +45,8 @@ class LeanDeque(list[Any]):
         self.insert(0, item)
 
 
-class _CollectionsLean(types.ModuleType):
-    """``collections`` as ``aiohttp.streams`` sees it under the mend: every name is the
-    module's, but ``deque``."""
-
-    deque = LeanDeque
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(collections, name)
-
-
-_COLLECTIONS = _CollectionsLean("collections")
+# collections as aiohttp.streams sees it under the mend: but for its deque
+_COLLECTIONS = module_but(collections, deque=LeanDeque)
 
 
 def _streams() -> Any:
