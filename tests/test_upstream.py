@@ -17,7 +17,7 @@ from aioresponses import aioresponses
 from gateway.config import UpstreamSettings
 from gateway.errors import GatewayOverloadedError, UpstreamError, UpstreamTimeoutError
 from gateway.protocols.base import UpstreamCall
-from gateway.upstream.pool import Upstream
+from gateway.upstream.pool import READ_FAILURES, Upstream, read_error
 
 URL = "http://upstream.test/v1/chat/completions"
 CALL = UpstreamCall(URL, {"Authorization": "Bearer up-key"}, b'{"model":"m"}')
@@ -108,7 +108,8 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
 
 
 async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
-    """A connection the upstream drops mid-body is a gateway error from every read."""
+    """A connection the upstream drops mid-body is a gateway error from ``read``, and from
+    ``chunk`` one of ``READ_FAILURES``, which the stream loop makes one with ``read_error``."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Length": "1000"})
@@ -134,8 +135,11 @@ async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
                 if read == "read":
                     await resp.read()
                 else:
-                    while await resp.chunk():
-                        pass
+                    try:
+                        while await resp.chunk():
+                            pass
+                    except READ_FAILURES as exc:
+                        raise read_error(exc) from None
             assert got.value.retryable is False  # after the status: not retried elsewhere
             resp.close()
     finally:
