@@ -177,8 +177,8 @@ def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
     (``gateway.server.mends.start``: one that does not fit is left out, or stops the
     process). ``apply=False``: only check them (hypercorn's parent process, which serves
     nothing itself)."""
-    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK, LEAN_APP_QUEUE, LEAN_EVENTS]
-    needed.append(LEAN_DRAIN_WAITERS)
+    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
+    needed += [LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS]
     if server.header_timeout_seconds > 0:
         needed.insert(2, HEADER_DEADLINE)
     if apply:

@@ -35,7 +35,7 @@ import inspect
 from typing import Any
 
 from gateway.server.hypercorn_mend import tcp_server, tcp_server_class
-from gateway.server.mends import Mend, Needs, mended, module_but, wrapping
+from gateway.server.mends import DEQUE_ONLY, Mend, Needs, mended, module_but, wrapping
 
 WRITTEN_FOR = "0.18"
 
@@ -254,8 +254,6 @@ LEAN_EVENTS = Mend(
 # ---- hypercorn.lean_drain_waiters ----------------------------------------------------------
 
 _DRAIN = "hypercorn.lean_drain_waiters"
-# what a deque has and a list has not: asyncio's flow control may use none of them
-_DEQUE_ONLY = {"popleft", "appendleft", "extendleft", "rotate", "maxlen"}
 
 
 def _check_drain_waiters() -> list[str]:
@@ -273,7 +271,7 @@ def _check_drain_waiters() -> list[str]:
         )
         for name, func in vars(mixin).items():
             code = getattr(func, "__code__", None)
-            used = _DEQUE_ONLY & set(code.co_names) if code is not None else set()
+            used = DEQUE_ONLY & set(code.co_names) if code is not None else set()
             needs.require(not used, f"FlowControlMixin.{name} uses {', '.join(sorted(used))}")
     return needs.missing
 

@@ -24,6 +24,7 @@ an error. A speed mend that does not fit is left out, with one warning line.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import importlib.metadata
 import inspect
@@ -158,6 +159,11 @@ def start(needed: Iterable[Mend], *, apply: bool = True) -> None:
                 mend.name,
             )
             raise SystemExit(1) from None
+
+
+# what a deque has and a list has not: a mend that gives a library a list where it made a
+# deque checks that the library's code uses none of these
+DEQUE_ONLY = frozenset(n for n in dir(collections.deque) if not hasattr(list, n))
 
 
 def module_but(module: types.ModuleType, **names: Any) -> types.ModuleType:

@@ -23,14 +23,14 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from gateway.server.mends import Mend, Needs, module_but
+from gateway.server.mends import DEQUE_ONLY, Mend, Needs, module_but
 
 _NAME = "aiohttp.lean_buffers"
 _MODULE = "aiohttp.streams"
 # what aiohttp.streams may do to its deques under the mend: a list with popleft and
 # appendleft does the same; any other deque-only name (rotate, extendleft, maxlen...) fails
 SUPPORTED = frozenset({"popleft", "appendleft"})
-DEQUE_ONLY = frozenset(n for n in dir(collections.deque) if not hasattr(list, n)) - SUPPORTED
+UNSUPPORTED = DEQUE_ONLY - SUPPORTED
 
 
 class LeanDeque(list[Any]):
@@ -84,7 +84,7 @@ def _check() -> list[str]:
         needs.uses(getattr(owner, name, None), ["collections", "deque"], f"StreamReader.{name}")
     needs.uses(getattr(queue, "__init__", None), ["collections", "deque"], "DataQueue.__init__")
     if module is not None:
-        others = sorted(_code_names(module) & DEQUE_ONLY)
+        others = sorted(_code_names(module) & UNSUPPORTED)
         needs.require(not others, f"{_MODULE} uses its deques' {', '.join(others)}")
     return needs.missing
 
