@@ -122,7 +122,6 @@ async def test_cloud_channels_made_in_the_console_serve_requests(
             model=model, messages=[{"role": "user", "content": "[[fake text=through-the-cloud]]"}]
         )
         assert reply.choices[0].message.content == "through-the-cloud"
-    await alice.close()
     paths = [r.path for r in fake.requests if r.path != "/token"]
     assert paths[-3] == f"/model/{CLAUDE}/invoke"
     assert paths[-1] == "/openai/deployments/gpt-4o-deploy/chat/completions"
@@ -137,4 +136,37 @@ async def test_cloud_channels_made_in_the_console_serve_requests(
         ("cloud-gemini", "console-vertex", 200),
         ("cloud-gpt", "console-azure", 200),
     }
+
+    # a new access key ID replaces the whole set: its secret is asked for, and the old session
+    # token (not the new key's) is cleared
+    await page.get_by_role("button", name="Edit channel console-bedrock").click()
+    await form.get_by_label("AWS access key ID").fill(ACCESS_KEY)
+    await form.get_by_role("button", name="Save channel console-bedrock").click()
+    await page.get_by_text("AWS secret access key: required with a new access key ID.").wait_for()
+    await form.get_by_label("AWS secret access key").fill(SECRET_KEY)
+    await form.get_by_role("button", name="Save channel console-bedrock").click()
+    await page.get_by_text("Channel console-bedrock saved.").wait_for()
+    bed = {c["name"]: c for c in await catalogue_channels(gateway)}["console-bedrock"]
+    assert bed["aws_access_key_id_hint"] and "aws_session_token_hint" not in bed
+    reply = await alice.chat.completions.create(
+        model="cloud-claude", messages=[{"role": "user", "content": "[[fake text=new-keys]]"}]
+    )
+    assert reply.choices[0].message.content == "new-keys"
+    signed = [r for r in fake.requests if r.path == f"/model/{CLAUDE}/invoke"][-1]
+    assert "X-Amz-Security-Token" not in signed.headers
+
+    # and the stored keys can be dropped, for the environment's credentials
+    await page.get_by_role("button", name="Edit channel console-bedrock").click()
+    clear = form.get_by_label("Clear the stored AWS keys")
+    await clear.check()
+    assert await form.get_by_label("AWS secret access key").is_disabled()
+    await shot(page, "07-channels-bedrock-clear-keys")
+    await form.get_by_role("button", name="Save channel console-bedrock").click()
+    await page.get_by_text("Channel console-bedrock saved.").wait_for()
+    bed = {c["name"]: c for c in await catalogue_channels(gateway)}["console-bedrock"]
+    assert not [k for k in bed if k.startswith("aws_")], bed
+    assert bed["region"] == "us-east-1"
+    await page.get_by_role("button", name="Edit channel console-bedrock").click()
+    assert not await form.get_by_label("Clear the stored AWS keys").is_visible()  # none left
+    await alice.close()
     assert not errors

@@ -4,6 +4,8 @@
 // vertex its project, region and service account key. Secrets (the upstream API key, the AWS
 // secret and session token, the service account key) are write-only: the admin API shows a
 // hint at most, the form never holds them when editing, and a blank one is left unchanged.
+// Editing a bedrock channel, a new access key ID replaces the whole set (a blank session token
+// then clears the old one), and "Clear the stored AWS keys" goes back to the environment's.
 
 import { act, api, field, h, notice, searchable, state } from "./ui.js";
 
@@ -31,6 +33,8 @@ const CLOUD = {
     ["credentials", "Service account key (its JSON, or a file path on the server)", { textarea: true }, false],
   ],
 };
+
+const AWS_KEYS = ["aws_access_key_id", "aws_secret_access_key", "aws_session_token"];
 
 const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
 const mapText = m => Object.entries(m || {}).map(([a, b]) => `${a}=${b}`).join(", ");
@@ -87,11 +91,20 @@ export async function channelsPage() {
     } catch (e) { result.textContent = `${c.name}: ${e.message}`; }
   } }, "Test");
   let editing = null;  // the channel the form changes, or null: the form adds one
+  let editingAwsKeys = false;  // it is a bedrock channel with AWS keys stored
   const clouds = cloudGroups();
   const keyLabel = h("span", { text: "Upstream API key (blank when editing: unchanged)" });
   const mapLabel = h("span", { text: "Model map (model=upstream model, …)" });
   const keyInput = h("input", { name: "api_key", type: "password", autocomplete: "off" });
   const keyField = h("label", {}, keyLabel, keyInput);
+  // editing a bedrock channel that holds AWS keys: drop them (null restores the default, the
+  // environment's credential chain)
+  const clearAws = h("input", { type: "checkbox", name: "clear_aws" });
+  const clearAwsField = h("label", { class: "check", hidden: true }, clearAws,
+    " Clear the stored AWS keys (use the environment's credentials)");
+  clearAws.addEventListener("change", () => {
+    for (const name of AWS_KEYS) form.elements[`bedrock.${name}`].disabled = clearAws.checked;
+  });
   const typeSelect = h("select", { name: "type" }, TYPES.map(t => h("option", { value: t, text: t })));
   const baseUrl = h("input", { name: "base_url", type: "url" });
   // the form as the chosen type has it: its own fields shown (and only they sent), the key
@@ -102,6 +115,8 @@ export async function channelsPage() {
       group.hidden = t !== type;
       for (const input of group.querySelectorAll("input, textarea")) input.disabled = t !== type;
     }
+    clearAwsField.hidden = !(type === "bedrock" && editingAwsKeys);
+    clearAws.checked = false;
     keyField.hidden = REGIONAL.has(type);
     keyInput.disabled = REGIONAL.has(type);
     baseUrl.required = !REGIONAL.has(type);
@@ -111,6 +126,7 @@ export async function channelsPage() {
   typeSelect.addEventListener("change", showType);
   const edit = c => {
     editing = c.name;
+    editingAwsKeys = c.type === "bedrock" && Boolean(c.aws_access_key_id_hint);
     for (const [name, value] of [["name", c.name], ["type", c.type], ["base_url", c.base_url],
       ["api_key", ""], ["groups", (c.groups || []).join(", ")], ["models", (c.models || []).join(", ")],
       ["model_map", mapText(c.model_map)], ["priority", c.priority], ["weight", c.weight],
@@ -145,6 +161,7 @@ export async function channelsPage() {
     field("Base URL", baseUrl),
     keyField,
     Object.values(clouds),
+    clearAwsField,
     field("Groups (comma-separated)", h("input", { name: "groups", value: groups.length ? groups[0].name : "" })),
     field("Models (comma-separated)", h("input", { name: "models", list: "model-names", autocomplete: "off" })),
     h("label", {}, mapLabel, h("input", { name: "model_map", autocomplete: "off", placeholder: "chat-small=gpt-4o-mini" })),
@@ -170,6 +187,13 @@ export async function channelsPage() {
     for (const [name, , , shown] of CLOUD[type] || []) {
       const value = String(f.get(`${type}.${name}`) || "").trim();
       if (value || (editing === null && shown)) body[name] = value;  // a blank secret: unchanged
+    }
+    if (type === "bedrock" && editing !== null) {
+      if (f.get("clear_aws")) for (const name of AWS_KEYS) body[name] = null;
+      else if (body.aws_access_key_id) {  // a new key: the old secret and token are not its
+        if (!body.aws_secret_access_key) { notice("AWS secret access key: required with a new access key ID."); return; }
+        body.aws_session_token ??= null;
+      }
     }
     if (editing === null) {
       act(() => api("POST", "/admin/channels", body), `Channel ${body.name} added.`);
