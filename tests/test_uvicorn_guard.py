@@ -51,6 +51,7 @@ class Transport:
             self.closed = True
             self.protocol.connection_lost(None)
 
+    def set_protocol(self, protocol: Any) -> None: ...
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
 
@@ -189,6 +190,23 @@ async def test_a_request_begun_while_the_last_was_answered_has_the_deadline_from
     transport.written = b""
     timer.callback()
     assert transport.closed and transport.written == TIMEOUT_REPLY
+
+
+UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\n"
+    b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["first request", "after a request"])
+async def test_a_websocket_upgrade_ends_the_deadline(kept: bool) -> None:
+    pytest.importorskip("websockets")
+    protocol, transport, loop = connection(Guard(HEADERS, True, 0))
+    if kept:
+        protocol.data_received(GET)
+        await answered(protocol, transport)
+    protocol.data_received(UPGRADE)  # the connection is the WebSocket protocol's from here
+    assert loop.live() == []
 
 
 async def test_no_deadline_arms_no_timer_and_a_lost_connection_cancels_it() -> None:

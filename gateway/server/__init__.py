@@ -12,7 +12,9 @@ and uvicorn each of several workers listens on a socket of its own (``ListenerPe
 so that the kernel spreads new connections over them; granian's workers share one.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
-does not fit the installed hypercorn or h11: ``gateway.server.mends``).
+does not fit the installed hypercorn or h11: ``gateway.server.mends``). uvicorn is given a
+protocol of the gateway's own (``uvicorn_guard``, through its public ``http=`` option) with
+the same header deadline and connection cap; granian has its own header timeout and no cap.
 """
 
 from __future__ import annotations

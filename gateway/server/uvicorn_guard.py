@@ -61,6 +61,11 @@ def guard_of(header_seconds: float, keep_alive_seconds: float, limit: int) -> Gu
     return Guard(header_seconds, True, limit)
 
 
+_UPGRADED = Guard()  # a connection handed to the WebSocket protocol: nothing more of the guard's
+_read = HttpToolsProtocol.data_received
+_answered = HttpToolsProtocol.on_response_complete
+
+
 def guarded(guard: Guard) -> functools.partial[GuardedProtocol]:
     """What ``uvicorn.Config(http=...)`` is given: makes a ``GuardedProtocol`` per connection."""
     return functools.partial(GuardedProtocol, guard=guard)
@@ -92,28 +97,34 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        # idle: between two requests, on the keep-alive (uvicorn's timer, which data_received
-        # cancels); a request's headers begun in this read or an earlier one
-        idle = self.timeout_keep_alive_task is not None
+        # (httptools_impl's own methods are called as functions, not through super(): a read
+        # and a response each cost the guard no more than a few attribute checks)
+        timer = self._header_timer
+        if timer is None and self.timeout_keep_alive_task is None:
+            _read(self, data)  # the usual read: a request's body
+            return
+        # a first request's headers, or the first bytes after an idle time (the keep-alive:
+        # uvicorn's timer, which its data_received cancels)
         cycle = self.cycle
-        super().data_received(data)
-        if self._header_timer is None and not idle:
-            return  # the usual read: a request's body, or a first request still waited for
+        _read(self, data)
         if self.cycle is not cycle:  # whole headers: a request began
-            if self._header_timer is not None:
-                self._header_timer.cancel()
+            if timer is not None:
+                timer.cancel()
                 self._header_timer = None
-        elif (
-            idle
-            and self._header_timer is None
-            and self.guard.header_seconds
-            and not self.transport.is_closing()
-        ):
-            # the first bytes of the next request, its headers not whole: their time begins
+        elif timer is None and self.guard.header_seconds and not self.transport.is_closing():
+            # the next request's first bytes, its headers not whole: their time begins
             self._header_timer = self.loop.call_later(self.guard.header_seconds, self._headers_late)
 
+    def handle_websocket_upgrade(self) -> None:
+        # the connection is the WebSocket protocol's from here: no deadline of this one's
+        self.guard = _UPGRADED
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().handle_websocket_upgrade()
+
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        _answered(self)
         # the next request's first bytes came while this one was answered, its headers not
         # whole (pipelined, and not queued): their time begins now, not the keep-alive's
         if (
