@@ -39,7 +39,6 @@ GAP_DEADLINE = 5.0
 # what uvicorn and granian do not do that hypercorn (mended) does: each test of it is a strict
 # xfail there, so that the day one passes the gap is seen closed (bench/RESULTS.md, servers)
 NO_CAP = {
-    "uvicorn": "limit_concurrency answers 503 only to a request: idle connections are held",
     "granian": "no connection cap",
 }
 NO_ACCEPT_LOG = {
@@ -47,11 +46,9 @@ NO_ACCEPT_LOG = {
     "granian": "granian logs every failed accept",
 }
 NO_HEADER_TIMEOUT = {
-    "uvicorn": "no header timeout",
     "granian": "header_read_timeout closes without a 408, and never a silent connection",
 }
 NO_SILENT_CLOSE = {
-    "uvicorn": "no header timeout: a silent connection is held",
     "granian": "header_read_timeout does not start until a first byte",
 }
 

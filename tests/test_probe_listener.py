@@ -183,10 +183,7 @@ FILE_LIMIT = 256  # the gateway's open-file limit in the next test
 FLOOD = 800  # idle connections to its client port: more than it may open
 
 
-@pytest.mark.parametrize("server", each_server(gaps={
-    "uvicorn": "no connection cap at accept: the flood takes every descriptor (uvloop then "
-               "accepts and drops the probe's connection)",
-}))  # fmt: skip
+@pytest.mark.parametrize("server", each_server())
 async def test_probes_are_answered_when_a_flood_reaches_the_file_limit(
     fake: FakeUpstream, tmp_path: Path, server: str
 ) -> None:

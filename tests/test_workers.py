@@ -89,3 +89,39 @@ async def test_two_workers_each_serve_their_share(tmp_path: Path, server: str) -
     finally:
         gw.kill(15)
         assert await gw.exit_code() == 0, gw.log.read_text()[-3000:]
+
+
+HEADER_TIMEOUT = 2.0
+SILENT = 16  # connections that send nothing: both workers get some
+
+
+@pytest.mark.parametrize("server", each_server("hypercorn", "uvicorn"))
+async def test_each_worker_closes_a_silent_connection_at_the_header_timeout(
+    tmp_path: Path, server: str
+) -> None:
+    """The server's settings reach every worker (under uvicorn its protocol, pickled into
+    each with them: ``gateway.server.uvicorn_guard``): connections that send nothing are
+    closed at the header timeout, whichever worker took them."""
+    config = minimal_config(tmp_path)
+    config.write_text(
+        config.read_text() + f"server: {{header_timeout_seconds: {HEADER_TIMEOUT}}}\n"
+    )
+    snapshots = tmp_path / "metrics"
+    snapshots.mkdir()
+    gw = Gateway(config, procs.free_port(), tmp_path / "gw.log", workers=2,
+                 env={DIR_ENV: str(snapshots)}, server=server)  # fmt: skip
+    await gw.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(served(snapshots)) < 2:  # both workers up, and listening
+            assert time.monotonic() < deadline, gw.log.read_text()[-3000:]
+            await asyncio.sleep(0.2)
+        opened = [await asyncio.open_connection("127.0.0.1", gw.port) for _ in range(SILENT)]
+        async with asyncio.timeout(HEADER_TIMEOUT + 20):  # a busy machine's delay, at most
+            read = await asyncio.gather(*(reader.read() for reader, _ in opened))
+        assert read == [b""] * SILENT  # nothing was asked: nothing is answered
+        for _, writer in opened:
+            writer.close()
+    finally:
+        gw.kill(15)
+        assert await gw.exit_code() == 0, gw.log.read_text()[-3000:]

@@ -87,7 +87,7 @@ class ServerSettings:
     graceful_seconds: float = 30.0
     # a request's headers must arrive within this many seconds (a new connection's first from
     # its accept, a later one's from its first byte), else 408 and the connection is closed
-    # (hypercorn; ``gateway.server.header_timeout``). 0: no limit
+    # (hypercorn: ``gateway.server.header_timeout``; uvicorn: ``uvicorn_guard``). 0: no limit
     header_timeout_seconds: float = 5.0
     # GET /healthz and /readyz also on this port, a listener of their own that floods of the
     # client port and its connection cap cannot starve (``gateway.server.probes``); for

@@ -12,7 +12,9 @@ and uvicorn each of several workers listens on a socket of its own (``ListenerPe
 so that the kernel spreads new connections over them; granian's workers share one.
 
 hypercorn is served mended (``mend_hypercorn``; the mends and what start-up does when one
-does not fit the installed hypercorn or h11: ``gateway.server.mends``).
+does not fit the installed hypercorn or h11: ``gateway.server.mends``). uvicorn is given a
+protocol of the gateway's own (``uvicorn_guard``, through its public ``http=`` option) with
+the same header deadline and connection cap; granian has its own header timeout and no cap.
 """
 
 from __future__ import annotations
@@ -261,19 +263,28 @@ def _stopped(_signal: int, _frame: object) -> None:
 def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
     suite's in-process uvicorn)."""
+    from gateway.server.uvicorn_guard import guard_of, guarded  # uvicorn is an extra
+
+    guard = guard_of(server.header_timeout_seconds, uvicorn_keep_alive(server), limit)
     return {
+        # httptools' protocol with a header deadline and a connection cap at accept
+        # (``uvicorn_guard``); it pickles with its settings into each of several workers
+        "http": guarded(guard),
         "access_log": False,
         "server_header": False,
-        # the config allows no less than 1
-        "timeout_keep_alive": round(server.keep_alive_seconds),
+        "timeout_keep_alive": uvicorn_keep_alive(server),
         "log_level": "warning",
         "timeout_graceful_shutdown": math.ceil(server.graceful_seconds),
-        "limit_concurrency": limit,  # past it, uvicorn answers 503 itself
         # uvicorn's own X-Forwarded-For handling (on by default, believing 127.0.0.1 or
         # FORWARDED_ALLOW_IPS) would rewrite the client's address before the gateway sees
         # it: off, so that ``trusted_proxies`` alone decides (``policy.billing.ClientAddress``)
         "proxy_headers": False,
     }
+
+
+def uvicorn_keep_alive(server: ServerSettings) -> int:
+    """The keep-alive uvicorn is given: whole seconds (its config allows no less than 1)."""
+    return round(server.keep_alive_seconds)
 
 
 def _granian(settings: Settings, host: str, port: int, workers: int) -> None:

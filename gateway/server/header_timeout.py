@@ -22,7 +22,9 @@ reaches its connection's ``TCPServer`` through the ``send`` it was given: whole 
 a request, and cost no restart). It wraps ``_idle_timeout``: while a connection waits for
 headers, hypercorn's own wait runs under the header deadline, and past it the 408 (when due)
 precedes hypercorn's own close. Nothing of the mend's own stays alive per connection but its
-``_gw_wait``. uvicorn and granian are not mended (README: Operations).
+``_gw_wait``. uvicorn gets the same deadline through its own protocol hook, not a mend
+(``gateway.server.uvicorn_guard``); granian has a header timeout of its own, which closes
+without an answer (README: Abusive clients).
 """
 
 from __future__ import annotations

@@ -166,16 +166,23 @@ def _apply_connection_cap() -> None:
     server_class.run = wrapping(_CONNECTION_CAP, run, capped_run)
 
 
-async def _refuse(writer: Any, cap: ConnectionCap) -> None:
+def refused(cap: ConnectionCap, open_now: int) -> str:
+    """One more connection refused at the cap (``open_now`` open): its request id, logged
+    with the count for the first refusal and every thousandth (hypercorn's and uvicorn's)."""
     cap.refused += 1
     request_id = new_request_id()
     if cap.refused == 1 or cap.refused % 1000 == 0:
         log.warning(
             "server.connections_refused request_id=%s open=%d refused=%d",
             request_id,
-            cap.open,
+            open_now,
             cap.refused,
         )
+    return request_id
+
+
+async def _refuse(writer: Any, cap: ConnectionCap) -> None:
+    request_id = refused(cap, cap.open)
     try:
         writer.write(refusal(request_id))
         await writer.drain()
