@@ -22,6 +22,18 @@ CASES = [
     ("extra blank lines", b"\n\n\ndata: z\n\n\n\n", [(None, b"z")]),
     ("unterminated last event (close)", b"data: end", [(None, b"end")]),
     ("[DONE]", b"data: [DONE]\n\n", [(None, b"[DONE]")]),
+    # an event line and a data line, and the shapes near it that read otherwise
+    ("event then data, spaces kept", b"event:  a\ndata:  1 \n\n", [(" a", b" 1 ")]),
+    ("data then event", b"data: 1\nevent: a\n\n", [("a", b"1")]),
+    ("event then two data lines", b"event: a\ndata: 1\ndata: 2\n\n", [("a", b"1\n2")]),
+    (
+        "event line without data after data",
+        b"data: 0\n\nevent: a\n\ndata: 1\n\n",
+        [(None, b"0"), (None, b"1")],
+    ),
+    ("event then a field", b"event: a\nid: 3\ndata: 1\n\n", [("a", b"1")]),
+    ("two event lines: the last", b"event: a\nevent: b\ndata: 1\n\n", [("b", b"1")]),
+    ("event name not UTF-8", b"event: \xff\ndata: 1\n\n", [("\ufffd", b"1")]),
 ]
 
 

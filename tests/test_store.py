@@ -254,16 +254,21 @@ async def test_settle_debits_exactly_and_lists_usage_newest_first(store: Store) 
     assert await store.usage("carol") == []
 
 
-async def test_a_batch_larger_than_one_insert_keeps_every_record_in_order(store: Store) -> None:
+@pytest.mark.parametrize("size", [1, 37, 130])
+async def test_a_batch_of_any_size_keeps_every_record_in_order_once(
+    store: Store, size: int
+) -> None:
     await store.create_account("alice", 10 * MICRO)
-    # the SQLite store writes a batch 55 rows per statement: 55, 55 and 20 here, same times
-    # included (listed newest first, then last settled first)
-    records = [usage_rec(i // 2, cost=7) for i in range(130)]
+    # the SQLite store writes a batch 32 rows per statement, the rest in powers of two (130:
+    # 32 x 4 and 2; 37: 32, 4 and 1), same times included (listed newest first, then last
+    # settled first); settled again (a journal replayed), nothing is written twice
+    records = [usage_rec(i // 2, cost=7) for i in range(size)]
     for i, rec in enumerate(records):
         rec.request_id = f"req-{i}"
     await store.settle(records)
+    await store.settle(records)
 
-    assert await store.load_balances() == {"alice": 10 * MICRO - 130 * 7}
+    assert await store.load_balances() == {"alice": 10 * MICRO - size * 7}
     assert await store.usage(limit=500) == records[::-1]
 
 

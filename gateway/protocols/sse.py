@@ -38,13 +38,24 @@ class SSEParser:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[SSEEvent] = []
         start = 0
-        # whole events, one blank line apart; the usual event is a single ``data:`` line
+        # whole events, one blank line apart; the usual event is a single ``data:`` line, or
+        # an ``event:`` line and a ``data:`` line (Anthropic's, the Responses API's): both
+        # read here as ``parse_event`` would, without its loop over the lines
         while True:
             end = buf.find(b"\n\n", max(start, search))
             if end < 0:
                 break
-            if buf.startswith(b"data: ", start) and buf.find(b"\n", start, end) < 0:
+            line = buf.find(b"\n", start, end)
+            if line < 0 and buf.startswith(b"data: ", start):
                 events.append(SSEEvent(None, buf[start + 6 : end]))
+            elif (
+                line > start
+                and buf.startswith(b"event: ", start)
+                and buf.startswith(b"data: ", line + 1)
+                and buf.find(b"\n", line + 1, end) < 0
+            ):
+                name = buf[start + 7 : line].decode("utf-8", "replace")
+                events.append(SSEEvent(name, buf[line + 7 : end]))
             elif end > start:
                 event = parse_event(buf[start:end])
                 if event is not None:

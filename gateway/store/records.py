@@ -21,12 +21,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.store import MICRO, KeyRecord, UsageRecord, day_of, hash_key, key_hint
+from gateway.store import MICRO, KeyRecord, UsageRecord, hash_key, key_hint
 from gateway.types import JSON
 
 if TYPE_CHECKING:
@@ -213,9 +213,11 @@ def daily_rows(
 ) -> list[tuple[str, str, str, str, int, int, int, int, int, int]]:
     """The records summed per (day, account, key, model): the rows of ``DailyUsage``, their
     cost what settlement debited for each record (``debits``, in the records' order)."""
-    sums: dict[tuple[str, str, str, str], list[int]] = {}
+    # grouped by the date of ``day_of``, made text once per group (a text per record costs
+    # more than the rest of its share here)
+    sums: dict[tuple[date, str, str, str], list[int]] = {}
     for r, debit in zip(records, debits, strict=True):
-        group = (day_of(r), r.account, r.key_id, r.model)
+        group = (r.time.date(), r.account, r.key_id, r.model)
         found = sums.get(group)
         if found is None:
             sums[group] = [1, r.prompt_tokens, r.completion_tokens, debit,
@@ -227,7 +229,10 @@ def daily_rows(
             found[3] += debit
             found[4] += r.cache_read_tokens
             found[5] += r.cache_write_tokens
-    return [(*group, *totals) for group, totals in sums.items()]  # type: ignore[misc]
+    return [
+        (day.isoformat(), account, key_id, model, *totals)  # type: ignore[misc]
+        for (day, account, key_id, model), totals in sums.items()
+    ]
 
 
 def usage_json(rec: UsageRecord) -> dict[str, JSON]:

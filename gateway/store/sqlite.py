@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -88,11 +89,13 @@ ON CONFLICT (day, account, key_id, model) DO UPDATE SET
 KEY_COLUMNS = ", ".join("grp" if name == "group" else name for name in KEY_FIELDS)
 KEY_VALUES = ", ".join("?" for _ in KEY_FIELDS)
 USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
-# usage rows per INSERT statement: 55 x 18 values stays under SQLite's oldest limit of 999
-# variables. A batch goes in as a few statements of many rows, not through executemany, which
-# steps and resets a statement once per row
-ROWS_PER_INSERT = 999 // len(USAGE_FIELDS)
-IDS_PER_LOOKUP = 500  # request ids per SELECT ... IN (...), under the same limit
+# usage rows per INSERT statement: a batch goes in as a few statements of many rows, not
+# through executemany, which steps and resets a statement once per row. The statements come in
+# a few sizes only (``insert_sizes``): each text is parsed once and then found in the
+# connection's statement cache, where a text per batch size (and per size of each IN list)
+# was parsed anew for most batches, some 20k instructions a record
+ROWS_PER_INSERT = 32  # a power of two; 32 x 18 values stays under SQLite's oldest limit of 999
+IDS_PER_LOOKUP = 512  # request ids per SELECT ... IN (...), a power of two under the same limit
 
 T = TypeVar("T")
 
@@ -106,9 +109,36 @@ def db_path(url: str) -> str:
 
 @functools.cache
 def _insert_usage(rows: int) -> str:
-    """One INSERT of ``rows`` usage rows (at most ``ROWS_PER_INSERT`` distinct texts)."""
+    """One INSERT of ``rows`` usage rows."""
     one = "(" + ",".join("?" * USAGE_COLUMNS.count(",")) + ",?)"
     return f"INSERT INTO usage ({USAGE_COLUMNS}) VALUES " + ",".join([one] * rows)
+
+
+def insert_sizes(rows: int) -> list[int]:
+    """``rows`` as the sizes of the INSERTs that write them: ``ROWS_PER_INSERT`` at a time,
+    the rest in powers of two (37 -> 32, 4, 1), so that a few texts serve every batch."""
+    sizes = [ROWS_PER_INSERT] * (rows // ROWS_PER_INSERT)
+    rest = rows % ROWS_PER_INSERT
+    while rest:
+        size = 1 << (rest.bit_length() - 1)
+        sizes.append(size)
+        rest -= size
+    return sizes
+
+
+def _id_lists(ids: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """``ids`` as the marks and values of IN lists of ``IDS_PER_LOOKUP`` at most, each padded
+    to a power of two with its last id (a repeated id changes nothing in an IN list), so a
+    few texts serve every batch."""
+    for i in range(0, len(ids), IDS_PER_LOOKUP):
+        part = ids[i : i + IDS_PER_LOOKUP]
+        size = 1 << (len(part) - 1).bit_length()
+        yield _marks(size), part + part[-1:] * (size - len(part))
+
+
+@functools.cache
+def _marks(size: int) -> str:
+    return ",".join("?" * size)
 
 
 def _carries(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> dict[str, int]:
@@ -116,9 +146,7 @@ def _carries(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> dict[s
     not exist is left out)."""
     accounts = sorted({r.account for r in records if r.cost_pico})
     carry: dict[str, int] = {}
-    for i in range(0, len(accounts), IDS_PER_LOOKUP):
-        part = accounts[i : i + IDS_PER_LOOKUP]
-        marks = ",".join("?" * len(part))
+    for marks, part in _id_lists(accounts):
         rows = conn.execute(f"SELECT id, carry FROM accounts WHERE id IN ({marks})", part)
         carry.update((r[0], int(r[1])) for r in rows)
     return carry
@@ -127,9 +155,7 @@ def _carries(conn: sqlite3.Connection, records: Sequence[UsageRecord]) -> dict[s
 def _held_ids(conn: sqlite3.Connection, ids: list[str]) -> set[str]:
     """Which of these request ids the usage table holds already."""
     held: set[str] = set()
-    for i in range(0, len(ids), IDS_PER_LOOKUP):
-        part = ids[i : i + IDS_PER_LOOKUP]
-        marks = ",".join("?" * len(part))
+    for marks, part in _id_lists(ids):
         rows = conn.execute(f"SELECT request_id FROM usage WHERE request_id IN ({marks})", part)
         held.update(r[0] for r in rows)
     return held
@@ -476,9 +502,12 @@ class SQLiteStore(SQLitePeople, SignInTables, AuditTable):
                 [(cost, key_id) for key_id, cost in by_key.items()],
             )
             conn.executemany(ADD_DAILY, daily_rows(fresh, debited))
-            for i in range(0, len(fresh), ROWS_PER_INSERT):
-                part = fresh[i : i + ROWS_PER_INSERT]
-                conn.execute(_insert_usage(len(part)), [v for r in part for v in usage_row(r)])
+            i = 0
+            for size in insert_sizes(len(fresh)):
+                part = fresh[i : i + size]
+                rows = list(chain.from_iterable(map(usage_row, part)))  # in C, not a loop
+                conn.execute(_insert_usage(size), rows)
+                i += size
 
         await self._tx(run)
 
