@@ -28,12 +28,12 @@ $(VENV)/.installed: pyproject.toml requirements/pip.txt requirements/dev.txt
 	touch $@
 
 # regenerates the lock from pyproject.toml on purpose: dev.txt (every extra: what the suite
-# runs on), runtime.txt (what the image ships: the dependencies and the uvicorn, otel and
+# runs on), runtime.txt (what the image ships: the dependencies and the otel and
 # granian extras, held to dev.txt's versions), sbom.txt (the image build's SBOM tool) and
 # pip.txt (the pip that installs the lock)
 lock: install
 	$(COMPILE) pyproject.toml --all-extras -o requirements/dev.txt
-	$(COMPILE) pyproject.toml --extra uvicorn --extra otel --extra granian \
+	$(COMPILE) pyproject.toml --extra otel --extra granian \
 	  -c requirements/dev.txt -o requirements/runtime.txt
 	$(COMPILE) requirements/sbom.in -o requirements/sbom.txt
 	$(COMPILE) requirements/pip.in -o requirements/pip.txt

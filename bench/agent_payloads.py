@@ -1,8 +1,12 @@
 """The bodies of the agent workloads (`make bench-agents`): what coding agents send, and what the
 upstream answers, generated deterministically (fixed seeds, fixed ids and times).
 
-Five workloads, each a ``Workload``: a client path and body, the strings every reply must hold,
-the upstream location (under the nginx upstream) and what it serves there:
+Seven workloads, each a ``Workload``: a client path and body, the strings every reply must
+hold, the upstream location (under the nginx upstream) and what it serves there, and the
+multiple of Portkey's (and LiteLLM's) throughput the gateway is held to (issue 30):
+
+- ``chat`` and ``chat-stream``: plain chat completions, non-stream and a 20-chunk stream, the
+  bodies of ``bench.payloads`` (``make bench``'s (a) and (b)); ≥ 4× Portkey, ≥ 40× LiteLLM.
 
 - ``responses``: a Responses API stream (Codex's protocol) to an openai channel that speaks it;
   the upstream answers the Responses event stream as ``bench.fake`` renders it.
@@ -12,6 +16,8 @@ the upstream location (under the nginx upstream) and what it serves there:
   prompt, files read, tool results) with 40 tool definitions.
 - ``embeddings``: a batch of 16 inputs, answered with 16 vectors of 512 floats.
 - ``long``: a paced long stream, 200 chunks, the first after 200 ms, then one every 25 ms.
+
+The five agent workloads: ≥ 3× Portkey.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Workload:
     expect: list[str]
     headers: dict[str, str] = field(default_factory=dict)
     paced: bool = False  # measured as N concurrent streams (bench.streams), not with wrk
+    times_portkey: float = 3.0  # the gateway's target: this multiple of Portkey's
+    times_litellm: float = 0.0  # and of LiteLLM's (0: none)
 
 
 _SYSTEM = "You are a coding agent. Use the tools to read, search and edit the repository."
@@ -220,6 +228,12 @@ def long_request() -> bytes:
 def workloads() -> list[Workload]:
     chat, sse = "/v1/chat/completions", "/chat/completions"
     return [
+        Workload("chat", "chat, non-stream", chat, payloads.MODEL["json"], "json", sse,
+                 payloads.chat_request("json", False), payloads.EXPECT["json"],
+                 times_portkey=4.0, times_litellm=40.0),
+        Workload("chat-stream", "chat, stream of 20 chunks", chat, payloads.MODEL["sse"],
+                 "sse", sse, payloads.chat_request("sse", True), payloads.EXPECT["sse"],
+                 times_portkey=4.0, times_litellm=40.0),
         Workload("responses", "Responses stream", "/v1/responses", "bench-responses",
                  "responses", "/responses", responses_request(), ["response.completed"]),
         Workload("messages", "Messages stream → openai channel", "/v1/messages",

@@ -49,6 +49,7 @@ def upstream_conf(tmp: Path, port: int) -> str:
     and, by the echo module, the paced long stream."""
     (tmp / "responses.sse").write_bytes(agent_payloads.responses_stream())
     (tmp / "chat.sse").write_bytes(payloads.sse_reply())
+    (tmp / "chat.json").write_bytes(payloads.json_reply())
     (tmp / "embatch.json").write_bytes(agent_payloads.embeddings_reply())
     paced = [f"echo_sleep {agent_payloads.LONG_FIRST_MS / 1000:.3f};"]
     for i, event in enumerate(agent_payloads.long_events()):
@@ -58,6 +59,7 @@ def upstream_conf(tmp: Path, port: int) -> str:
     locations = (
         _static("responses", "/responses", "responses.sse", "text/event-stream")
         + _static("sse", "/chat/completions", "chat.sse", "text/event-stream")
+        + _static("json", "/chat/completions", "chat.json", "application/json")
         + _static("embatch", "/embeddings", "embatch.json", "application/json")
     ).replace("__TMP__", str(tmp))
     return f"""load_module {nginx.ECHO_MODULE};

@@ -183,9 +183,10 @@ def start_relays(tmp: Path, upstream: int, works: list[Workload]) -> tuple[list[
         ("portkey", lambda: at.portkey(tmp, upstream, works)),
         (f"gateway-{default}", lambda: gateway(None, f"gateway-{default}")),
     ]
-    # the gateway on granian too while it is not the default (issue 30 weighs the servers)
-    if default != "granian" and importlib_has("granian"):
-        starts.append(("gateway-granian", lambda: gateway("granian", "gateway-granian")))
+    # the gateway on the other servers too (issue 30 weighs them)
+    for other in ("hypercorn", "granian"):
+        if other != default and importlib_has(other):
+            starts.append((f"gateway-{other}", lambda o=other: gateway(o, f"gateway-{o}")))
     chosen = [s for s in os.environ.get("BENCH_TARGETS", "").split(",") if s]
     relays = []
     for name, start in starts:

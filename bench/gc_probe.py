@@ -117,7 +117,7 @@ def run_cells(cells: list[str]) -> int:
         env={"GC_PROBE_OUT": str(out)}, cwd=str(targets.ROOT),
     )  # fmt: skip
     paths = dict.fromkeys(("json", "sse", "paced"), "/v1/chat/completions")
-    probed = targets.Target("gc-probe", "gateway", "hypercorn", port, proc, paths)
+    probed = targets.Target("gc-probe", "gateway", targets.DEFAULT_SERVER, port, proc, paths)
     gateway = targets._settle(probed, 60)
     if gateway is None:
         print((tmp / "gateway.log").read_text()[-2000:], file=sys.stderr)

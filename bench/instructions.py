@@ -177,8 +177,8 @@ def measure(
 
 
 def run(tmp: Path, up: Upstream) -> dict[str, dict[str, float]]:
-    """bare relay and gateway (with metrics and access log, and without), all under
-    hypercorn with one worker."""
+    """bare relay and gateway (with metrics and access log, and without) under the default
+    server with one worker, and the bare relay and gateway under hypercorn beside them."""
     py = sys.executable
     bare_env = {
         "BARE_UPSTREAMS": orjson.dumps(
@@ -189,22 +189,24 @@ def run(tmp: Path, up: Upstream) -> dict[str, dict[str, float]]:
     conf = targets.gateway_config(tmp, up)
     off_conf = targets.gateway_config(tmp, up, "gateway-nometrics", metrics=False)
 
-    def gateway(config: Path) -> list[str]:
+    def gateway(config: Path, server: str) -> list[str]:
         return [py, "-m", "bench.clock_scaled", str(SLOWDOWN), "serve", "--config", str(config),
-                "--host", "127.0.0.1", "--port", "{port}"]  # fmt: skip
+                "--host", "127.0.0.1", "--port", "{port}", "--server", server]  # fmt: skip
 
+    def bare(server: str) -> list[str]:
+        return targets.asgi_command(server, "bench.bare_relay:app", "{port}")
+
+    env = {"PYTHONPATH": str(targets.ROOT)}
+    default = targets.DEFAULT_SERVER
     plan = {
-        "bare-hypercorn": (
-            [py, "-m", "hypercorn", "-b", "127.0.0.1:{port}", "bench.bare_relay:app"],
-            bare_env,
-        ),
-        "gateway-hypercorn-1w": (gateway(conf), {"PYTHONPATH": str(targets.ROOT)}),
+        f"bare-{default}": (bare(default), bare_env),
+        f"gateway-{default}-1w": (gateway(conf, default), env),
         # metrics and access log off: their cost, free of the machine's noise
-        "gateway-hypercorn-1w" + targets.NO_METRICS: (
-            gateway(off_conf),
-            {"PYTHONPATH": str(targets.ROOT)},
-        ),
+        f"gateway-{default}-1w" + targets.NO_METRICS: (gateway(off_conf, default), env),
     }
+    if default != "hypercorn":  # the server whose own cost the gateway's hid before
+        plan["bare-hypercorn"] = (bare("hypercorn"), bare_env)
+        plan["gateway-hypercorn-1w"] = (gateway(conf, "hypercorn"), env)
     out: dict[str, dict[str, float]] = {}
     for name, (cmd, env) in plan.items():
         print(f"  (e) {name}: counting instructions under callgrind", flush=True)

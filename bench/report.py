@@ -10,10 +10,11 @@ import statistics
 from typing import Any
 
 from bench import instructions, payloads
+from bench.targets import DEFAULT_SERVER
 
 NGINX = "nginx-relay"
 LITELLM = "litellm"
-GATEWAY = "gateway-hypercorn-1w"
+GATEWAY = f"gateway-{DEFAULT_SERVER}-1w"  # the gateway the targets are judged on
 NO_METRICS = GATEWAY + "-nometrics"  # the same gateway with metrics and access log off
 KINDS = instructions.KINDS
 # targets the gateway must meet
@@ -49,7 +50,7 @@ def fmt_streams(cell: dict[str, Any]) -> str:
 def bare_for(name: str) -> str:
     if name.startswith("gateway-"):
         return "bare-" + name.split("-")[1]
-    return "bare-hypercorn"
+    return f"bare-{DEFAULT_SERVER}"
 
 
 def _same_turn(cell: dict[str, Any], ref: dict[str, Any]) -> list[float]:
@@ -384,8 +385,8 @@ def _embeddings_section(cells: dict[str, Any], embed_conns: list[int]) -> list[s
         "measured as (a): wrk cells in turns, each gateway beside its bare relay. The bare "
         "relay posts the body to the upstream's `/embeddings` with the model renamed; the "
         "gateway serves the model from an openai channel (body through, model renamed both "
-        "ways). Targets: " + ", ".join(cells) + ". By default only direct, bare-hypercorn, "
-        "gateway-hypercorn-1w and LiteLLM, to keep the run short (`BENCH_EMBED_TARGETS=all` "
+        "ways). Targets: " + ", ".join(cells) + f". By default only direct, {bare_for(GATEWAY)}, "
+        f"{GATEWAY} and LiteLLM, to keep the run short (`BENCH_EMBED_TARGETS=all` "
         "runs every target); a target that fails the kind is left out with a note above.",
         "",
     ]
@@ -396,7 +397,6 @@ def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:
     """Instructions per request (callgrind): repeatable where wall time is not."""
     if not cells:
         return []
-    bare = cells.get("bare-hypercorn", {})
     out = [
         "Instructions per relayed request, counted by callgrind (`bench/instructions.py`: "
         f"{instructions.REQUESTS} requests, {instructions.CONNS} at a time, after a warm-up; "
@@ -413,6 +413,7 @@ def _instructions_table(cells: dict[str, dict[str, float]]) -> list[str]:
         "|---|---:|---:|---:|---:|",
     ]
     for name, per in cells.items():
+        bare = cells.get(bare_for(name), {})  # each gateway beside its own server's bare relay
         shares = [f"{bare[k] / per[k]:.1%}" if bare.get(k) and per.get(k) else "–" for k in KINDS]
         kinstr = [_num(per[k] / 1000, 0) if per.get(k) else "–" for k in KINDS]
         out.append(f"| {name} | {kinstr[0]} | {kinstr[1]} | {shares[0]} | {shares[1]} |")
@@ -435,7 +436,7 @@ def _converted_table(cells: dict[str, float]) -> list[str]:
         "client's stream with usage, 20 pieces of text, converted from each upstream protocol "
         "the bundled fake upstream speaks (an anthropic channel's SSE; Bedrock's event streams "
         "of Claude through invoke and of Nova through Converse, SigV4 signing included), "
-        "counted as above on one hypercorn worker. Held to within "
+        f"counted as above on one {DEFAULT_SERVER} worker. Held to within "
         f"{CONVERTED_BOUND - 1:.0%} of the Anthropic stream's instructions a request.",
         "",
         "| upstream | k instr/req | of anthropic | verdict |",

@@ -2,8 +2,9 @@
 
 One run installs nginx and wrk when missing, starts a fixed-reply nginx upstream (core 1), then
 each target in turn (core 0), drives it with wrk and bench.streams (core 1), and writes
-bench/RESULTS.md. `gateway-hypercorn-1w-nometrics`, the same gateway with metrics and the
-access log off, runs (a) and (b) beside `gateway-hypercorn-1w` and is counted in (e): the
+bench/RESULTS.md. The gateway runs on each server; its targets are judged on the default one
+(`gateway-uvicorn-1w`). `gateway-uvicorn-1w-nometrics`, the same gateway with metrics and the
+access log off, runs (a) and (b) beside `gateway-uvicorn-1w` and is counted in (e): the
 report judges their cost on the hot path (on ≥ 95% of off). Settings (environment):
 
     BENCH_QUICK=1         smoke run: short cells, one repetition
@@ -15,7 +16,7 @@ report judges their cost on the hot path (on ≥ 95% of off). Settings (environm
     BENCH_PACED=python    paced streams from bench.fake_upstream even when nginx echo exists
     BENCH_EMBED_CONNS=1,64  connection counts of the embeddings cell (f)
     BENCH_EMBED_TARGETS=a,b targets of the embeddings cell (f), by name as BENCH_TARGETS, or
-                          `all` (default: direct, bare-hypercorn, gateway-hypercorn-1w, litellm)
+                          `all` (default: direct, bare-uvicorn, gateway-uvicorn-1w, litellm)
     BENCH_NO_INSTALL=1    install nothing
     BENCH_OUT=path        where to write the report (default bench/RESULTS.md)
 """
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import agent_report, instructions, payloads, procs, profile, report, targets, wrk
+from bench.targets import DEFAULT_SERVER as DEFAULT
 from bench.targets import Target, Upstream
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +52,7 @@ STREAM_CONNS = [1, 64]
 EMBED_CONNS = [int(n) for n in os.environ.get("BENCH_EMBED_CONNS", "1,64").split(",")]
 # the embeddings cell (f) runs on these only, to keep `make bench` under 30 minutes: each
 # target costs it ~30 s (2 connection counts x 3 repetitions of 4 s, plus settling)
-EMBED_TARGETS = ("direct", "bare-hypercorn", "gateway-hypercorn-1w", "litellm")
+EMBED_TARGETS = ("direct", f"bare-{targets.DEFAULT_SERVER}", report.GATEWAY, "litellm")
 STREAMS = [int(n) for n in os.environ.get("BENCH_STREAMS", "256,1000,10000").split(",")]
 CONVERTED_STREAMS = 64
 FIRST_MS, DELAY_MS = 200, 25
@@ -420,7 +422,7 @@ def bench_target(tmp: Path, target: Target, results: dict[str, Any], settings: S
             )
             results["d"][name]["converted"] = conv
             print(f"  (d) {name} converted: {report.fmt_streams(conv)}")
-    if "e" in SCENARIOS and target.group in ("gateway", "bare") and target.server == "hypercorn":
+    if "e" in SCENARIOS and target.group in ("gateway", "bare") and target.server == DEFAULT:
         if target.group == "gateway" and not target.pinned:
             return
         out = profile.profile_target(tmp, target, HERE, max(5.0, secs))
@@ -533,27 +535,27 @@ def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
     if not help_text:
         settings.notes.append("gateway: `gateway serve --help` failed; gateway not run")
         return steps
-    server = "hypercorn" if "--server" in help_text else None
-    steps.append(("gateway-hypercorn-1w", lambda: targets.gateway(tmp, up, 1, True, server)))
+    server = DEFAULT if "--server" in help_text else None
+    steps.append((report.GATEWAY, lambda: targets.gateway(tmp, up, 1, True, server)))
     # the same without metrics and access log: what they cost, measured beside it
     steps.append(
         (
-            "gateway-hypercorn-1w" + targets.NO_METRICS,
+            report.NO_METRICS,
             lambda: targets.gateway(tmp, up, 1, True, server, metrics=False),
         )
     )
     steps.append(
-        ("gateway-hypercorn-2w-unpinned", lambda: targets.gateway(tmp, up, 2, False, server))
+        (f"gateway-{DEFAULT}-2w-unpinned", lambda: targets.gateway(tmp, up, 2, False, server))
     )
-    if server is not None:  # the same gateway under the optional faster servers
+    if server is not None:  # the same gateway under the other servers
         for other in targets.SERVERS:
-            if other != "hypercorn" and targets.server_available(other):
+            if other != DEFAULT and targets.server_available(other):
                 steps.append(
                     (f"gateway-{other}-1w", lambda o=other: targets.gateway(tmp, up, 1, True, o))
                 )
     settings.commands.append(
         "gateway serve --config <tmp>/<target>.bench.yaml --host 127.0.0.1 --port P --workers N"
-        + (" --server hypercorn" if server else "")
+        + (f" --server {DEFAULT}" if server else "")
     )
     return steps
 

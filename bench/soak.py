@@ -35,7 +35,7 @@ def main() -> int:
         print("soak: `gateway serve --help` failed: nothing to soak", file=sys.stderr)
         return 2
     up = targets.start_upstream(tmp, 200, 25)
-    server = "hypercorn" if "--server" in targets.gateway_help() else None
+    server = targets.DEFAULT_SERVER if "--server" in targets.gateway_help() else None
     gw = targets.gateway(tmp, up, 1, True, server)
     if gw is None:
         print("soak: the gateway did not start", file=sys.stderr)

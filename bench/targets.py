@@ -23,6 +23,7 @@ from bench import nginx, payloads, peers, procs
 RELAY_CORE = 0
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ("hypercorn", "uvicorn", "granian")
+DEFAULT_SERVER = "uvicorn"  # what ``gateway serve`` runs unless told (tests/test_bench_pairing.py)
 # the upstream kinds every relay is configured with: one model name and upstream base URL each
 KINDS = ("json", "sse", "paced", "embeddings")
 CHAT_PATH, EMBED_PATH = "/v1/chat/completions", "/v1/embeddings"
@@ -171,7 +172,8 @@ def server_available(server: str) -> bool:
     return importlib.util.find_spec(server) is not None
 
 
-def asgi_command(server: str, app: str, port: int, workers: int = 1) -> list[str]:
+def asgi_command(server: str, app: str, port: int | str, workers: int = 1) -> list[str]:
+    """The server serving ``app`` on 127.0.0.1 (``port`` may be a ``{port}`` placeholder)."""
     py = sys.executable
     if server == "hypercorn":
         return [py, "-m", "hypercorn", "-b", f"127.0.0.1:{port}", "--backlog", "8192",
@@ -319,7 +321,7 @@ def gateway(
     exe = gateway_binary()
     if exe is None:
         return None
-    name = f"gateway-{server or 'hypercorn'}-{workers}w" + ("" if pinned else "-unpinned")
+    name = f"gateway-{server or DEFAULT_SERVER}-{workers}w" + ("" if pinned else "-unpinned")
     name += "" if metrics else NO_METRICS
     conf = gateway_config(tmp, up, name, metrics)
     port = procs.free_port()
@@ -331,6 +333,6 @@ def gateway(
         procs.pinned(cmd, RELAY_CORE if pinned else None), tmp / f"{name}.log", cwd=str(tmp)
     )
     target = Target(
-        name, "gateway", server or "hypercorn", port, proc, relay_paths(), pinned=pinned
+        name, "gateway", server or DEFAULT_SERVER, port, proc, relay_paths(), pinned=pinned
     )
     return _settle(target, 60)

@@ -143,16 +143,17 @@ async def test_the_bare_relay_relays_embeddings_with_the_model_renamed(
 
 
 def test_the_embeddings_cell_runs_on_few_targets_by_default() -> None:
-    assert run.embed_wanted("gateway-hypercorn-1w", "")
-    assert run.embed_wanted("bare-hypercorn", "")
+    assert run.embed_wanted("gateway-uvicorn-1w", "")  # the default server's
+    assert run.embed_wanted("bare-uvicorn", "")
     assert run.embed_wanted("direct", "")
     assert run.embed_wanted("litellm", "")
-    assert not run.embed_wanted("gateway-hypercorn-2w-unpinned", "")
-    assert not run.embed_wanted("bare-uvicorn", "")
+    assert not run.embed_wanted("gateway-uvicorn-2w-unpinned", "")
+    assert not run.embed_wanted("bare-hypercorn", "")
+    assert not run.embed_wanted("gateway-hypercorn-1w", "")
     assert not run.embed_wanted("nginx-relay", "")
     assert run.embed_wanted("nginx-relay", "all")
-    assert run.embed_wanted("gateway-uvicorn-1w", "uvicorn,direct")
-    assert not run.embed_wanted("gateway-hypercorn-1w", "uvicorn,direct")
+    assert run.embed_wanted("gateway-hypercorn-1w", "hypercorn,direct")
+    assert not run.embed_wanted("gateway-uvicorn-1w", "hypercorn,direct")
 
 
 def test_the_embeddings_cells_come_after_the_chat_cells() -> None:
@@ -193,11 +194,11 @@ def _render(results: dict[str, Any]) -> str:
 def test_the_report_shows_the_gateways_share_of_the_bare_relay_for_embeddings() -> None:
     f = {
         "direct": {1: _cell([30000.0] * 3, 0.02, 0.05), 64: _cell([40000.0] * 3, 1.0, 2.0)},
-        "bare-hypercorn": {
+        "bare-uvicorn": {
             1: _cell([1000.0, 1000.0, 800.0], 0.7, 2.0),
             64: _cell([2000.0] * 3, 30.0, 40.0),
         },
-        "gateway-hypercorn-1w": {
+        "gateway-uvicorn-1w": {
             1: _cell([900.0, 950.0, 760.0], 0.9, 2.5),
             64: _cell([1600.0] * 3, 36.0, 46.0),
         },
@@ -209,7 +210,7 @@ def test_the_report_shows_the_gateways_share_of_the_bare_relay_for_embeddings() 
     assert "| (f) embeddings, 64 conns | 80.0% (turns 80%–80%) | **FAIL** |" in text
     assert "| (f) embeddings, 1 conn | +0.88 ms | **PASS** |" in text  # p50 over direct
     assert "## (f) Embeddings, 2 inputs × 256 floats" in text
-    assert "| gateway-hypercorn-1w | 64 | 1,600 | 36.00 | 46.00 | 0 | 500 | – | – | 0.800 |" in text
+    assert "| gateway-uvicorn-1w | 64 | 1,600 | 36.00 | 46.00 | 0 | 500 | – | – | 0.800 |" in text
 
 
 def test_the_report_without_the_embeddings_cell() -> None:

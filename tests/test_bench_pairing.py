@@ -85,11 +85,11 @@ def test_the_report_judges_the_cost_of_metrics() -> None:
     on = {"rps": 960.0, "rps_reps": [960.0, 500.0], "errors": 0}
     off = {"rps": 1000.0, "rps_reps": [1000.0, 520.0], "errors": 0}
     results = {
-        "a": {"gateway-hypercorn-1w": {1: on}, "gateway-hypercorn-1w-nometrics": {1: off}},
+        "a": {"gateway-uvicorn-1w": {1: on}, "gateway-uvicorn-1w-nometrics": {1: off}},
         "b": {},
         "e_instructions": {
-            "gateway-hypercorn-1w": {"json": 1_900_000.0, "sse": 2_100_000.0},
-            "gateway-hypercorn-1w-nometrics": {"json": 1_850_000.0, "sse": 1_950_000.0},
+            "gateway-uvicorn-1w": {"json": 1_900_000.0, "sse": 2_100_000.0},
+            "gateway-uvicorn-1w-nometrics": {"json": 1_850_000.0, "sse": 1_950_000.0},
         },
     }
     rows = [r for r in report._targets(results, [1], [1]) if "metrics and access log" in r]
@@ -99,3 +99,11 @@ def test_the_report_judges_the_cost_of_metrics() -> None:
     assert len(counted) == 1 and "97.4%" in counted[0] and "**PASS**" in counted[0]
     sse = [r for r in report._targets(results, [1], [1]) if "(150k instructions" in r]
     assert len(sse) == 1 and "92.9%" in sse[0] and "**FAIL**" in sse[0]
+
+
+def test_the_bench_judges_the_gateway_on_the_server_gateway_serve_runs_by_default() -> None:
+    from gateway.cli import build_parser
+
+    default = build_parser().parse_args(["serve"]).server
+    assert report.GATEWAY == f"gateway-{default}-1w"
+    assert report.bare_for(report.GATEWAY) == f"bare-{default}"

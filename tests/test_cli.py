@@ -384,10 +384,10 @@ def test_serve_passes_its_options_on(
     monkeypatch.setitem(sys.modules, "gateway.server", fake)
     assert main(["serve", "--config", str(config)]) == 0
     assert main(["serve", "--config", str(config), "--host", "0.0.0.0", "--port", "9000",
-                 "--workers", "4", "--server", "uvicorn"]) == 0  # fmt: skip
+                 "--workers", "4", "--server", "hypercorn"]) == 0  # fmt: skip
     assert calls == [
-        ("admin-token-for-the-cli", "127.0.0.1", 8080, 1, "hypercorn"),
-        ("admin-token-for-the-cli", "0.0.0.0", 9000, 4, "uvicorn"),
+        ("admin-token-for-the-cli", "127.0.0.1", 8080, 1, "uvicorn"),
+        ("admin-token-for-the-cli", "0.0.0.0", 9000, 4, "hypercorn"),
     ]
 
 

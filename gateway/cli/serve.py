@@ -17,7 +17,7 @@ def register(sub: Subcommands, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=port, default=8080)
     serve.add_argument("--workers", type=positive_int, default=1)
-    serve.add_argument("--server", choices=SERVERS, default="hypercorn")
+    serve.add_argument("--server", choices=SERVERS, default="uvicorn")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

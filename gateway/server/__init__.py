@@ -1,5 +1,6 @@
-"""Running the app: hypercorn by default (HTTP/2, graceful shutdown), uvicorn or granian as
-options. The app is plain ASGI, so the server is a choice, not a ceiling.
+"""Running the app: uvicorn by default (README, "Why uvicorn is the default"), hypercorn
+(HTTP/2) or granian as options. The app is plain ASGI, so the server is a choice, not a
+ceiling.
 
 With one worker the app is built here and served in this process; with several, each worker
 imports ``gateway.app:create_app()`` (under hypercorn ``hypercorn_worker_app()``, which mends
@@ -65,7 +66,7 @@ HOST_ENV = "GATEWAY_HOST"  # the host the workers bind their probe port on
 
 
 def serve(
-    settings: Settings, host: str, port: int, workers: int = 1, server: str = "hypercorn"
+    settings: Settings, host: str, port: int, workers: int = 1, server: str = "uvicorn"
 ) -> None:
     """Serve until SIGINT or SIGTERM. Several workers share a directory of metrics
     snapshots for the run (``gateway.observe.metrics``), removed when the server stops. A

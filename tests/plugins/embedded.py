@@ -1,6 +1,6 @@
 """The app served in the test's own event loop by the server the suite runs on.
 
-``GATEWAY_TEST_SERVER`` (hypercorn, the default, uvicorn or granian) names it, for the
+``GATEWAY_TEST_SERVER`` (uvicorn, the default, hypercorn or granian) names it, for the
 served fixtures here and for ``gateway serve`` in ``tests/plugins/processes.py``: the whole
 served suite runs on any supported server. ``each_server`` parametrizes a test of a
 server-specific behaviour over every supported server that is installed.
@@ -30,7 +30,7 @@ from gateway.server.hypercorn_mend import default_connection_limit
 from gateway.types import ASGIApp
 
 ENV = "GATEWAY_TEST_SERVER"
-SERVER = os.environ.get(ENV, "hypercorn")
+SERVER = os.environ.get(ENV, "uvicorn")
 if SERVER not in SERVERS:
     raise pytest.UsageError(f"{ENV}={SERVER!r}: expected one of {', '.join(SERVERS)}")
 STOP_DEADLINE = 30.0  # a shutdown takes well under a second; the bound is for a busy machine

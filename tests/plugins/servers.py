@@ -1,7 +1,7 @@
 """Served gateways for end-to-end tests: the fake upstream and the gateway on real sockets.
 
 ``fake`` is the bundled fake upstream on an ephemeral port; ``gateway`` is the app served by
-the suite's server (``GATEWAY_TEST_SERVER``, hypercorn unless set) on an ephemeral port in
+the suite's server (``GATEWAY_TEST_SERVER``, uvicorn unless set) on an ephemeral port in
 the test's event loop, configured by ``make_config`` against
 that upstream and the store of ``store_url`` (so every end-to-end test runs on both stores).
 """
