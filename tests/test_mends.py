@@ -16,9 +16,10 @@ from asyncio.streams import FlowControlMixin
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
+import aiohttp.client_reqrep
 import aiohttp.streams
 import h11
 import h11._connection
@@ -39,6 +40,7 @@ from gateway.config import UpstreamSettings, load_settings
 from gateway.server import mends
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.server.hypercorn_mend import CONNECTIONS, ServerConfig
+from gateway.upstream import lean_request_info
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 KINDS = {
@@ -52,11 +54,12 @@ KINDS = {
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
     "aiohttp.lean_buffers": "speed",
+    "aiohttp.lean_request_info": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
 OWNERS += [h11._connection, RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
-OWNERS += [aiohttp.streams, FlowControlMixin]
+OWNERS += [aiohttp.streams, FlowControlMixin, lean_request_info]
 
 
 @pytest.fixture(autouse=True)
@@ -323,6 +326,18 @@ async def _spawns_otherwise(self: Any, app: Any, config: Any, scope: Any, send: 
     return queue.put
 
 
+class FiveFields(NamedTuple):
+    url: Any
+    method: str
+    headers: Any
+    real_url: Any
+    body: bytes
+
+
+def _keeps_info_otherwise(self: Any, *args: Any, **kwargs: Any) -> None:
+    self._request = kwargs.get("request_info")  # under another name
+
+
 async def _pops(self: Any) -> None:
     self._drain_waiters.popleft()  # a deque's, which a list has not
 
@@ -436,6 +451,21 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "DataQueue.__init__ no longer uses collections",
     ),  # fmt: skip
     ("aiohttp.lean_buffers", _rotates, "uses its deques' rotate"),
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.client_reqrep, "RequestInfo", FiveFields),
+        "RequestInfo is not a tuple of (url, method, headers, real_url)",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.ClientResponse, "__init__", _keeps_info_otherwise),
+        "ClientResponse.__init__ no longer uses _request_info",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.ClientResponse, "request_info", None),
+        "ClientResponse.request_info is not a property",
+    ),  # fmt: skip
 ]
 
 

@@ -47,6 +47,7 @@ MODULES = (
     "gateway.server.h11_headers",
     "gateway.upstream.pool",
     "gateway.upstream.lean_buffers",
+    "gateway.upstream.lean_request_info",
 )
 _MARK = "__gateway_mend__"  # on a wrapper: the name of the mend that made it
 _left_out: set[str] = set()  # speed mends found not to fit (and said so) in this process
