@@ -327,7 +327,7 @@ def _wait_for(aw: Any, timeout: float | None) -> Any:
 
 
 # asyncio as hypercorn's tcp_server module sees it under the mend: but for its wait_for
-_TCP_ASYNCIO = module_but(asyncio, wait_for=staticmethod(_wait_for))
+_TCP_ASYNCIO = module_but(asyncio, wait_for=_wait_for)
 
 
 def _tcp_server_module() -> Any:
