@@ -16,7 +16,8 @@ once its status and headers arrived, puts in its place a ``RequestInfo`` with th
 method and real URL and an empty, shared ``CIMultiDictProxy`` for headers (and lets go of
 ``request_info`` as aiohttp's ``reify`` kept it, if it was read). The request's
 headers then have nothing left holding them (aiohttp keeps no other reference to a sent
-request), and the credentials in them go with them. Without the mend it does nothing.
+request; the gateway's ``UpstreamCall`` keeps its own plain dict of them). Without the mend
+it does nothing.
 """
 
 from __future__ import annotations
