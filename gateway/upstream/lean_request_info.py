@@ -1,8 +1,8 @@
 """A mend of aiohttp (written for 3.14) that lets an upstream response forget the headers of
 the request it answers: ``aiohttp.lean_request_info``, of kind ``speed`` (it only makes a
 response cheaper to hold: bench/RESULTS.md, "Memory per open stream, the request's
-headers"); a ``gateway.server.mends.Mend``, checked before it is applied, and left out with
-a warning when it does not fit.
+headers and the read's wait"); a ``gateway.server.mends.Mend``, checked before it is
+applied, and left out with a warning when it does not fit.
 
 Why: an aiohttp response keeps its request's ``RequestInfo`` (URL, method, headers) for as
 long as it lives, for the errors it may raise (``raise_for_status``, ``json``) and for
