@@ -1,8 +1,10 @@
 """The leaner app queue and events the gateway gives hypercorn (``server.hypercorn_lean``)
 keep ``asyncio.Queue``'s and ``asyncio.Event``'s behaviour as hypercorn uses them: first in
 first out, a bound that makes ``put`` wait, nothing lost to a cancelled getter, every waiter
-woken by ``set``; and under the mends hypercorn makes its queues and events of them, and a
-connection's writer waits for the socket to drain as before without its deque."""
+woken by ``set``; and under the mends hypercorn makes its queues and events of them, a
+connection's writer waits for the socket to drain as before without its deque, and its read
+loop reads what the client sends and ends as before: at the client's close, or at hypercorn's
+``read_timeout`` when one is set, without ``asyncio.wait_for``'s coroutine when none is."""
 
 from __future__ import annotations
 
@@ -10,16 +12,18 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-from hypercorn.asyncio import task_group
+from hypercorn.asyncio import task_group, tcp_server
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.config import Config
+from hypercorn.events import Closed, RawData
 
 from gateway.server import mends
 from gateway.server.hypercorn_lean import (
     LEAN_APP_QUEUE,
     LEAN_DRAIN_WAITERS,
     LEAN_EVENTS,
+    LEAN_READ,
     AppQueue,
     LeanEvent,
 )
@@ -102,11 +106,11 @@ async def test_the_event_wakes_every_waiter_and_clears() -> None:
 
 @pytest.fixture
 def lean() -> Iterator[None]:
-    saved = task_group.asyncio, WorkerContext.event_class, TCPServer.__init__
-    for mend in (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS):
+    saved = task_group.asyncio, WorkerContext.event_class, TCPServer.__init__, tcp_server.asyncio
+    for mend in (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS, LEAN_READ):
         mends.put_in_place(mend)
     yield
-    task_group.asyncio, WorkerContext.event_class, TCPServer.__init__ = saved
+    task_group.asyncio, WorkerContext.event_class, TCPServer.__init__, tcp_server.asyncio = saved
 
 
 async def test_under_the_mends_hypercorn_makes_them(lean: None) -> None:
@@ -152,3 +156,61 @@ async def test_under_the_mends_a_connection_drains_as_before(lean: None) -> None
     writer.close()
     listener.close()
     assert drained == [False, True]
+
+
+class Recorder:
+    """A connection's protocol that keeps what the read loop hands it."""
+
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def handle(self, event: object) -> None:
+        self.events.append(event)
+
+
+REQUEST = b"GET / HTTP/1.1\r\n"
+
+
+@pytest.mark.parametrize(
+    ("read_timeout", "client_closes", "seen"),
+    [
+        (None, True, [RawData(REQUEST), RawData(b""), Closed()]),  # the client's close ends it
+        (0.2, False, [RawData(REQUEST), Closed()]),  # the timeout ends it
+        (5.0, True, [RawData(REQUEST), RawData(b""), Closed()]),  # a timeout not reached
+    ],
+)
+@pytest.mark.parametrize("mended", [False, True])
+async def test_under_the_mends_a_connection_reads_as_before(
+    request: pytest.FixtureRequest,
+    mended: bool,
+    read_timeout: float | None,
+    client_closes: bool,
+    seen: list[object],
+) -> None:
+    if mended:
+        request.getfixturevalue("lean")
+    ended: asyncio.Future[list[object]] = asyncio.get_running_loop().create_future()
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        config = Config()
+        config.read_timeout = read_timeout
+        loop = asyncio.get_running_loop()
+        server = TCPServer(None, loop, config, WorkerContext(None), None, reader, writer)  # type: ignore[arg-type]
+        server.protocol = recorder = Recorder()  # type: ignore[assignment]
+        await server._read_data()
+        ended.set_result(recorder.events)
+        writer.close()
+
+    listener = await asyncio.start_server(connected, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(REQUEST)
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    if client_closes:
+        writer.close()
+    try:
+        assert await asyncio.wait_for(ended, 10) == seen
+    finally:
+        writer.close()
+        listener.close()

@@ -16,9 +16,10 @@ from asyncio.streams import FlowControlMixin
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
+import aiohttp.client_reqrep
 import aiohttp.streams
 import h11
 import h11._connection
@@ -27,7 +28,7 @@ import h11._headers
 import hypercorn.events
 import pytest
 from aiohttp.connector import BaseConnector
-from hypercorn.asyncio import task_group
+from hypercorn.asyncio import task_group, tcp_server
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import AsyncioSingleTask, EventWrapper, WorkerContext
 from hypercorn.config import Config
@@ -39,6 +40,7 @@ from gateway.config import UpstreamSettings, load_settings
 from gateway.server import mends
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.server.hypercorn_mend import CONNECTIONS, ServerConfig
+from gateway.upstream import lean_request_info
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 KINDS = {
@@ -48,15 +50,17 @@ KINDS = {
     "hypercorn.lean_app_queue": "speed",
     "hypercorn.lean_events": "speed",
     "hypercorn.lean_drain_waiters": "speed",
+    "hypercorn.lean_read": "speed",
     "hypercorn.header_timeout": "safety",
     "h11.header_check": "speed",
     "aiohttp.recent_first": "speed",
     "aiohttp.lean_buffers": "speed",
+    "aiohttp.lean_request_info": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, ServerConfig, h11._headers.Headers, h11._headers, h11._events]
 OWNERS += [h11._connection, RecentFirstConnector, task_group, WorkerContext, ProtocolWrapper]
-OWNERS += [aiohttp.streams, FlowControlMixin]
+OWNERS += [aiohttp.streams, FlowControlMixin, lean_request_info, tcp_server]
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +121,7 @@ def test_every_mend_fits_the_installed_libraries(name: str) -> None:
 START_UP = """
 import asyncio, json, sys
 import h11._connection, h11._events, h11._headers
-from hypercorn.asyncio import task_group
+from hypercorn.asyncio import task_group, tcp_server
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import WorkerContext
 from hypercorn.protocol import ProtocolWrapper
@@ -169,7 +173,8 @@ print(json.dumps({
     "wrapped": {part: mends.original(func).__module__ for part, func in parts.items()},
     "limits": [CONNECTIONS.limit, HEADER_TIMEOUT.seconds],
     "lean": [type(task_group.asyncio.Queue()).__name__, WorkerContext.event_class.__name__,
-             type(aiohttp.streams.collections.deque()).__name__],
+             type(aiohttp.streams.collections.deque()).__name__,
+             tcp_server.asyncio.wait_for(b"read", None).decode()],
 }))
 """
 
@@ -217,8 +222,8 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "RecentFirstConnector._get": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
-    # hypercorn's queue and events, aiohttp's response buffers: leaner
-    assert seen["lean"] == ["AppQueue", "LeanEvent", "LeanDeque"]
+    # hypercorn's queue and events, aiohttp's response buffers, the read loop's wait: leaner
+    assert seen["lean"] == ["AppQueue", "LeanEvent", "LeanDeque", "read"]
     assert "server.mend" not in done.stderr  # nothing left out
 
 
@@ -323,6 +328,23 @@ async def _spawns_otherwise(self: Any, app: Any, config: Any, scope: Any, send: 
     return queue.put
 
 
+class FiveFields(NamedTuple):
+    url: Any
+    method: str
+    headers: Any
+    real_url: Any
+    body: bytes
+
+
+def _keeps_info_otherwise(self: Any, *args: Any, **kwargs: Any) -> None:
+    self._request = kwargs.get("request_info")  # under another name
+
+
+async def _reads_with_its_own_timeout(self: Any) -> None:
+    async with asyncio.timeout(self.config.read_timeout):  # no longer asyncio.wait_for
+        await self.reader.read(2**16)
+
+
 async def _pops(self: Any) -> None:
     self._drain_waiters.popleft()  # a deque's, which a list has not
 
@@ -417,6 +439,13 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ("hypercorn.lean_drain_waiters", _set(TCPServer, "__init__", _takes_more), "takes (self"),
     ("hypercorn.lean_drain_waiters", _without("writer"), "TCPServer().writer is missing"),
     ("hypercorn.lean_drain_waiters", _set(FlowControlMixin, "_drain_helper", _pops), "popleft"),
+    ("hypercorn.lean_read", _set(tcp_server, "asyncio", os), "not the asyncio module"),
+    ("hypercorn.lean_read", _set(TCPServer, "_read_data", _takes_more), "takes (self, extra)"),
+    (
+        "hypercorn.lean_read",
+        _set(TCPServer, "_read_data", _reads_with_its_own_timeout),
+        "TCPServer._read_data no longer uses wait_for",
+    ),  # fmt: skip
     ("h11.header_check", _gone(h11._headers, "normalize_and_validate"), "normalize_and_valid"),
     ("h11.header_check", _set(h11._events, "normalize_and_validate", _checks_all), "another"),
     ("h11.header_check", _unchecked, "skips the Content-Length rules"),
@@ -436,6 +465,21 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "DataQueue.__init__ no longer uses collections",
     ),  # fmt: skip
     ("aiohttp.lean_buffers", _rotates, "uses its deques' rotate"),
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.client_reqrep, "RequestInfo", FiveFields),
+        "RequestInfo is not a tuple of (url, method, headers, real_url)",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.ClientResponse, "__init__", _keeps_info_otherwise),
+        "ClientResponse.__init__ no longer uses _request_info",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_request_info",
+        _set(aiohttp.ClientResponse, "request_info", None),
+        "ClientResponse.request_info is not a property",
+    ),  # fmt: skip
 ]
 
 

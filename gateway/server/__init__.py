@@ -40,7 +40,7 @@ from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.server import mends
 from gateway.server.h11_headers import HEADER_CHECK
 from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
-from gateway.server.hypercorn_lean import LEAN_APP_QUEUE, LEAN_DRAIN_WAITERS, LEAN_EVENTS
+from gateway.server.hypercorn_lean import MENDS as LEAN_MENDS
 from gateway.server.hypercorn_mend import (
     CONNECTION_CAP,
     CONNECTIONS,
@@ -181,7 +181,7 @@ def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
     process). ``apply=False``: only check them (hypercorn's parent process, which serves
     nothing itself)."""
     needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
-    needed += [LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS]
+    needed += LEAN_MENDS  # each connection leaner (speed mends; hypercorn_lean)
     if server.header_timeout_seconds > 0:
         needed.insert(2, HEADER_DEADLINE)
     if apply:

@@ -1,6 +1,7 @@
 """Mends of hypercorn (written for 0.18) that make each connection it holds smaller: its app
-queue (``hypercorn.lean_app_queue``), its events (``hypercorn.lean_events``) and its stream
-writer's drain waiters (``hypercorn.lean_drain_waiters``), all of kind ``speed`` (they only
+queue (``hypercorn.lean_app_queue``), its events (``hypercorn.lean_events``), its stream
+writer's drain waiters (``hypercorn.lean_drain_waiters``) and its read loop's wait
+(``hypercorn.lean_read``), all of kind ``speed`` (they only
 make a connection cheaper: bench/RESULTS.md, "Memory per open stream"). Each is a
 ``gateway.server.mends.Mend``: checked before it is applied, in the registry there; one that
 does not fit is left out with a warning, and hypercorn keeps its own.
@@ -25,6 +26,14 @@ made, so each costs about 600 bytes empty; these five were a tenth of a stream's
   deque made with it, and only appends to it, removes from it and goes through it: a list
   does that alike. hypercorn makes one writer per connection, and hands it to ``TCPServer``,
   whose ``__init__`` the mend wraps to swap the empty deque for a list.
+- hypercorn's read loop (``TCPServer._read_data``) awaits each read as
+  ``asyncio.wait_for(reader.read(...), config.read_timeout)``, and a connection spends its
+  life in that wait. With no ``read_timeout`` (hypercorn's default, and the gateway's: its
+  own header deadline is ``hypercorn.header_timeout``), ``asyncio.wait_for`` only awaits the
+  read, in a coroutine of its own (about 0.2 KiB) held as long as the wait. The mend gives
+  ``hypercorn.asyncio.tcp_server`` an ``asyncio`` of its own, the same module in every name
+  but ``wait_for``, which hands back the read itself when there is no timeout (the loop
+  awaits it, as ``asyncio.wait_for`` would) and is ``asyncio.wait_for`` otherwise.
 """
 
 from __future__ import annotations
@@ -303,4 +312,64 @@ LEAN_DRAIN_WAITERS = Mend(
     in_place=lambda: mended(getattr(tcp_server_class(), "__init__", None), _DRAIN),
 )
 
-MENDS = (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS)
+
+# ---- hypercorn.lean_read -------------------------------------------------------------------
+
+_READ = "hypercorn.lean_read"
+
+
+def _wait_for(aw: Any, timeout: float | None) -> Any:
+    """``asyncio.wait_for`` as ``hypercorn.asyncio.tcp_server`` sees it under the mend: with
+    no timeout, ``aw`` itself, for the caller to await; else asyncio's own."""
+    if timeout is None:
+        return aw
+    return asyncio.wait_for(aw, timeout)
+
+
+# asyncio as hypercorn's tcp_server module sees it under the mend: but for its wait_for
+_TCP_ASYNCIO = module_but(asyncio, wait_for=_wait_for)
+
+
+def _tcp_server_module() -> Any:
+    try:
+        from hypercorn.asyncio import tcp_server as module
+    except ImportError:
+        return None
+    return module
+
+
+def _check_read() -> list[str]:
+    needs = Needs()
+    where = "hypercorn.asyncio.tcp_server"
+    module = needs.module(where)
+    found = needs.attr(module, "asyncio", where)
+    needs.require(
+        found is None or found is asyncio or found is _TCP_ASYNCIO,
+        f"{where}.asyncio is not the asyncio module",
+    )
+    server_class = needs.attr(module, "TCPServer", where)
+    read_data = needs.function(server_class, "_read_data", "TCPServer", ["self"], coroutine=True)
+    # it awaits each read as asyncio.wait_for(self.reader.read(...), config.read_timeout)
+    needs.uses(read_data, ["asyncio", "wait_for", "read", "read_timeout"], "TCPServer._read_data")
+    params = list(inspect.signature(asyncio.wait_for).parameters)
+    needs.require(params == ["fut", "timeout"], "asyncio.wait_for takes other than (fut, timeout)")
+    return needs.missing
+
+
+def _apply_read() -> None:
+    _tcp_server_module().asyncio = _TCP_ASYNCIO
+
+
+LEAN_READ = Mend(
+    name=_READ,
+    library="hypercorn",
+    written_for=WRITTEN_FOR,
+    kind="speed",
+    fixes="each connection's read waits in a coroutine of asyncio.wait_for (about 0.2 KiB) "
+    "that has no timeout to keep",
+    check=_check_read,
+    apply=_apply_read,
+    in_place=lambda: getattr(_tcp_server_module(), "asyncio", None) is _TCP_ASYNCIO,
+)
+
+MENDS = (LEAN_APP_QUEUE, LEAN_EVENTS, LEAN_DRAIN_WAITERS, LEAN_READ)

@@ -10,7 +10,9 @@ connections and the rest idle out, instead of cycling through every connection o
 That reaches into aiohttp's private pool, so it is a mend, ``aiohttp.recent_first`` (speed;
 checked before it is put in place, ``gateway.server.mends``), kept for a request about 5%
 cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts in place
-``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques).
+``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques) and
+``aiohttp.lean_request_info`` (``lean_request_info.py``: a started response lets go of its
+request's headers).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -41,6 +43,7 @@ from gateway.errors import (
 from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
+from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -132,6 +135,7 @@ class Upstream:
     async def start(self) -> None:
         s = self._settings
         mends.fits(LEAN_BUFFERS)  # each response's buffers without deques (a speed mend)
+        mends.fits(LEAN_REQUEST_INFO)  # and without its request's headers (another)
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
@@ -222,6 +226,7 @@ class UpstreamResponse:
         self.headers: Mapping[str, str] = resp.headers
         self._resp = resp
         self._limit = limit  # the most ``read()`` takes
+        forget_request_headers(resp)  # under aiohttp.lean_request_info
 
     async def read(self) -> bytes:
         """The whole body, of at most ``limit`` bytes (decompressed: a compressed bomb stops
