@@ -179,6 +179,8 @@ def start(needed: Iterable[Mend], *, apply: bool = True) -> None:
 def unmended() -> set[str]:
     """The names ``GATEWAY_UNMENDED`` gives; one that is no mend's is said with a warning."""
     names = {name.strip() for name in os.environ.get(UNMENDED_ENV, "").split(",")} - {""}
+    if not names - {"all"}:
+        return names  # the registry (which imports aiohttp) not needed
     known = registry()
     for name in sorted(names - known.keys() - {"all"}):
         if name in REMOVED:
