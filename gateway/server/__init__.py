@@ -32,21 +32,17 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, cast
 
-from hypercorn.config import Sockets
+from hypercorn.config import Config, Sockets
 
 from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.server import mends
-from gateway.server.h11_headers import HEADER_CHECK
 from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
-from gateway.server.hypercorn_lean import MENDS as LEAN_MENDS
 from gateway.server.hypercorn_mend import (
     CONNECTION_CAP,
     CONNECTIONS,
-    DATE_HEADER,
     IDLE_CLOSE,
-    ServerConfig,
     default_connection_limit,
 )
 from gateway.server.parent import end_with_parent, mark_parent
@@ -130,6 +126,14 @@ def _hypercorn(settings: Settings, host: str, port: int, workers: int) -> None:
     asyncio.run(main())
 
 
+class ServerConfig(Config):
+    """hypercorn's ``Config`` as the gateway serves with it: no ``Server`` header (the gateway
+    does not advertise its software). (A class of this module's own, not one made in a
+    function: several workers get it pickled.)"""
+
+    include_server_header = False
+
+
 class WorkersConfig(ServerConfig):
     """The config of several hypercorn workers: each listens on a socket of its own
     (``ListenerPerWorker``) instead of the one hypercorn's parent binds and hands to all."""
@@ -177,13 +181,12 @@ def worker_listener(family: int, address: Any) -> socket.socket:
 
 def mend_hypercorn(server: ServerSettings, *, apply: bool = True) -> None:
     """Put in place the mends this process serves hypercorn with, as ``server`` sets them
-    (``gateway.server.mends.start``: one that does not fit is left out, or stops the
-    process). ``apply=False``: only check them (hypercorn's parent process, which serves
-    nothing itself)."""
-    needed = [IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER, HEADER_CHECK]
-    needed += LEAN_MENDS  # each connection leaner (speed mends; hypercorn_lean)
+    (``gateway.server.mends.start``: one that does not fit stops the process, unless
+    ``GATEWAY_UNMENDED`` names it). ``apply=False``: only check them (hypercorn's parent
+    process, which serves nothing itself)."""
+    needed = [IDLE_CLOSE, CONNECTION_CAP]
     if server.header_timeout_seconds > 0:
-        needed.insert(2, HEADER_DEADLINE)
+        needed.append(HEADER_DEADLINE)
     if apply:
         CONNECTIONS.limit = server.max_connections or default_connection_limit()
         HEADER_TIMEOUT.seconds = server.header_timeout_seconds

@@ -1,7 +1,6 @@
 """Mends of hypercorn (written for 0.18): a connection its client closed while idle is let go
-at once instead of after the keep-alive (``hypercorn.idle_close``, correctness); a cap on the
-connections one process holds (``hypercorn.connection_cap``, safety); and a ``Date`` header
-formatted once a second, not once a response (``hypercorn.date_header``, speed). Each is a
+at once instead of after the keep-alive (``hypercorn.idle_close``, correctness), and a cap on
+the connections one process holds (``hypercorn.connection_cap``, safety). Each is a
 ``gateway.server.mends.Mend``: checked before it is applied, in the registry there.
 
 ``idle_close`` is kept because hypercorn leaks: its ``TCPServer`` runs a connection in a
@@ -20,16 +19,16 @@ fail. It counts the connections of ``TCPServer.run``; past the cap a new one get
 in the OpenAI error shape with ``Retry-After`` and ``Connection: close`` before anything is
 read, and is closed.
 
-``date_header`` is kept while hypercorn is the default server: it makes every response about
-11,000 instructions cheaper (bench/RESULTS.md, "Mends").
+hypercorn's speed mends (a ``Date`` header formatted once a second, the lean app queue,
+events and drain waiters, and h11's cheaper header check) were removed when the default
+server became uvicorn: a mend of a library's private parts is kept only where hypercorn's
+users need it to be safe or correct (``gateway.server.mends.REMOVED``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
-from wsgiref.handlers import format_date_time
 
 from hypercorn.config import Config
 
@@ -204,75 +203,7 @@ CONNECTION_CAP = Mend(
 )
 
 
-# ---- hypercorn.date_header -----------------------------------------------------------------
-
-_DATE_HEADER = "hypercorn.date_header"
-
-
-def http_date() -> bytes:
-    """Now as an HTTP ``Date`` value, formatted once a second."""
-    now = int(time.time())
-    if now != _DATE[0]:
-        _DATE[0], _DATE[1] = now, format_date_time(now).encode("ascii")
-    return _DATE[1]  # type: ignore[return-value]
-
-
-_DATE: list[int | bytes] = [-1, b""]
-
-
-class ServerConfig(Config):
-    """hypercorn's ``Config`` as the gateway serves with it: no ``Server`` header (the
-    gateway does not advertise its software, and each header costs h11 a check); under
-    ``hypercorn.date_header``, a ``Date`` made once a second. (A class of this module's own,
-    not one made in a function: several workers get it pickled.)"""
-
-    include_server_header = False
-
-
-def _check_date_header() -> list[str]:
-    needs = Needs()
-    headers = needs.function(
-        Config, "response_headers", "Config", ["self", "protocol"], coroutine=False
-    )
-    flag = needs.attr(Config, "include_date_header", "Config")
-    if headers is not None and flag is not None:
-        sample = Config()
-        sample.include_server_header = False
-        sample.include_date_header = False
-        without = headers(sample, "h11")
-        sample.include_date_header = True
-        with_date = headers(sample, "h11")
-        needs.require(
-            [name for name, _ in with_date] == [b"date"] and without == [],
-            "Config.response_headers no longer adds a date header as include_date_header says",
-        )
-    return needs.missing
-
-
-def _apply_date_header() -> None:
-    response_headers = Config.response_headers
-
-    def dated(self: Config, protocol: str) -> list[tuple[bytes, bytes]]:
-        return [(b"date", http_date()), *response_headers(self, protocol)]
-
-    ServerConfig.response_headers = wrapping(  # type: ignore[method-assign]
-        _DATE_HEADER, response_headers, dated
-    )
-    ServerConfig.include_date_header = False  # added by the wrapper, formatted once a second
-
-
-DATE_HEADER = Mend(
-    name=_DATE_HEADER,
-    library="hypercorn",
-    written_for=WRITTEN_FOR,
-    kind="speed",
-    fixes="hypercorn formats the Date header anew for every response",
-    check=_check_date_header,
-    apply=_apply_date_header,
-    in_place=lambda: mended(vars(ServerConfig).get("response_headers"), _DATE_HEADER),
-)
-
-MENDS = (IDLE_CLOSE, CONNECTION_CAP, DATE_HEADER)
+MENDS = (IDLE_CLOSE, CONNECTION_CAP)
 
 
 def default_connection_limit() -> int:

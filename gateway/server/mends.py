@@ -1,10 +1,13 @@
 """The gateway's mends of third-party internals, in one registry.
 
-A mend changes a private part of a library the gateway runs on (hypercorn, h11, aiohttp), for
-one of three reasons, its *kind*: ``correctness`` (without it the server misbehaves),
-``safety`` (it defends the process against clients that abuse it) or ``speed`` (it only makes
-something cheaper; what each saves is in bench/RESULTS.md, "Mends"). Each mend module says
-which, and why the mend is kept, and declares its mends as ``Mend`` values:
+A mend changes a private part of a library the gateway runs on (hypercorn, aiohttp), for one
+of three reasons, its *kind*: ``correctness`` (without it the server misbehaves), ``safety``
+(it defends the process against clients that abuse it) or ``speed`` (it only makes something
+cheaper; what each saves is in bench/RESULTS.md, "Mends"). Each mend module says which, and
+why the mend is kept, and declares its mends as ``Mend`` values. hypercorn's mends are only
+of the first two kinds: it is served on request (``--server hypercorn``), not by default, so
+a mend that only made it cheaper was not worth its upkeep (``REMOVED``); aiohttp's speed
+mends stay, as aiohttp serves the upstream calls under every server.
 
 - ``check()`` lists what the mend relies on that the installed library lacks or has changed:
   every name it reads, wraps or calls, every parameter list, every shape (tried on a sample
@@ -19,7 +22,10 @@ function with a copy of its code, which would silently undo the library's later 
 At start-up (``start``) a correctness or safety mend that does not fit stops the process with
 one log line naming the mend and what is missing, unless ``GATEWAY_UNMENDED`` names it (mend
 names separated by commas, or ``all``): the process then serves without it, and logs that as
-an error. A speed mend that does not fit is left out, with one warning line.
+an error. A speed mend that does not fit is left out, with one warning line. A name in
+``GATEWAY_UNMENDED`` that is no mend's (a typo, or a mend since removed) gets one warning line
+(``server.unmended_unknown``) and changes nothing: start-up goes on, as it did when that name
+was a speed mend's, which ``GATEWAY_UNMENDED`` never concerned.
 """
 
 from __future__ import annotations
@@ -42,12 +48,21 @@ UNMENDED_ENV = "GATEWAY_UNMENDED"
 # the modules that declare mends (``MENDS`` in each), imported when the registry is asked for
 MODULES = (
     "gateway.server.hypercorn_mend",
-    "gateway.server.hypercorn_lean",
     "gateway.server.header_timeout",
-    "gateway.server.h11_headers",
     "gateway.upstream.pool",
     "gateway.upstream.lean_buffers",
     "gateway.upstream.lean_request_info",
+)
+# mends the gateway had and has no more, and why: ``GATEWAY_UNMENDED`` naming one is told so
+REMOVED = dict.fromkeys(
+    (
+        "hypercorn.date_header",
+        "hypercorn.lean_app_queue",
+        "hypercorn.lean_events",
+        "hypercorn.lean_drain_waiters",
+        "h11.header_check",
+    ),
+    "a speed mend of hypercorn's, removed when uvicorn became the default server",
 )
 _MARK = "__gateway_mend__"  # on a wrapper: the name of the mend that made it
 _left_out: set[str] = set()  # speed mends found not to fit (and said so) in this process
@@ -133,7 +148,7 @@ def start(needed: Iterable[Mend], *, apply: bool = True) -> None:
     """Put ``needed`` in place, in order (``apply=False``: only check them). A speed mend
     that does not fit is left out; a correctness or safety one stops the process
     (``SystemExit``), unless ``GATEWAY_UNMENDED`` names it (module docstring)."""
-    allowed = {name.strip() for name in os.environ.get(UNMENDED_ENV, "").split(",")}
+    allowed = unmended()
     for mend in needed:
         if mend.kind == "speed":
             if apply:
@@ -160,6 +175,21 @@ def start(needed: Iterable[Mend], *, apply: bool = True) -> None:
                 mend.name,
             )
             raise SystemExit(1) from None
+
+
+def unmended() -> set[str]:
+    """The names ``GATEWAY_UNMENDED`` gives; one that is no mend's is said with a warning."""
+    names = {name.strip() for name in os.environ.get(UNMENDED_ENV, "").split(",")} - {""}
+    if not names - {"all"}:
+        return names  # the registry (which imports aiohttp) not needed
+    known = registry()
+    for name in sorted(names - known.keys() - {"all"}):
+        if name in REMOVED:
+            why = f"a mend the gateway no longer has ({REMOVED[name]}): nothing to serve without"
+        else:
+            why = f"which is no mend of the gateway's (they are: {', '.join(known)})"
+        log.warning("server.unmended_unknown %s names %s, %s", UNMENDED_ENV, name, why)
+    return names
 
 
 # what a deque has and a list has not: a mend that gives a library a list where it made a
