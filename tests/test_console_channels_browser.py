@@ -166,7 +166,9 @@ async def test_cloud_channels_made_in_the_console_serve_requests(
     bed = {c["name"]: c for c in await catalogue_channels(gateway)}["console-bedrock"]
     assert not [k for k in bed if k.startswith("aws_")], bed
     assert bed["region"] == "us-east-1"
-    await page.get_by_role("button", name="Edit channel console-bedrock").click()
+    row = page.get_by_role("row").filter(has_text="console-bedrock")
+    await row.get_by_role("cell", name="—", exact=True).wait_for()  # the list drawn again: no key
+    await row.get_by_role("button", name="Edit channel console-bedrock").click()
     assert not await form.get_by_label("Clear the stored AWS keys").is_visible()  # none left
     await alice.close()
     assert not errors

@@ -393,11 +393,18 @@ function drawNav() {
     h("a", { href: `#${id}`, "aria-current": id === state.route ? "page" : null, text: label })));
 }
 
+// renders begun: only the newest draws. Two may run at once (signing out renders, and so does
+// the hash change it makes), and the older one's fetches may end last: drawn over the newer,
+// it wiped what the user had begun to type into the sign-in form
+let renders = 0;
+
 async function render() {
+  const mine = ++renders;
   const main = document.getElementById("main");
   if (!state.role) {
     drawNav();
-    main.replaceChildren(await signInPage());
+    const page = await signInPage();
+    if (mine === renders) main.replaceChildren(page);
     return;
   }
   const all = pages();
@@ -406,8 +413,9 @@ async function render() {
   drawNav();
   try {
     const content = await all[state.route][1]();
-    main.replaceChildren(...[content].flat(3).filter(Boolean));
+    if (mine === renders) main.replaceChildren(...[content].flat(3).filter(Boolean));
   } catch (e) {
+    if (mine !== renders) return;
     if (e.status === 401) { state.role = null; notice("Your session ended; sign in again."); return render(); }
     main.replaceChildren(h("div", { class: "card" }, h("h1", { text: "Something went wrong" }),
       h("p", { text: e.message }), h("p", { class: "muted", text: "Reload the page, or try again in a moment." })));
