@@ -48,8 +48,12 @@ def fmt_streams(cell: dict[str, Any]) -> str:
 
 
 def bare_for(name: str) -> str:
+    """The bare relay a target's share is taken of: its own server's (a bare relay's is
+    itself)."""
     if name.startswith("gateway-"):
         return "bare-" + name.split("-")[1]
+    if name.startswith("bare-"):
+        return name
     return f"bare-{DEFAULT_SERVER}"
 
 

@@ -107,3 +107,18 @@ def test_the_bench_judges_the_gateway_on_the_server_gateway_serve_runs_by_defaul
     default = build_parser().parse_args(["serve"]).server
     assert report.GATEWAY == f"gateway-{default}-1w"
     assert report.bare_for(report.GATEWAY) == f"bare-{default}"
+
+
+@pytest.mark.parametrize(
+    ("target", "bare"),
+    [
+        ("gateway-hypercorn-1w", "bare-hypercorn"),
+        ("gateway-uvicorn-2w-unpinned", "bare-uvicorn"),
+        ("bare-hypercorn", "bare-hypercorn"),  # each bare relay is its own 100%
+        ("litellm", f"bare-{report.DEFAULT_SERVER}"),
+    ],
+)
+def test_each_target_s_share_is_taken_of_its_own_server_s_bare_relay(
+    target: str, bare: str
+) -> None:
+    assert report.bare_for(target) == bare
