@@ -203,8 +203,7 @@ def module_but(module: types.ModuleType, **names: Any) -> types.ModuleType:
 
     ``module``'s names are copied into it as it is made, so that the library looks each up
     as fast as in ``module`` (a class-level ``__getattr__`` made every lookup a failed one
-    first: about 1.3 µs a name, one a request for ``asyncio.TimeoutError`` in hypercorn's
-    idle task); a name ``module`` gains later is looked up there (its module
+    first: about 1.3 µs a name); a name ``module`` gains later is looked up there (its module
     ``__getattr__``)."""
     stand_in = types.ModuleType(module.__name__, module.__doc__)
     members = vars(stand_in)
