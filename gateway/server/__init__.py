@@ -267,7 +267,7 @@ def _stopped(_signal: int, _frame: object) -> None:
 def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
     suite's in-process uvicorn)."""
-    from gateway.server.uvicorn_guard import guard_of, guarded  # uvicorn is an extra
+    from gateway.server.uvicorn_guard import guard_of, guarded  # uvicorn, only when it serves
 
     guard = guard_of(server.header_timeout_seconds, uvicorn_keep_alive(server), limit)
     return {
