@@ -34,8 +34,8 @@ from hypercorn.protocol.h11 import H11Protocol
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import mends
+from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
-from gateway.server.hypercorn_mend import CONNECTIONS
 from gateway.upstream import lean_request_info
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
@@ -119,7 +119,7 @@ import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
 from gateway.server.header_timeout import HEADER_TIMEOUT
-from gateway.server.hypercorn_mend import CONNECTIONS
+from gateway.server.defences import CONNECTIONS
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 settings = load_settings(sys.argv[1])

@@ -21,7 +21,7 @@ from uvicorn.server import ServerState  # noqa: E402
 
 from gateway.config import ServerSettings  # noqa: E402
 from gateway.server import uvicorn_options  # noqa: E402
-from gateway.server.header_timeout import TIMEOUT_REPLY  # noqa: E402
+from gateway.server.defences import TIMEOUT_REPLY  # noqa: E402
 from gateway.server.uvicorn_guard import Guard, GuardedProtocol, guard_of, guarded  # noqa: E402
 
 HEADERS = 5.0

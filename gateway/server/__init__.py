@@ -38,13 +38,9 @@ from gateway.config import ServerSettings, Settings, load_settings
 from gateway.observe.logs import configure_logging
 from gateway.observe.metrics import DIR_ENV as METRICS_DIR_ENV
 from gateway.server import mends
+from gateway.server.defences import CONNECTIONS, default_connection_limit
 from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
-from gateway.server.hypercorn_mend import (
-    CONNECTION_CAP,
-    CONNECTIONS,
-    IDLE_CLOSE,
-    default_connection_limit,
-)
+from gateway.server.hypercorn_mend import CONNECTION_CAP, IDLE_CLOSE
 from gateway.server.parent import end_with_parent, mark_parent
 from gateway.server.probes import Probed
 from gateway.store.backends import store_problem

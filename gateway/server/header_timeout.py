@@ -35,18 +35,11 @@ from typing import Any
 import h11
 from hypercorn.config import Config
 
+from gateway.server.defences import TIMEOUT_REPLY
 from gateway.server.hypercorn_mend import WRITTEN_FOR, tcp_server, tcp_server_class
 from gateway.server.mends import Mend, Needs, mended, wrapping
 
 _NAME = "hypercorn.header_timeout"
-_BODY = (
-    b'{"error":{"message":"The request headers did not arrive in time.",'
-    b'"type":"invalid_request_error","code":"request_timeout"}}'
-)
-TIMEOUT_REPLY = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_BODY), _BODY)
-)
 # what a connection waits for (the ``_gw_wait`` of a ``TCPServer``)
 HEADERS = "headers"  # a request's headers: from accept, or from its first byte
 IDLE = "idle"  # the next request, between requests: the keep-alive

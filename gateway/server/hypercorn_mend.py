@@ -17,7 +17,7 @@ request still being answered is not touched (the read loop closed its stream, as
 half-open ones (20,000 seen) use every file descriptor, and then the probes and every client
 fail. It counts the connections of ``TCPServer.run``; past the cap a new one gets a short 503
 in the OpenAI error shape with ``Retry-After`` and ``Connection: close`` before anything is
-read, and is closed.
+read, and is closed (the count and the 503 are ``defences``', shared with uvicorn's guard).
 
 hypercorn's speed mends (a ``Date`` header formatted once a second, the lean app queue,
 events and drain waiters, and h11's cheaper header check) were removed when the default
@@ -27,45 +27,14 @@ users need it to be safe or correct (``gateway.server.mends.REMOVED``).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from hypercorn.config import Config
 
-from gateway.edge.request_ids import new_request_id
+from gateway.server.defences import CONNECTIONS, ConnectionCap, refusal, refused
 from gateway.server.mends import Mend, Needs, mended, wrapping
 
-log = logging.getLogger("gateway.server")
 WRITTEN_FOR = "0.18"
-_REFUSAL_BODY = (
-    b'{"error":{"message":"The gateway has too many connections open; retry shortly.",'
-    b'"type":"overloaded_error","code":"too_many_connections"}}'
-)
-# the refusal, with its x-request-id (one of the gateway's own ids) put in where %s stands
-REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n"
-    % len(_REFUSAL_BODY)
-    + b"x-request-id: %s\r\n\r\n"
-    + _REFUSAL_BODY.replace(b"%", b"%%")
-)
-
-
-def refusal(request_id: str) -> bytes:
-    """The connection cap's 503, carrying ``request_id`` as every reply carries one."""
-    return REFUSAL % request_id.encode()
-
-
-class ConnectionCap:
-    """Connections open in this process, and how many it may hold (0: no cap)."""
-
-    def __init__(self) -> None:
-        self.limit = 0
-        self.open = 0
-        self.refused = 0
-
-
-CONNECTIONS = ConnectionCap()
 
 
 def tcp_server_class() -> Any:
@@ -165,21 +134,6 @@ def _apply_connection_cap() -> None:
     server_class.run = wrapping(_CONNECTION_CAP, run, capped_run)
 
 
-def refused(cap: ConnectionCap, open_now: int) -> str:
-    """One more connection refused at the cap (``open_now`` open): its request id, logged
-    with the count for the first refusal and every thousandth (hypercorn's and uvicorn's)."""
-    cap.refused += 1
-    request_id = new_request_id()
-    if cap.refused == 1 or cap.refused % 1000 == 0:
-        log.warning(
-            "server.connections_refused request_id=%s open=%d refused=%d",
-            request_id,
-            open_now,
-            cap.refused,
-        )
-    return request_id
-
-
 async def _refuse(writer: Any, cap: ConnectionCap) -> None:
     request_id = refused(cap, cap.open)
     try:
@@ -204,17 +158,3 @@ CONNECTION_CAP = Mend(
 
 
 MENDS = (IDLE_CLOSE, CONNECTION_CAP)
-
-
-def default_connection_limit() -> int:
-    """About half the open-file limit (each stream holds its client's socket and an upstream
-    one), less a reserve for the store, the journal and the listening sockets; at most 10,000."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return 10_000
-    if soft == resource.RLIM_INFINITY:
-        return 10_000
-    return max(16, min(10_000, (soft - 64) // 2))

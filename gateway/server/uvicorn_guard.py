@@ -16,7 +16,7 @@ uvicorn itself has none: a connection that sent nothing was held for ever, one d
 headers as long as it kept dripping.
 
 **Connection cap**: a connection accepted while this process holds ``Guard.limit`` open ones
-gets hypercorn's cap's short 503 (``hypercorn_mend.refusal``) and is closed in
+gets hypercorn's cap's short 503 (``defences.refusal``) and is closed in
 ``connection_made``, before anything is read, so that a flood of idle connections leaves
 descriptors for the probe port. uvicorn's ``limit_concurrency`` answered 503 only to a
 request, and counted connections already accepted: idle ones were held.
@@ -43,8 +43,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.server.header_timeout import TIMEOUT_REPLY
-from gateway.server.hypercorn_mend import CONNECTIONS, refusal, refused
+from gateway.server.defences import CONNECTIONS, TIMEOUT_REPLY, refusal, refused
 
 
 @dataclass(frozen=True, slots=True)

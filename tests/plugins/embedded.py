@@ -26,7 +26,7 @@ import pytest
 
 from gateway.config import Settings
 from gateway.server import SERVERS, granian_http1, uvicorn_options
-from gateway.server.hypercorn_mend import default_connection_limit
+from gateway.server.defences import default_connection_limit
 from gateway.types import ASGIApp
 
 ENV = "GATEWAY_TEST_SERVER"
