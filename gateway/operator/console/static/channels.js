@@ -34,7 +34,8 @@ const CLOUD = {
   ],
 };
 
-const AWS_KEYS = ["aws_access_key_id", "aws_secret_access_key", "aws_session_token"];
+// the AWS keys among bedrock's fields: cleared together
+const AWS_KEYS = CLOUD.bedrock.map(([name]) => name).filter(name => name.startsWith("aws_"));
 
 const names = s => String(s).split(",").map(x => x.trim()).filter(Boolean);
 const mapText = m => Object.entries(m || {}).map(([a, b]) => `${a}=${b}`).join(", ");
