@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, Protocol
 
 from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
@@ -35,6 +35,7 @@ from gateway.policy.spend import Meter
 from gateway.protocols.base import RelayStream
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
+from gateway.upstream.direct_reads import DirectReads
 from gateway.upstream.pool import READ_FAILURES, read_error
 
 # a reverse proxy in front (nginx) must not buffer a stream
@@ -230,6 +231,7 @@ async def pump(
         quiet.started = True  # keep-alives may follow from here on
     out = opened.first  # converted, not yet sent: the last read's goes out with the end
     opened.first = b""  # held here alone: not for as long as the stream lasts
+    relaying: Relaying | None = None
     try:
         if failure is not None:
             raise failure
@@ -251,6 +253,11 @@ async def pump(
                         quiet.sending = False
                         quiet.last = time.monotonic()
                 del message  # sent: not held (nor its body) while the next read waits
+            if relaying is None and (direct := resp.direct()) is not None:
+                relaying = Relaying(direct, stream, send, quiet, meter)
+            if relaying is not None and (done := relaying.start()) is not None:
+                out = await relaying.stopped(done)  # a read that must go the usual way
+                continue
             try:
                 raw = await resp.chunk()
             except READ_FAILURES as exc:
@@ -262,6 +269,8 @@ async def pump(
             if meter is not None and meter.over(stream):
                 raise meter.exceeded()
     except GatewayError as err:
+        if relaying is not None:  # a read's output that the direct reads left
+            out, relaying.out = relaying.out + out, b""
         durable = settle(err.status)
         if durable is not None:
             await durable
@@ -270,8 +279,109 @@ async def pump(
             tail = stream.error(redact_error(err, channel_secrets(opened.channel)))
         await send_last(send, quiet, out + tail)
         return err
+    finally:
+        if relaying is not None:
+            relaying.direct.release()
     durable = settle(200)
     if durable is not None:
         await durable
     await send_last(send, quiet, out)
     return None
+
+
+class Relaying:
+    """A stream's reads converted and sent inside the upstream socket's callback
+    (``upstream.direct_reads``): no task wakes for a read. ``on_read`` stops the direct
+    reads (returns False) where the stream's task must act: a keep-alive being sent (the
+    read's output waits in ``out``), a send that has to wait (carried on in ``sending``), or
+    the account's limit passed (``over``, the read's output in ``out``)."""
+
+    __slots__ = ("direct", "stream", "send", "quiet", "meter", "out", "sending", "over")
+
+    def __init__(
+        self,
+        direct: DirectReads,
+        stream: RelayStream,
+        send: Send,
+        quiet: Quiet | None,
+        meter: Meter | None,
+    ) -> None:
+        self.direct = direct
+        self.stream = stream
+        self.send = send
+        self.quiet = quiet
+        self.meter = meter
+        self.out = b""
+        self.sending: asyncio.Future[None] | None = None
+        self.over = False
+
+    def start(self) -> asyncio.Future[None] | None:
+        """The reads relayed directly from here on, until the future completes; None when a
+        read would not wait (``DirectReads.relay``)."""
+        return self.direct.relay(self.on_read)
+
+    async def stopped(self, done: asyncio.Future[None]) -> bytes:
+        """Awaits the direct reads' end and what they left to the stream's task: a send to
+        finish, the account's limit; returns the output not yet sent. Raises what a read or
+        a send raised."""
+        await done
+        if self.over and self.meter is not None:
+            raise self.meter.exceeded()  # ``out`` goes before the error (``pump``)
+        out, self.out = self.out, b""
+        if self.sending is not None:
+            quiet = self.quiet
+            try:
+                await self.sending
+            finally:
+                self.sending = None
+                if quiet is not None:
+                    quiet.sending = False
+                    quiet.last = time.monotonic()
+        return out
+
+    def on_read(self, raw: bytes) -> bool:
+        stream = self.stream
+        out = stream.feed(raw)
+        meter = self.meter
+        if meter is not None and meter.over(stream):
+            self.out, self.over = out, True
+            return False
+        if not out:
+            return True
+        quiet = self.quiet
+        if quiet is not None and quiet.ping is not None:
+            self.out = out
+            return False
+        # the send driven by hand: most finish without waiting, and so need no task
+        sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
+        steps = sending.__await__()
+        try:
+            waiting = next(steps)
+        except StopIteration:
+            if quiet is not None:
+                quiet.last = time.monotonic()
+            return True
+        # the client reads slowly (or the server's sends always wait): on in a task
+        self.sending = asyncio.ensure_future(_carry_on(steps, waiting))
+        if quiet is not None:
+            quiet.sending = True
+        return False
+
+
+async def _carry_on(steps: Generator[Any, None, Any], waiting: Any) -> None:
+    """An awaitable that suspended outside any task (on ``waiting``, its steps driven by
+    hand), run to its end in this one. What ``waiting`` ends with, the awaitable reads from it
+    itself when resumed."""
+    while True:
+        try:
+            if waiting is None:  # a bare yield (``asyncio.sleep(0)``)
+                await asyncio.sleep(0)
+            else:  # a future, marked as yielded to a task: a task takes the mark off first
+                waiting._asyncio_future_blocking = False
+                await waiting
+        except BaseException:  # noqa: BLE001,S110 - the coroutine gets it from ``waiting``
+            pass
+        try:
+            waiting = steps.send(None)
+        except StopIteration:
+            return

@@ -8,10 +8,13 @@ aiohttp one."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Awaitable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.config import Channel, ChannelTimeouts
 from gateway.protocols.base import UpstreamCall
+
+if TYPE_CHECKING:
+    from gateway.upstream.direct_reads import DirectReads
 
 
 class UpstreamReply(Protocol):
@@ -33,6 +36,11 @@ class UpstreamReply(Protocol):
         ...
 
     def at_eof(self) -> bool: ...
+    def direct(self) -> DirectReads | None:
+        """The reads relayed inside the socket's callback from here on (``direct_reads``), or
+        None to read the usual way."""
+        ...
+
     def close(self) -> None: ...
 
 

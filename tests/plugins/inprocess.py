@@ -110,6 +110,9 @@ class ScriptedReply:
     def at_eof(self) -> bool:
         return not self._chunks and self._cut is None
 
+    def direct(self) -> None:
+        return None
+
     def close(self) -> None:
         self.closed = True
 

@@ -1,0 +1,196 @@
+"""A stream's reads handed to the relay inside the upstream socket's own callback.
+
+Read the usual way, each read of a stream wakes the request's task: aiohttp's protocol feeds
+the body's ``StreamReader``, which completes a future, which schedules the task, which runs in
+the event loop's next turn, resumes ``readany`` and its ``_wait``, and makes a new future for
+the read after. For a paced stream (a chunk every few tens of milliseconds, each its own read)
+that is most of what the gateway itself spends on a chunk.
+
+``DirectReads`` takes the turn out: while it is on, the connection's protocol calls it after
+each ``data_received``; what the read put in the body's buffer is taken at once and given to
+``on_read``, which converts it and writes it to the client in the same callback. ``on_read``
+returns False to stop (a send that has to wait, a keep-alive under way): the awaitable
+``relay`` returned then completes and the stream goes on the usual way. It completes too when
+the body ends or fails (EOF, a read timeout, the connection lost), leaving that to the usual
+read, and raises what ``on_read`` raised.
+
+How, and why it is safe: the reader's ``_waiter`` (the future ``_wait`` parks on) is set to a
+stand-in whose ``set_result``/``set_exception`` only look at the reader, so an end, a failure
+or a timeout that comes outside ``data_received`` (``connection_lost``, aiohttp's read timer)
+stops the relay; ``data_received`` is wrapped by an attribute on the protocol instance, and
+the transport told again of its protocol (``set_protocol``), because uvloop keeps the bound
+method it was first given. ``release`` puts both back, once per stream. aiohttp 3.14's
+``StreamReader`` (``_buffer``, ``_eof``, ``_exception``, ``_waiter``, ``_read_nowait``) and
+``ResponseHandler.data_received`` are what this relies on: checked once (``fits``) before the
+first use; where they differ, reads go the usual way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+OnRead = Callable[[bytes], bool]
+_READER_NEEDS = ("_buffer", "_eof", "_exception", "_waiter", "_read_nowait", "_protocol")
+_fits: bool | None = None
+
+
+def fits() -> bool:
+    """aiohttp's reader and protocol are as this module expects (checked once)."""
+    global _fits
+    if _fits is None:
+        from aiohttp import client_proto, streams
+
+        reader = streams.StreamReader
+        names = set(getattr(reader, "__slots__", ())) | set(vars(reader))
+        handler = client_proto.ResponseHandler
+        _fits = (
+            all(name in names for name in _READER_NEEDS)
+            and callable(getattr(handler, "data_received", None))
+            # instances take attributes: data_received is wrapped on one
+            and "__dict__" in dir(handler)
+        )
+    return _fits
+
+
+class _Waiter:
+    """Stands in for the future a read parks on: an end or a failure fed to the reader
+    outside ``data_received`` stops the relay."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self, reads: DirectReads) -> None:
+        self.reads = reads
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, _result: object) -> None:
+        self.reads._fed()
+
+    def set_exception(self, _exc: BaseException, _cause: object = None) -> None:
+        self.reads._fed()
+
+    def cancel(self) -> bool:
+        return False
+
+
+class DirectReads:
+    """One stream's reads, relayed inside its connection's callback while on (module
+    docstring). Made by ``direct_reads``; ``release`` once the stream is over."""
+
+    __slots__ = (
+        "_reader", "_proto", "_original", "_on_read", "_done", "_inside", "_taking", "_waiter"
+    )  # fmt: skip
+
+    def __init__(self, reader: Any, proto: Any) -> None:
+        self._reader = reader
+        self._proto = proto
+        self._original = proto.data_received
+        self._on_read: OnRead | None = None
+        self._done: asyncio.Future[None] | None = None
+        self._inside = False  # within aiohttp's data_received
+        self._taking = False  # handing what was read to on_read
+        self._waiter = _Waiter(self)
+        proto.data_received = self._data_received
+        _refresh(proto)
+
+    def relay(self, on_read: OnRead) -> asyncio.Future[None] | None:
+        """Hand each read to ``on_read`` until it returns False or the body ends or fails;
+        None (nothing started) when a read is waiting already or the body has ended."""
+        reader = self._reader
+        if not reads_wait(reader) or reader._waiter is not None or self._on_read is not None:
+            return None
+        self._on_read = on_read
+        done = self._done = asyncio.get_running_loop().create_future()
+        reader._waiter = self._waiter
+        return done
+
+    def release(self) -> None:
+        """The stream is over: the protocol and reader as they were."""
+        self._stop(None)
+        proto = self._proto
+        if proto.__dict__.get("data_received") == self._data_received:
+            del proto.data_received
+            _refresh(proto)
+
+    def _data_received(self, data: bytes) -> None:
+        self._inside = True
+        try:
+            self._original(data)
+        finally:
+            self._inside = False
+        if self._on_read is None or self._taking:
+            # off, or within this very callback's read below: aiohttp's reader resumes its
+            # protocol as it is emptied, which parses what it held back (data_received(b""))
+            return
+        self._taking = True
+        try:
+            self._take()
+        finally:
+            self._taking = False
+
+    def _take(self) -> None:
+        """What the reader holds, to ``on_read`` (again while a read fed it more)."""
+        reader = self._reader
+        while (on_read := self._on_read) is not None:
+            if reader._eof or reader._exception is not None:
+                self._stop(None)  # the usual read takes what is left, and the end or failure
+                return
+            if not reader._buffer:
+                reader._waiter = self._waiter  # a feed took it: armed again
+                return
+            try:
+                go_on = on_read(reader._read_nowait(-1))
+            except BaseException as exc:  # to the stream's task, which raises it
+                self._stop(exc)
+                return
+            if not go_on:
+                self._stop(None)
+                return
+
+    def _fed(self) -> None:
+        """The reader was fed: inside ``data_received`` that is looked at after; outside it,
+        only an end or a failure feeds a reader."""
+        if not self._inside:
+            self._reader._waiter = None
+            self._stop(None)
+
+    def _stop(self, exc: BaseException | None) -> None:
+        self._on_read = None
+        reader = self._reader
+        if reader._waiter is self._waiter:
+            reader._waiter = None
+        done, self._done = self._done, None
+        if done is not None and not done.done():
+            if exc is None:
+                done.set_result(None)
+            else:
+                done.set_exception(exc)
+
+
+def _refresh(proto: Any) -> None:
+    """Tell the transport its protocol again: uvloop keeps the ``data_received`` it was
+    given."""
+    transport = proto.transport
+    if transport is not None and not transport.is_closing():
+        transport.set_protocol(proto)
+
+
+def reads_wait(reader: Any) -> bool:
+    """A body's next read would wait (nothing buffered, no end, no failure)."""
+    return not reader._buffer and not reader._eof and reader._exception is None
+
+
+def direct_reads(resp: aiohttp.ClientResponse) -> DirectReads | None:
+    """``DirectReads`` for a streaming response, or None where it cannot be used."""
+    if not fits():
+        return None
+    conn = resp.connection
+    proto = conn.protocol if conn is not None else None
+    if proto is None or proto.transport is None or not hasattr(proto, "__dict__"):
+        return None
+    return DirectReads(resp.content, proto)

@@ -1,0 +1,331 @@
+"""A stream's reads handed to the relay inside the upstream socket's callback
+(``gateway.upstream.direct_reads``), over real sockets, on both event loops the gateway runs
+on (asyncio's and uvloop's) and over TLS: every piece arrives once, in order, as it comes; a
+stop, an end, a failure, a timeout and a lost connection each hand the stream back to the
+usual read with nothing lost; the connection goes back to the pool as aiohttp left it. And
+served: a paced stream read this way is cut at what its account can pay, with everything
+relayed before the cut, and billed exactly what the balance lost."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import uvloop
+from aiohttp import web
+
+from bench.fake_upstream import FakeUpstream
+from gateway.upstream.direct_reads import DirectReads, direct_reads
+from tests.plugins.servers import make_config, serve_app
+
+END = None  # the server ends the body
+DROP = "drop"  # the server drops the connection
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1: the server's context and a client's that
+    trusts it."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(Path(cert)))
+    return server, client
+
+
+class Upstream:
+    """A server whose one route streams what the test puts in its queue, piece by piece."""
+
+    def __init__(self) -> None:
+        self.pieces: asyncio.Queue[bytes | str | None] = asyncio.Queue()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        while True:
+            piece = await self.pieces.get()
+            if piece is END:
+                await resp.write_eof()
+                return resp
+            if piece == DROP:
+                assert request.transport is not None
+                request.transport.abort()
+                return resp
+            assert isinstance(piece, bytes)
+            await resp.write(piece)
+
+
+@asynccontextmanager
+async def serving(server_tls: ssl.SSLContext | None) -> AsyncIterator[tuple[Upstream, str]]:
+    upstream = Upstream()
+    app = web.Application()
+    app.router.add_get("/stream", upstream.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    scheme = "https" if server_tls else "http"
+    try:
+        yield upstream, f"{scheme}://127.0.0.1:{port}/stream"
+    finally:
+        upstream.pieces.put_nowait(DROP)  # a handler still waiting for its next piece ends
+        await runner.cleanup()
+
+
+Scenario = Callable[[Upstream, str, aiohttp.ClientSession], Awaitable[None]]
+
+
+def run(
+    scenario: Scenario,
+    loop: str,
+    tls: tuple[ssl.SSLContext, ssl.SSLContext] | None,
+    read_timeout: float | None = None,
+) -> None:
+    async def main() -> None:
+        connector = aiohttp.TCPConnector(limit=1, ssl=tls[1] if tls else True)
+        timeout = aiohttp.ClientTimeout(sock_read=read_timeout)
+        async with serving(tls[0] if tls else None) as (upstream, url):
+            async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+                await asyncio.wait_for(scenario(upstream, url, session), 10)
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        runner.run(main())
+
+
+class Taker:
+    """An ``on_read`` that keeps what it is given and says when something came."""
+
+    def __init__(self, stop_after: int = 0, fail: BaseException | None = None) -> None:
+        self.reads: list[bytes] = []
+        self.came = asyncio.Event()
+        self.stop_after = stop_after
+        self.fail = fail
+
+    def __call__(self, raw: bytes) -> bool:
+        self.reads.append(raw)
+        self.came.set()
+        if self.fail is not None:
+            raise self.fail
+        return not (self.stop_after and len(self.reads) >= self.stop_after)
+
+    async def next(self) -> bytes:
+        await self.came.wait()
+        self.came.clear()
+        return self.reads[-1]
+
+
+async def opened(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> Any:
+    upstream.pieces.put_nowait(b"first")
+    resp = await session.get(url)
+    assert await resp.content.readany() == b"first"  # read the usual way: nothing left
+    return resp
+
+
+def reads_of(resp: Any) -> DirectReads:
+    reads = direct_reads(resp)
+    assert reads is not None
+    return reads
+
+
+def both(tls: Any) -> list[Any]:
+    return [None, tls]
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_each_read_reaches_on_read_as_it_comes_and_the_end_goes_the_usual_way(
+    loop: str, secure: bool, tls: Any
+) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        proto = resp.connection.protocol
+        reads, taker = reads_of(resp), Taker()
+        assert vars(proto)["data_received"]  # wrapped
+        done = reads.relay(taker)
+        assert done is not None
+        for n in range(20):
+            piece = f"data: {n}\n\n".encode()
+            upstream.pieces.put_nowait(piece)
+            assert await taker.next() == piece  # this one came before the next was sent
+        upstream.pieces.put_nowait(END)
+        await done
+        assert await resp.content.readany() == b""  # the end, read the usual way
+        reads.release()
+        assert "data_received" not in vars(proto)  # as aiohttp made it
+        resp.release()
+        # the same connection (the pool holds one) serves the next request as usual
+        upstream.pieces.put_nowait(b"again")
+        upstream.pieces.put_nowait(END)
+        async with session.get(url) as again:
+            assert await again.read() == b"again"
+
+    run(scenario, loop, tls if secure else None)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_on_read_stopping_hands_the_next_read_to_the_usual_way_and_may_start_again(
+    loop: str,
+) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker(stop_after=2)
+        done = reads.relay(taker)
+        assert done is not None
+        upstream.pieces.put_nowait(b"a")
+        assert await taker.next() == b"a"
+        upstream.pieces.put_nowait(b"b")
+        await done  # stopped by on_read at its second read
+        upstream.pieces.put_nowait(b"c")
+        assert await resp.content.readany() == b"c"
+        again = Taker()
+        done = reads.relay(again)
+        assert done is not None
+        upstream.pieces.put_nowait(b"d")
+        assert await again.next() == b"d"
+        upstream.pieces.put_nowait(END)
+        await done
+        reads.release()
+        assert taker.reads == [b"a", b"b"] and again.reads == [b"d"]
+        assert await resp.content.readany() == b""
+
+    run(scenario, loop, None)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_what_on_read_raises_is_raised_to_the_stream(loop: str) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads = reads_of(resp)
+        done = reads.relay(Taker(fail=ValueError("bad event")))
+        assert done is not None
+        upstream.pieces.put_nowait(b"data: garbage\n\n")
+        with pytest.raises(ValueError, match="bad event"):
+            await done
+        reads.release()
+        resp.close()
+
+    run(scenario, loop, None)
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_lost_connection_ends_the_direct_reads_and_the_usual_read_raises(
+    loop: str, secure: bool, tls: Any
+) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker()
+        done = reads.relay(taker)
+        assert done is not None
+        upstream.pieces.put_nowait(b"one")
+        assert await taker.next() == b"one"
+        upstream.pieces.put_nowait(DROP)
+        await done
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.content.readany()
+        reads.release()
+        resp.close()
+
+    run(scenario, loop, tls if secure else None)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_read_timeout_ends_the_direct_reads_and_the_usual_read_raises_it(loop: str) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker()
+        done = reads.relay(taker)
+        assert done is not None
+        upstream.pieces.put_nowait(b"one")
+        assert await taker.next() == b"one"
+        await done  # the upstream says nothing more: the 0.3 s read timeout fires
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await resp.content.readany()
+        reads.release()
+        resp.close()
+
+    run(scenario, loop, None, read_timeout=0.3)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_nothing_starts_while_a_read_would_not_wait(loop: str) -> None:
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads = reads_of(resp)
+        upstream.pieces.put_nowait(b"waiting")
+        await asyncio.sleep(0.1)  # arrived, not read
+        assert reads.relay(Taker()) is None
+        assert await resp.content.readany() == b"waiting"
+        upstream.pieces.put_nowait(END)
+        await asyncio.sleep(0.1)
+        assert reads.relay(Taker()) is None  # the end arrived
+        reads.release()
+        assert await resp.content.readany() == b""
+
+    run(scenario, loop, None)
+
+
+POOR = "sk-poor-0000000000000042"
+
+
+async def test_a_paced_stream_read_directly_is_cut_at_the_balance_and_billed_its_drop(
+    fake: FakeUpstream, store_url: str
+) -> None:
+    """A hundred words, a chunk each, 5 ms apart, on a balance of 0.0001 (what 50 output
+    tokens cost, at 2 micro-units each): the words before the cut reach the client, then the
+    402 inside the stream; the record's cost is what the balance lost."""
+    from gateway.config import parse_settings
+
+    cfg = make_config(fake.url, store_url)
+    cfg["accounts"].append({"id": "poor", "balance": 0.0001})
+    cfg["keys"].append({"id": "k-poor", "key": POOR, "account": "poor", "group": "default"})
+    words = " ".join(f"w{i}" for i in range(100))
+    body = {
+        "model": "chat-small",
+        "stream": True,
+        "messages": [{"role": "user", "content": f"[[fake text='{words}' chunks=100 delay_ms=5]]"}],
+    }
+    async with serve_app(parse_settings(cfg)) as gw:
+        before = await gw.state.store.get_account("poor")
+        async with aiohttp.ClientSession() as s:
+            async with s.post(
+                gw.v1 + "/chat/completions", json=body, headers={"Authorization": f"Bearer {POOR}"}
+            ) as r:
+                assert r.status == 200
+                raw = await r.read()
+        events = [
+            orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")
+        ]
+        text = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
+        )
+        assert "error" in events[-1] and b"[DONE]" not in raw
+        said = text.split()
+        assert 40 <= len(said) <= 52 and said == [f"w{i}" for i in range(len(said))]
+        await gw.state.writer.flush()
+        [record] = await gw.state.store.usage("poor", 10)
+        after = await gw.state.store.get_account("poor")
+        assert before is not None and after is not None
+        assert record.status == 402
+        # billed no output the client did not get (the read that passed the limit included),
+        # and the balance lost exactly the record's cost
+        assert record.completion_tokens <= len(said) <= record.completion_tokens + 2
+        assert record.cost == before.balance - after.balance
