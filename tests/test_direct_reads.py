@@ -23,7 +23,8 @@ import uvloop
 from aiohttp import web
 
 from bench.fake_upstream import FakeUpstream
-from gateway.upstream.direct_reads import DirectReads, direct_reads
+from gateway.server import mends
+from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads
 from tests.plugins.servers import make_config, serve_app
 
 END = None  # the server ends the body
@@ -106,6 +107,7 @@ def run(
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 await asyncio.wait_for(scenario(upstream, url, session), 10)
 
+    assert mends.fits(DIRECT_READS)
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
         runner.run(main())
 

@@ -36,7 +36,7 @@ from gateway.config import UpstreamSettings, load_settings
 from gateway.server import mends
 from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
-from gateway.upstream import lean_request_info
+from gateway.upstream import direct_reads, lean_request_info
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 KINDS = {
@@ -46,10 +46,11 @@ KINDS = {
     "aiohttp.recent_first": "speed",
     "aiohttp.lean_buffers": "speed",
     "aiohttp.lean_request_info": "speed",
+    "aiohttp.direct_reads": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, RecentFirstConnector, ProtocolWrapper, aiohttp.streams]
-OWNERS += [lean_request_info]
+OWNERS += [lean_request_info, direct_reads]
 
 
 @pytest.fixture(autouse=True)
@@ -310,6 +311,15 @@ def _keeps_info_otherwise(self: Any, *args: Any, **kwargs: Any) -> None:
     self._request = kwargs.get("request_info")  # under another name
 
 
+def _ends_otherwise(self: Any) -> None:
+    self._eof = True
+    self._done.set()  # the end said to readers some other way than through its waiter
+
+
+def _reads_otherwise(self: Any) -> bytes:
+    return b""
+
+
 def _makes_lists(self: Any, *args: Any) -> None:
     self._buffer = []  # its buffer made otherwise than by the collections it was given
 
@@ -368,6 +378,21 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "aiohttp.lean_request_info",
         _set(aiohttp.ClientResponse, "request_info", None),
         "ClientResponse.request_info is not a property",
+    ),  # fmt: skip
+    (
+        "aiohttp.direct_reads",
+        _set(aiohttp.streams.StreamReader, "__slots__", ("_buffer", "_eof", "_exception")),
+        "StreamReader has no slot _waiter",
+    ),  # fmt: skip
+    (
+        "aiohttp.direct_reads",
+        _set(aiohttp.streams.StreamReader, "feed_eof", _ends_otherwise),
+        "StreamReader.feed_eof no longer uses _waiter",
+    ),  # fmt: skip
+    (
+        "aiohttp.direct_reads",
+        _set(aiohttp.streams.StreamReader, "_read_nowait", _reads_otherwise),
+        "StreamReader._read_nowait takes (self), not (self, n)",
     ),  # fmt: skip
 ]
 

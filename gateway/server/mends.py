@@ -52,6 +52,7 @@ MODULES = (
     "gateway.upstream.pool",
     "gateway.upstream.lean_buffers",
     "gateway.upstream.lean_request_info",
+    "gateway.upstream.direct_reads",
 )
 # mends the gateway had and has no more, and why: ``GATEWAY_UNMENDED`` naming one is told so
 REMOVED = dict.fromkeys(

@@ -21,8 +21,10 @@ stops the relay; ``data_received`` is wrapped by an attribute on the protocol in
 the transport told again of its protocol (``set_protocol``), because uvloop keeps the bound
 method it was first given. ``release`` puts both back, once per stream. aiohttp 3.14's
 ``StreamReader`` (``_buffer``, ``_eof``, ``_exception``, ``_waiter``, ``_read_nowait``) and
-``ResponseHandler.data_received`` are what this relies on: checked once (``fits``) before the
-first use; where they differ, reads go the usual way.
+``ResponseHandler.data_received`` are what this relies on: a mend, ``aiohttp.direct_reads``,
+of kind ``speed`` (a ``gateway.server.mends.Mend``: checked when the pool starts; where aiohttp
+differs, it is left out with a warning and reads go the usual way; ``GATEWAY_UNMENDED`` names
+it to turn it off).
 """
 
 from __future__ import annotations
@@ -33,27 +35,57 @@ from typing import Any
 
 import aiohttp
 
+from gateway.server.mends import Mend, Needs
+
 OnRead = Callable[[bytes], bool]
-_READER_NEEDS = ("_buffer", "_eof", "_exception", "_waiter", "_read_nowait", "_protocol")
-_fits: bool | None = None
+_NAME = "aiohttp.direct_reads"
+_READER = "aiohttp.streams.StreamReader"
+_on = False  # the mend is in place
 
 
-def fits() -> bool:
-    """aiohttp's reader and protocol are as this module expects (checked once)."""
-    global _fits
-    if _fits is None:
-        from aiohttp import client_proto, streams
-
-        reader = streams.StreamReader
-        names = set(getattr(reader, "__slots__", ())) | set(vars(reader))
-        handler = client_proto.ResponseHandler
-        _fits = (
-            all(name in names for name in _READER_NEEDS)
-            and callable(getattr(handler, "data_received", None))
-            # instances take attributes: data_received is wrapped on one
-            and "__dict__" in dir(handler)
+def _check() -> list[str]:
+    needs = Needs()
+    streams = needs.module("aiohttp.streams")
+    reader = needs.attr(streams, "StreamReader", "aiohttp.streams")
+    if reader is not None:
+        slots = set(getattr(reader, "__slots__", ()))
+        for name in ("_buffer", "_eof", "_exception", "_waiter"):
+            needs.require(name in slots, f"{_READER} has no slot {name}")
+        needs.function(reader, "_read_nowait", _READER, ("self", "n"), coroutine=False)
+        # what ends, fails or feeds a body completes its waiter (the stand-in's methods)
+        for name in ("feed_data", "feed_eof", "set_exception"):
+            needs.uses(getattr(reader, name, None), ["_waiter"], f"{_READER}.{name}")
+    helpers = needs.module("aiohttp.helpers")
+    needs.uses(needs.attr(helpers, "set_result", "aiohttp.helpers"), ["done", "set_result"],
+               "aiohttp.helpers.set_result")  # fmt: skip
+    needs.uses(needs.attr(helpers, "set_exception", "aiohttp.helpers"), ["set_exception"],
+               "aiohttp.helpers.set_exception")  # fmt: skip
+    proto = needs.module("aiohttp.client_proto")
+    handler = needs.attr(proto, "ResponseHandler", "aiohttp.client_proto")
+    if handler is not None:
+        needs.require(
+            "__dict__" in dir(handler), "aiohttp.client_proto.ResponseHandler has __slots__ only"
         )
-    return _fits
+        needs.attr(handler, "data_received", "aiohttp.client_proto.ResponseHandler")
+    return needs.missing
+
+
+def _apply() -> None:
+    global _on
+    _on = True
+
+
+DIRECT_READS = Mend(
+    name=_NAME,
+    library="aiohttp",
+    written_for="3.14",
+    kind="speed",
+    fixes="each read of a stream wakes its task, in one more turn of the event loop",
+    check=_check,
+    apply=_apply,
+    in_place=lambda: _on,
+)
+MENDS = (DIRECT_READS,)
 
 
 class _Waiter:
@@ -135,7 +167,10 @@ class DirectReads:
 
     def _take(self) -> None:
         """What the reader holds, to ``on_read`` (again while a read fed it more)."""
-        reader = self._reader
+        reader, done = self._reader, self._done
+        if done is not None and done.cancelled():  # the stream's task was stopped: no more
+            self._stop(None)
+            return
         while (on_read := self._on_read) is not None:
             if reader._eof or reader._exception is not None:
                 self._stop(None)  # the usual read takes what is left, and the end or failure
@@ -186,8 +221,9 @@ def reads_wait(reader: Any) -> bool:
 
 
 def direct_reads(resp: aiohttp.ClientResponse) -> DirectReads | None:
-    """``DirectReads`` for a streaming response, or None where it cannot be used."""
-    if not fits():
+    """``DirectReads`` for a streaming response, or None where it cannot be used (the mend
+    is not in place, or the connection is gone)."""
+    if not _on:
         return None
     conn = resp.connection
     proto = conn.protocol if conn is not None else None

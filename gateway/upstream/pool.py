@@ -12,7 +12,8 @@ checked before it is put in place, ``gateway.server.mends``), kept for a request
 cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts in place
 ``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques) and
 ``aiohttp.lean_request_info`` (``lean_request_info.py``: a started response lets go of its
-request's headers).
+request's headers) and ``aiohttp.direct_reads`` (``direct_reads.py``: a stream's reads relayed
+inside the socket's callback).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -42,7 +43,7 @@ from gateway.errors import (
 )
 from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
-from gateway.upstream.direct_reads import DirectReads, direct_reads, reads_wait
+from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads, reads_wait
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
 from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
 
@@ -137,6 +138,7 @@ class Upstream:
         s = self._settings
         mends.fits(LEAN_BUFFERS)  # each response's buffers without deques (a speed mend)
         mends.fits(LEAN_REQUEST_INFO)  # and without its request's headers (another)
+        mends.fits(DIRECT_READS)  # a stream's reads relayed in the socket's callback (another)
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
