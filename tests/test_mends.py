@@ -30,10 +30,11 @@ from hypercorn.asyncio.worker_context import AsyncioSingleTask
 from hypercorn.config import Config
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
-from gateway.server import mends
+from gateway.server import mends, uvicorn_guard
 from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.upstream import direct_reads, lean_request_info
@@ -43,6 +44,7 @@ KINDS = {
     "hypercorn.idle_close": "correctness",
     "hypercorn.connection_cap": "safety",
     "hypercorn.header_timeout": "safety",
+    "uvicorn.guard": "safety",
     "aiohttp.recent_first": "speed",
     "aiohttp.lean_buffers": "speed",
     "aiohttp.lean_request_info": "speed",
@@ -50,7 +52,7 @@ KINDS = {
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, RecentFirstConnector, ProtocolWrapper, aiohttp.streams]
-OWNERS += [lean_request_info, direct_reads]
+OWNERS += [lean_request_info, direct_reads, uvicorn_guard]
 
 
 @pytest.fixture(autouse=True)
@@ -131,6 +133,7 @@ gc_tuning.tune_gc = lambda: None
 run, asyncio.run = asyncio.run, lambda main: main.close()
 server._hypercorn(settings, "127.0.0.1", 0, 1)
 asyncio.run = run
+server.uvicorn_options(settings.server, 100)
 
 async def pool():
     upstream = Upstream(settings.upstream)
@@ -320,6 +323,10 @@ def _reads_otherwise(self: Any) -> bytes:
     return b""
 
 
+def _completes_otherwise(self: Any) -> None:
+    self.keep_alive_timer = None  # the keep-alive's timer under another name
+
+
 def _makes_lists(self: Any, *args: Any) -> None:
     self._buffer = []  # its buffer made otherwise than by the collections it was given
 
@@ -378,6 +385,16 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "aiohttp.lean_request_info",
         _set(aiohttp.ClientResponse, "request_info", None),
         "ClientResponse.request_info is not a property",
+    ),  # fmt: skip
+    (
+        "uvicorn.guard",
+        _set(HttpToolsProtocol, "on_response_complete", _completes_otherwise),
+        "HttpToolsProtocol.on_response_complete no longer uses timeout_keep_alive_task",
+    ),  # fmt: skip
+    (
+        "uvicorn.guard",
+        _set(HttpToolsProtocol, "data_received", _reads_otherwise),
+        "HttpToolsProtocol.data_received takes (self), not (self, data)",
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",
@@ -461,6 +478,33 @@ def test_hypercorn_s_parent_refuses_before_it_starts_workers(
     assert started == []
     assert "server.mend_refused mend hypercorn.header_timeout" in caplog.text
     assert dict(vars(TCPServer)) == before  # checked, not applied: the workers apply them
+
+
+def test_a_uvicorn_the_guard_does_not_fit_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    settings = load_settings(config(tmp_path))
+    monkeypatch.setattr(HttpToolsProtocol, "on_response_complete", _completes_otherwise)
+    with caplog.at_level(logging.WARNING, "gateway.server"), pytest.raises(SystemExit) as exit:
+        server.uvicorn_options(settings.server, 100)
+    assert exit.value.code == 1
+    (line,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.getMessage().startswith("server.mend_refused mend uvicorn.guard (safety")
+    assert "GATEWAY_UNMENDED=uvicorn.guard" in line.getMessage()
+
+
+def test_gateway_unmended_serves_uvicorn_on_its_own_protocol_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    settings = load_settings(config(tmp_path))
+    monkeypatch.setattr(HttpToolsProtocol, "on_response_complete", _completes_otherwise)
+    monkeypatch.setenv(mends.UNMENDED_ENV, "uvicorn.guard")
+    with caplog.at_level(logging.WARNING, "gateway.server"):
+        options = server.uvicorn_options(settings.server, 100)
+    assert options["http"] == "httptools"  # uvicorn's own, unguarded
+    (line,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert line.levelno == logging.ERROR
+    assert line.getMessage().startswith("server.serving_unmended mend uvicorn.guard")
 
 
 @pytest.mark.parametrize("unmended", ["hypercorn.header_timeout", "all"])

@@ -263,13 +263,17 @@ def _stopped(_signal: int, _frame: object) -> None:
 def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
     suite's in-process uvicorn)."""
-    from gateway.server.uvicorn_guard import guard_of, guarded  # uvicorn, only when it serves
+    # uvicorn, only when it serves
+    from gateway.server.uvicorn_guard import UVICORN_GUARD, guard_of, guarded
 
     guard = guard_of(server.header_timeout_seconds, uvicorn_keep_alive(server), limit)
+    # a uvicorn the guard does not fit stops the process here (``mends.start``), unless
+    # GATEWAY_UNMENDED names it: it then serves on uvicorn's own protocol, with an error line
+    mends.start([UVICORN_GUARD])
     return {
         # httptools' protocol with a header deadline and a connection cap at accept
         # (``uvicorn_guard``); it pickles with its settings into each of several workers
-        "http": guarded(guard),
+        "http": guarded(guard) if UVICORN_GUARD.in_place() else "httptools",
         "access_log": False,
         "server_header": False,
         "timeout_keep_alive": uvicorn_keep_alive(server),

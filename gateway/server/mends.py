@@ -49,6 +49,7 @@ UNMENDED_ENV = "GATEWAY_UNMENDED"
 MODULES = (
     "gateway.server.hypercorn_mend",
     "gateway.server.header_timeout",
+    "gateway.server.uvicorn_guard",
     "gateway.upstream.pool",
     "gateway.upstream.lean_buffers",
     "gateway.upstream.lean_request_info",

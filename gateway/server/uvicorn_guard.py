@@ -27,7 +27,10 @@ the usual case, arms none: 0.7k instructions a request on the protocol alone (be
 "uvicorn with the gateway's connection guard"). Its two attributes are slots: in the
 instance's dict they made each connection 1.3 KiB larger. Written against uvicorn's
 internals as 0.54 has them (``cycle``, ``scope``, ``timeout_keep_alive_task``, the parser's
-callbacks); tests/test_uvicorn_guard.py runs it against the installed uvicorn.
+callbacks); tests/test_uvicorn_guard.py runs it against the installed uvicorn, and at start-up
+they are checked as a mend's are: ``uvicorn.guard``, of kind ``safety``
+(``gateway.server.mends``): where the installed uvicorn differs the process does not start,
+unless ``GATEWAY_UNMENDED`` names it, when it serves on uvicorn's own protocol and says so.
 
 Not given: a line when accepts fail for want of descriptors (uvloop's libuv sheds those
 connections itself, accepting and closing them, and tells no Python code; ``accept_errors``
@@ -44,6 +47,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.defences import CONNECTIONS, TIMEOUT_REPLY, refusal, refused
+from gateway.server.mends import Mend, Needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +168,51 @@ def _refuse(transport: asyncio.Transport, open_now: int) -> None:
     request_id = refused(CONNECTIONS, open_now)
     transport.write(refusal(request_id))
     transport.close()
+
+
+_PROTOCOL = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol"
+# what the guard calls, and what each of uvicorn's methods must still do for it: the names its
+# code reads or sets (the request begun, the request answered, the keep-alive's timer)
+_METHODS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "__init__": (("self", "config", "server_state", "app_state", "_loop"),
+                 ("connections", "cycle", "loop", "scope", "timeout_keep_alive_task")),
+    "connection_made": (("self", "transport"), ("connections", "transport")),
+    "connection_lost": (("self", "exc"), ("connections",)),
+    "data_received": (("self", "data"), ("parser", "feed_data")),
+    "on_message_begin": (("self",), ("scope",)),
+    "on_headers_complete": (("self",), ("cycle", "scope")),
+    "on_response_complete": (("self",), ("timeout_keep_alive_task",)),
+    "handle_websocket_upgrade": (("self",), ()),
+}  # fmt: skip
+_checked = False  # the installed uvicorn fits (``UVICORN_GUARD``)
+
+
+def _check() -> list[str]:
+    needs = Needs()
+    module = needs.module("uvicorn.protocols.http.httptools_impl")
+    protocol = needs.attr(module, "HttpToolsProtocol", "uvicorn.protocols.http.httptools_impl")
+    if protocol is None:
+        return needs.missing
+    for name, (params, names) in _METHODS.items():
+        method = needs.function(protocol, name, _PROTOCOL, params, coroutine=False)
+        needs.uses(method, names, f"{_PROTOCOL}.{name}")
+    return needs.missing
+
+
+def _apply() -> None:
+    global _checked
+    _checked = True
+
+
+UVICORN_GUARD = Mend(
+    name="uvicorn.guard",
+    library="uvicorn",
+    written_for="0.54",
+    kind="safety",
+    fixes="uvicorn holds a silent connection for ever, a dripping one as long as it drips, "
+    "and idle ones past any cap",
+    check=_check,
+    apply=_apply,
+    in_place=lambda: _checked,
+)
+MENDS = (UVICORN_GUARD,)
