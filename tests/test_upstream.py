@@ -145,3 +145,37 @@ async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
     finally:
         await u.stop()
         await runner.cleanup()
+
+
+async def test_an_upstream_s_cookie_is_not_sent_with_the_next_call() -> None:
+    """A provider's CDN sets a cookie on a reply (a bot-management one): the next call, which
+    may be another account's, goes without it; the pool keeps no state between calls."""
+    cookies: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        cookies.append(request.headers.get("Cookie"))
+        reply = web.json_response({"ok": True})
+        reply.set_cookie("__cf_bm", "tracked", path="/", max_age=1800)
+        return reply
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    # a host name, not an address: aiohttp's cookie jar keeps no cookie of an IP address
+    call = UpstreamCall(f"http://localhost:{port}/v1/chat/completions", {}, b"{}")
+    u = Upstream(UpstreamSettings())
+    await u.start()
+    try:
+        for _ in range(2):
+            resp = await u.request(call)
+            assert resp.status == 200 and "__cf_bm" in resp.headers.get("Set-Cookie", "")
+            await resp.read()
+            resp.close()
+        assert cookies == [None, None]
+    finally:
+        await u.stop()
+        await runner.cleanup()

@@ -153,6 +153,9 @@ class Upstream:
             ),
             auto_decompress=True,
             headers={"User-Agent": USER_AGENT},
+            # an upstream's cookies (a CDN's bot-management one) are neither kept nor sent
+            # with the next call, which may be another account's
+            cookie_jar=aiohttp.DummyCookieJar(),
             read_bufsize=2**16,
         )
 
