@@ -270,10 +270,11 @@ def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     # a uvicorn the guard does not fit stops the process here (``mends.start``), unless
     # GATEWAY_UNMENDED names it: it then serves on uvicorn's own protocol, with an error line
     mends.start([UVICORN_GUARD])
+    fits = not UVICORN_GUARD.problems()  # this uvicorn's, whatever an earlier start found
     return {
         # httptools' protocol with a header deadline and a connection cap at accept
         # (``uvicorn_guard``); it pickles with its settings into each of several workers
-        "http": guarded(guard) if UVICORN_GUARD.in_place() else "httptools",
+        "http": guarded(guard) if fits else "httptools",
         "access_log": False,
         "server_header": False,
         "timeout_keep_alive": uvicorn_keep_alive(server),
