@@ -268,6 +268,65 @@ def test_a_read_timeout_ends_the_direct_reads_and_the_usual_read_raises_it(loop:
 
 
 @pytest.mark.parametrize("loop", list(LOOPS))
+def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after(
+    loop: str,
+) -> None:
+    """Pieces 0.1 s apart under a 0.3 s read timeout never time out, read directly; the
+    timeout comes 0.3 s after the last one. Stopped by on_read, the usual read has aiohttp's
+    timeout again; and a connection back in the pool is not hit by a timer left behind."""
+
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker()
+        done = reads.relay(taker)
+        assert done is not None
+        for n in range(6):  # 0.6 s in all: twice the timeout
+            await asyncio.sleep(0.1)
+            upstream.pieces.put_nowait(b"%d" % n)
+            await taker.next()
+        last = asyncio.get_running_loop().time()
+        await done
+        assert 0.25 <= asyncio.get_running_loop().time() - last < 1.0
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await resp.content.readany()
+        reads.release()
+        resp.close()
+        upstream.pieces.put_nowait(DROP)  # its handler, still waiting, ends
+        await asyncio.sleep(0.05)
+        # stopped by on_read: aiohttp's timer runs again for the usual read
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker(stop_after=1)
+        done = reads.relay(taker)
+        assert done is not None
+        upstream.pieces.put_nowait(b"x")
+        await done
+        with pytest.raises(aiohttp.ServerTimeoutError):
+            await resp.content.readany()
+        reads.release()
+        resp.close()
+        upstream.pieces.put_nowait(DROP)  # its handler, still waiting, ends
+        await asyncio.sleep(0.05)
+        # ended: the connection goes back to the pool and serves after the timeout's length
+        resp = await opened(upstream, url, session)
+        reads, taker = reads_of(resp), Taker()
+        done = reads.relay(taker)
+        assert done is not None
+        upstream.pieces.put_nowait(b"y")
+        await taker.next()
+        upstream.pieces.put_nowait(END)
+        await done
+        assert await resp.content.readany() == b""
+        reads.release()
+        await asyncio.sleep(0.5)
+        upstream.pieces.put_nowait(b"after")
+        upstream.pieces.put_nowait(END)
+        async with session.get(url) as again:
+            assert await again.read() == b"after"
+
+    run(scenario, loop, None, read_timeout=0.3)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
 def test_nothing_starts_while_a_read_would_not_wait(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
         resp = await opened(upstream, url, session)
