@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from types import CoroutineType
 from typing import Any, Protocol
 
 from gateway.edge.interrupt import UPSTREAM_QUIET, Interrupt
@@ -352,11 +353,12 @@ class Relaying:
         if quiet is not None and quiet.ping is not None:
             self.out = out
             return False
-        # the send driven by hand: most finish without waiting, and so need no task
+        # the send driven by hand: most finish without waiting, and so need no task (a
+        # coroutine, as uvicorn's and hypercorn's sends are, is stepped without its wrapper)
         sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
-        steps = sending.__await__()
+        steps = sending if type(sending) is CoroutineType else sending.__await__()
         try:
-            waiting = next(steps)
+            waiting = steps.send(None)
         except StopIteration:
             if quiet is not None:
                 quiet.last = time.monotonic()
@@ -368,7 +370,9 @@ class Relaying:
         return False
 
 
-async def _carry_on(steps: Generator[Any, None, Any], waiting: Any) -> None:
+async def _carry_on(
+    steps: Generator[Any, None, Any] | Coroutine[Any, Any, Any], waiting: Any
+) -> None:
     """An awaitable that suspended outside any task (on ``waiting``, its steps driven by
     hand), run to its end in this one. What ``waiting`` ends with, the awaitable reads from it
     itself when resumed."""

@@ -202,35 +202,32 @@ class DirectReads:
             # off, or within this very callback's read below: aiohttp's reader resumes its
             # protocol as it is emptied, which parses what it held back (data_received(b""))
             return
-        self._taking = True
-        try:
-            self._take()
-        finally:
-            self._taking = False
-
-    def _take(self) -> None:
-        """What the reader holds, to ``on_read`` (again while a read fed it more)."""
         reader, done = self._reader, self._done
         if done is not None and done.cancelled():  # the stream's task was stopped: no more
             self._stop(None)
             return
-        while (on_read := self._on_read) is not None:
-            if reader._eof or reader._exception is not None:
-                self._stop(None)  # the usual read takes what is left, and the end or failure
-                return
-            if not reader._buffer:
-                reader._waiter = self._waiter  # a feed took it: armed again
-                return
-            if self._timeout:
-                self._last = self._clock()
-            try:
-                go_on = on_read(reader._read_nowait(-1))
-            except BaseException as exc:  # to the stream's task, which raises it
-                self._stop(exc)
-                return
-            if not go_on:
-                self._stop(None, timing=True)  # the body goes on: aiohttp's timer with it
-                return
+        # what the reader holds, to on_read (again while a read fed it more)
+        self._taking = True
+        try:
+            while (on_read := self._on_read) is not None:
+                if reader._eof or reader._exception is not None:
+                    self._stop(None)  # the usual read takes what is left, and the end or failure
+                    return
+                if not reader._buffer:
+                    reader._waiter = self._waiter  # a feed took it: armed again
+                    return
+                if self._timeout:
+                    self._last = self._clock()
+                try:
+                    go_on = on_read(reader._read_nowait(-1))
+                except BaseException as exc:  # to the stream's task, which raises it
+                    self._stop(exc)
+                    return
+                if not go_on:
+                    self._stop(None, timing=True)  # the body goes on: aiohttp's timer with it
+                    return
+        finally:
+            self._taking = False
 
     def _fed(self) -> None:
         """The reader was fed: inside ``data_received`` that is looked at after; outside it,
