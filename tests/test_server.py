@@ -415,3 +415,36 @@ async def test_no_server_believes_x_forwarded_for_on_its_own(
     finally:
         gw.kill(signal.SIGTERM)
         await gw.exit_code()
+
+
+@pytest.mark.parametrize("server", each_server())
+async def test_a_paced_stream_arrives_whole_on_every_server(
+    fake: FakeUpstream, tmp_path: Path, server: str
+) -> None:
+    """Read from its second wait on inside the upstream socket's callback
+    (``upstream.direct_reads``), a paced stream is sent through each server's own ``send``
+    driven by hand (granian's is no coroutine): every word arrives, in order, then [DONE]."""
+    gw = Gateway(write_config(tmp_path, fake.url, f"sqlite:///{tmp_path}/gw.db"), free_port(),
+                 tmp_path / "gw.log", server=server)  # fmt: skip
+    await gw.start()
+    words = [f"w{i}" for i in range(40)]
+    text = f"[[fake text='{' '.join(words)}' chunks=40 delay_ms=10]]"
+    body = {"model": "chat-small", "stream": True, "messages": [{"role": "user", "content": text}]}
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(
+                gw.url + "/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {KEYS['alice']}"},
+            ) as r:
+                assert r.status == 200
+                raw = await r.read()
+        said = "".join(
+            part.split(b'"content":"', 1)[1].split(b'"', 1)[0].decode()
+            for part in raw.split(b"\n\n")
+            if b'"content":"' in part
+        ).split()
+        assert said == words and raw.endswith(b"data: [DONE]\n\n"), gw.log.read_text()[-2000:]
+    finally:
+        gw.kill(signal.SIGTERM)
+        await gw.exit_code()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from types import CoroutineType
 from typing import Any, Protocol
 
@@ -358,7 +358,7 @@ class Relaying:
         sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
         steps = sending if type(sending) is CoroutineType else sending.__await__()
         try:
-            waiting = steps.send(None)
+            waiting = _step(steps)
         except StopIteration:
             if quiet is not None:
                 quiet.last = time.monotonic()
@@ -370,9 +370,16 @@ class Relaying:
         return False
 
 
-async def _carry_on(
-    steps: Generator[Any, None, Any] | Coroutine[Any, Any, Any], waiting: Any
-) -> None:
+def _step(steps: Iterator[Any] | Coroutine[Any, Any, Any]) -> Any:
+    """One step of an awaitable driven by hand: a coroutine's ``send``, or the next of the
+    iterator another awaitable's ``__await__`` gave (granian's sends are such: an iterator
+    with no ``send``)."""
+    if type(steps) is CoroutineType:
+        return steps.send(None)
+    return next(steps)  # type: ignore[arg-type]
+
+
+async def _carry_on(steps: Iterator[Any] | Coroutine[Any, Any, Any], waiting: Any) -> None:
     """An awaitable that suspended outside any task (on ``waiting``, its steps driven by
     hand), run to its end in this one. What ``waiting`` ends with, the awaitable reads from it
     itself when resumed."""
@@ -386,6 +393,6 @@ async def _carry_on(
         except BaseException:  # noqa: BLE001,S110 - the coroutine gets it from ``waiting``
             pass
         try:
-            waiting = steps.send(None)
+            waiting = _step(steps)
         except StopIteration:
             return
