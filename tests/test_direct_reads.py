@@ -147,6 +147,17 @@ def reads_of(resp: Any) -> DirectReads:
     return reads
 
 
+async def relayed(
+    upstream: Upstream, url: str, session: aiohttp.ClientSession, on_read: Any
+) -> tuple[Any, DirectReads, asyncio.Future[None]]:
+    """A stream opened, its first piece read the usual way, then its reads direct."""
+    resp = await opened(upstream, url, session)
+    reads = reads_of(resp)
+    done = reads.relay(on_read)
+    assert done is not None
+    return resp, reads, done
+
+
 def both(tls: Any) -> list[Any]:
     return [None, tls]
 
@@ -187,10 +198,8 @@ def test_on_read_stopping_hands_the_next_read_to_the_usual_way_and_may_start_aga
     loop: str,
 ) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker(stop_after=2)
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker(stop_after=2)
+        resp, reads, done = await relayed(upstream, url, session, taker)
         upstream.pieces.put_nowait(b"a")
         assert await taker.next() == b"a"
         upstream.pieces.put_nowait(b"b")
@@ -214,10 +223,8 @@ def test_on_read_stopping_hands_the_next_read_to_the_usual_way_and_may_start_aga
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_what_on_read_raises_is_raised_to_the_stream(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
-        resp = await opened(upstream, url, session)
-        reads = reads_of(resp)
-        done = reads.relay(Taker(fail=ValueError("bad event")))
-        assert done is not None
+        failing = Taker(fail=ValueError("bad event"))
+        resp, reads, done = await relayed(upstream, url, session, failing)
         upstream.pieces.put_nowait(b"data: garbage\n\n")
         with pytest.raises(ValueError, match="bad event"):
             await done
@@ -233,10 +240,8 @@ def test_a_lost_connection_ends_the_direct_reads_and_the_usual_read_raises(
     loop: str, secure: bool, tls: Any
 ) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker()
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker()
+        resp, reads, done = await relayed(upstream, url, session, taker)
         upstream.pieces.put_nowait(b"one")
         assert await taker.next() == b"one"
         upstream.pieces.put_nowait(DROP)
@@ -252,10 +257,8 @@ def test_a_lost_connection_ends_the_direct_reads_and_the_usual_read_raises(
 @pytest.mark.parametrize("loop", list(LOOPS))
 def test_a_read_timeout_ends_the_direct_reads_and_the_usual_read_raises_it(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker()
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker()
+        resp, reads, done = await relayed(upstream, url, session, taker)
         upstream.pieces.put_nowait(b"one")
         assert await taker.next() == b"one"
         await done  # the upstream says nothing more: the 0.3 s read timeout fires
@@ -276,10 +279,8 @@ def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after
     timeout again; and a connection back in the pool is not hit by a timer left behind."""
 
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker()
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker()
+        resp, reads, done = await relayed(upstream, url, session, taker)
         for n in range(6):  # 0.6 s in all: twice the timeout
             await asyncio.sleep(0.1)
             upstream.pieces.put_nowait(b"%d" % n)
@@ -294,10 +295,8 @@ def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after
         upstream.pieces.put_nowait(DROP)  # its handler, still waiting, ends
         await asyncio.sleep(0.05)
         # stopped by on_read: aiohttp's timer runs again for the usual read
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker(stop_after=1)
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker(stop_after=1)
+        resp, reads, done = await relayed(upstream, url, session, taker)
         upstream.pieces.put_nowait(b"x")
         await done
         with pytest.raises(aiohttp.ServerTimeoutError):
@@ -307,10 +306,8 @@ def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after
         upstream.pieces.put_nowait(DROP)  # its handler, still waiting, ends
         await asyncio.sleep(0.05)
         # ended: the connection goes back to the pool and serves after the timeout's length
-        resp = await opened(upstream, url, session)
-        reads, taker = reads_of(resp), Taker()
-        done = reads.relay(taker)
-        assert done is not None
+        taker = Taker()
+        resp, reads, done = await relayed(upstream, url, session, taker)
         upstream.pieces.put_nowait(b"y")
         await taker.next()
         upstream.pieces.put_nowait(END)
