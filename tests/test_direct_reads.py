@@ -26,6 +26,7 @@ from bench.fake_upstream import FakeUpstream
 from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads
 from tests.plugins.servers import make_config, serve_app
+from tests.plugins.web_apps import served
 
 END = None  # the server ends the body
 DROP = "drop"  # the server drops the connection
@@ -78,17 +79,11 @@ async def serving(server_tls: ssl.SSLContext | None) -> AsyncIterator[tuple[Upst
     upstream = Upstream()
     app = web.Application()
     app.router.add_get("/stream", upstream.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    scheme = "https" if server_tls else "http"
-    try:
-        yield upstream, f"{scheme}://127.0.0.1:{port}/stream"
-    finally:
-        upstream.pieces.put_nowait(DROP)  # a handler still waiting for its next piece ends
-        await runner.cleanup()
+    async with served(app, server_tls) as url:
+        try:
+            yield upstream, url + "/stream"
+        finally:
+            upstream.pieces.put_nowait(DROP)  # a handler still waiting for its next piece ends
 
 
 Scenario = Callable[[Upstream, str, aiohttp.ClientSession], Awaitable[None]]

@@ -14,6 +14,7 @@ from aiohttp import streams, web
 
 from gateway.server import mends
 from gateway.upstream.lean_buffers import LEAN_BUFFERS, LeanDeque
+from tests.plugins.web_apps import served
 
 PIECES = [b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n"]
 
@@ -52,13 +53,8 @@ async def chunked() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/"
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url + "/"
 
 
 async def test_a_chunked_body_arrives_whole_with_its_chunks(lean: None, chunked: str) -> None:

@@ -15,6 +15,7 @@ from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream import lean_request_info
 from gateway.upstream.pool import Upstream
+from tests.plugins.web_apps import served
 
 SENT = {"Authorization": "Bearer up-key", "X-Trace": "t-1"}
 
@@ -30,12 +31,8 @@ async def echo() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1/chat/completions"
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url + "/v1/chat/completions"
 
 
 @pytest.mark.parametrize("mended", [True, False])

@@ -19,6 +19,7 @@ from gateway.errors import UpstreamError
 from gateway.protocols.base import UpstreamCall
 from gateway.upstream.pool import Upstream
 from tests.plugins.servers import KEYS, ServedGateway
+from tests.plugins.web_apps import served
 
 LIMIT = 1024 * 1024
 BIG = b'{"x":"' + b"a" * (2 * LIMIT) + b'"}'
@@ -64,12 +65,8 @@ async def server() -> AsyncIterator[str]:
     app = web.Application()
     for path, handler in REPLIES.items():
         app.router.add_post(path, handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["/length", "/chunked", "/gzip"])

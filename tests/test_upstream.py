@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
@@ -18,6 +19,7 @@ from gateway.config import UpstreamSettings
 from gateway.errors import GatewayOverloadedError, UpstreamError, UpstreamTimeoutError
 from gateway.protocols.base import UpstreamCall
 from gateway.upstream.pool import READ_FAILURES, Upstream, read_error
+from tests.plugins.web_apps import served
 
 URL = "http://upstream.test/v1/chat/completions"
 CALL = UpstreamCall(URL, {"Authorization": "Bearer up-key"}, b'{"model":"m"}')
@@ -29,6 +31,18 @@ async def upstream() -> AsyncIterator[Upstream]:
     await u.start()
     yield u
     await u.stop()
+
+
+@asynccontextmanager
+async def pool_serving(app: web.Application) -> AsyncIterator[tuple[Upstream, str]]:
+    """A started pool, and ``app`` served (its base URL), for the length of a block."""
+    async with served(app) as url:
+        u = Upstream(UpstreamSettings())
+        await u.start()
+        try:
+            yield u, url
+        finally:
+            await u.stop()
 
 
 def connector_error(code: int) -> aiohttp.ClientConnectorError:
@@ -77,22 +91,15 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    call = UpstreamCall(f"http://127.0.0.1:{port}/v1/chat/completions", {}, b"{}")
-    u = Upstream(UpstreamSettings())
-    await u.start()
+    async with pool_serving(app) as (u, url):
+        call = UpstreamCall(url + "/v1/chat/completions", {}, b"{}")
 
-    async def one() -> None:
-        resp = await u.request(call)
-        assert resp.status == 200
-        await resp.read()
-        resp.close()  # read to its end: back to the pool
+        async def one() -> None:
+            resp = await u.request(call)
+            assert resp.status == 200
+            await resp.read()
+            resp.close()  # read to its end: back to the pool
 
-    try:
         burst = [asyncio.create_task(one()) for _ in range(6)]
         await asyncio.wait_for(arrived.wait(), 10)  # six connections open at once
         release.set()
@@ -102,9 +109,6 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
         for _ in range(8):
             await one()
         assert len(set(ports)) == 1, ports  # first-in first-out would cycle through all six
-    finally:
-        await u.stop()
-        await runner.cleanup()
 
 
 async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
@@ -121,16 +125,9 @@ async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
 
     app = web.Application()
     app.router.add_post("/x", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    u = Upstream(UpstreamSettings())
-    await u.start()
-    try:
+    async with pool_serving(app) as (u, url):
         for read in ("read", "chunk"):
-            resp = await u.request(UpstreamCall(f"http://127.0.0.1:{port}/x", {}, b"{}"))
+            resp = await u.request(UpstreamCall(url + "/x", {}, b"{}"))
             with pytest.raises(UpstreamError) as got:
                 if read == "read":
                     await resp.read()
@@ -142,9 +139,6 @@ async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
                         raise read_error(exc) from None
             assert got.value.retryable is False  # after the status: not retried elsewhere
             resp.close()
-    finally:
-        await u.stop()
-        await runner.cleanup()
 
 
 async def test_an_upstream_s_cookie_is_not_sent_with_the_next_call() -> None:
@@ -160,22 +154,13 @@ async def test_an_upstream_s_cookie_is_not_sent_with_the_next_call() -> None:
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    # a host name, not an address: aiohttp's cookie jar keeps no cookie of an IP address
-    call = UpstreamCall(f"http://localhost:{port}/v1/chat/completions", {}, b"{}")
-    u = Upstream(UpstreamSettings())
-    await u.start()
-    try:
+    async with pool_serving(app) as (u, url):
+        # a host name, not an address: aiohttp's cookie jar keeps no cookie of an IP address
+        call = UpstreamCall(url.replace("127.0.0.1", "localhost") + "/v1/chat/completions",
+                            {}, b"{}")  # fmt: skip
         for _ in range(2):
             resp = await u.request(call)
             assert resp.status == 200 and "__cf_bm" in resp.headers.get("Set-Cookie", "")
             await resp.read()
             resp.close()
-        assert cookies == [None, None]
-    finally:
-        await u.stop()
-        await runner.cleanup()
+    assert cookies == [None, None]

@@ -170,18 +170,18 @@ class DirectReads:
         if not reads_wait(reader) or reader._waiter is not None or self._on_read is not None:
             return None
         self._on_read = on_read
-        done = self._done = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        done = self._done = loop.create_future()
         reader._waiter = self._waiter
-        timeout = self._proto.read_timeout
+        proto = self._proto
+        timeout = proto.read_timeout
         if timeout:  # aiohttp's timer, set anew at every read, is this one's while on
-            self._proto._drop_timeout()
-            self._proto.read_timeout = None
+            proto._drop_timeout()
+            proto.read_timeout = None
             self._timeout = timeout
-            self._clock = clock = asyncio.get_running_loop().time
-            self._last = clock()
-            self._timer = asyncio.get_running_loop().call_at(
-                self._last + timeout, self._quiet_too_long
-            )
+            self._clock = loop.time
+            self._last = loop.time()
+            self._timer = loop.call_at(self._last + timeout, self._quiet_too_long)
         return done
 
     def release(self) -> None:
