@@ -25,7 +25,7 @@ from aiohttp import web
 from bench.fake_upstream import FakeUpstream
 from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads
-from tests.plugins.servers import make_config, serve_app
+from tests.plugins.servers import KEYS, make_config, serve_app
 from tests.plugins.web_apps import served
 
 END = None  # the server ends the body
@@ -94,10 +94,11 @@ def run(
     loop: str,
     tls: tuple[ssl.SSLContext, ssl.SSLContext] | None,
     read_timeout: float | None = None,
+    total: float | None = None,
 ) -> None:
     async def main() -> None:
         connector = aiohttp.TCPConnector(limit=1, ssl=tls[1] if tls else True)
-        timeout = aiohttp.ClientTimeout(sock_read=read_timeout)
+        timeout = aiohttp.ClientTimeout(total=total, sock_read=read_timeout)
         async with serving(tls[0] if tls else None) as (upstream, url):
             async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
                 await asyncio.wait_for(scenario(upstream, url, session), 10)
@@ -319,6 +320,38 @@ def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after
 
 
 @pytest.mark.parametrize("loop", list(LOOPS))
+def test_the_total_timeout_stops_direct_reads_at_its_deadline(loop: str) -> None:
+    """The body's total timeout (1 s from the request) ends a stream whose reads are direct
+    at its deadline, though pieces keep coming: what came before it was relayed, the
+    awaited end raises the timeout, and nothing after the deadline reaches on_read."""
+
+    async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
+        clock = asyncio.get_running_loop().time
+        began = clock()
+        taker = Taker()
+        resp, reads, done = await relayed(upstream, url, session, taker)
+
+        async def feed() -> None:
+            for n in range(40):  # 2 s of pieces, twice the total timeout
+                upstream.pieces.put_nowait(b"%d" % n)
+                await asyncio.sleep(0.05)
+
+        feeding = asyncio.ensure_future(feed())
+        with pytest.raises(asyncio.TimeoutError):
+            await reads.wait(done)
+        assert 0.9 <= clock() - began < 1.6
+        came = len(taker.reads)
+        assert 5 <= came < 40 and taker.reads == [b"%d" % n for n in range(came)]
+        await asyncio.sleep(0.2)
+        assert len(taker.reads) == came  # nothing more once the deadline passed
+        feeding.cancel()
+        reads.release()
+        resp.close()
+
+    run(scenario, loop, None, total=1.0)
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
 def test_nothing_starts_while_a_read_would_not_wait(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
         resp = await opened(upstream, url, session)
@@ -382,3 +415,38 @@ async def test_a_paced_stream_read_directly_is_cut_at_the_balance_and_billed_its
         # and the balance lost exactly the record's cost
         assert record.completion_tokens <= len(said) <= record.completion_tokens + 2
         assert record.cost == before.balance - after.balance
+
+
+async def test_a_channel_s_total_timeout_ends_a_paced_stream_read_directly(
+    fake: FakeUpstream, store_url: str
+) -> None:
+    """A channel whose own total timeout (0.8 s) is shorter than its paced stream (40 words
+    50 ms apart): the words before the deadline reach the client, then the timeout's error
+    inside the stream (no traceback, no cut connection); the record says 504."""
+    from gateway.config import parse_settings
+
+    cfg = make_config(fake.url, store_url)
+    cfg["channels"][0]["timeouts"] = {"total": 0.8}
+    words = " ".join(f"w{i}" for i in range(40))
+    body = {
+        "model": "chat-small",
+        "stream": True,
+        "messages": [{"role": "user", "content": f"[[fake text='{words}' chunks=40 delay_ms=50]]"}],
+    }
+    async with serve_app(parse_settings(cfg)) as gw:
+        async with aiohttp.ClientSession() as s:
+            auth = {"Authorization": f"Bearer {KEYS['alice']}"}
+            async with s.post(gw.v1 + "/chat/completions", json=body, headers=auth) as r:
+                assert r.status == 200
+                raw = await r.read()
+        events = [
+            orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")
+        ]
+        said = "".join(
+            e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
+        ).split()
+        assert events[-1]["error"]["type"] and b"[DONE]" not in raw
+        assert 5 <= len(said) < 40 and said == [f"w{i}" for i in range(len(said))]
+        await gw.state.writer.flush()
+        [record] = await gw.state.store.usage("alice", 10)
+        assert record.status == 504

@@ -323,6 +323,11 @@ def _reads_otherwise(self: Any) -> bytes:
     return b""
 
 
+def _with_a_slot(reader: Any) -> Any:
+    """A subclass whose instances differ in layout from the library's (a slot of its own)."""
+    return type("Wider", (reader,), {"__slots__": ("extra",)})
+
+
 def _completes_otherwise(self: Any) -> None:
     self.keep_alive_timer = None  # the keep-alive's timer under another name
 
@@ -408,8 +413,13 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",
-        _set(aiohttp.streams.StreamReader, "_read_nowait", _reads_otherwise),
-        "StreamReader._read_nowait takes (self), not (self, n)",
+        _set(aiohttp.streams.StreamReader, "feed_data", _reads_otherwise),
+        "StreamReader.feed_data takes (self), not (self, data, size)",
+    ),  # fmt: skip
+    (
+        "aiohttp.direct_reads",
+        _set(direct_reads, "_taking", _with_a_slot),
+        "StreamReader's instances cannot change class",
     ),  # fmt: skip
 ]
 

@@ -324,8 +324,12 @@ class Relaying:
     async def stopped(self, done: asyncio.Future[None]) -> bytes:
         """Awaits the direct reads' end and what they left to the stream's task: a send to
         finish, the account's limit; returns the output not yet sent. Raises what a read or
-        a send raised."""
-        await done
+        a send raised (a failure of the upstream's as ``read_error``'s, as the usual read
+        does: the channel's total timeout while the reads were direct)."""
+        try:
+            await self.direct.wait(done)
+        except READ_FAILURES as exc:
+            raise read_error(exc) from None
         if self.over and self.meter is not None:
             raise self.meter.exceeded()  # ``out`` goes before the error (``pump``)
         out, self.out = self.out, b""

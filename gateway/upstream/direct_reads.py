@@ -6,24 +6,35 @@ the event loop's next turn, resumes ``readany`` and its ``_wait``, and makes a n
 the read after. For a paced stream (a chunk every few tens of milliseconds, each its own read)
 that is most of what the gateway itself spends on a chunk.
 
-``DirectReads`` takes the turn out: while it is on, the connection's protocol calls it after
-each ``data_received``; what the read put in the body's buffer is taken at once and given to
-``on_read``, which converts it and writes it to the client in the same callback. ``on_read``
-returns False to stop (a send that has to wait, a keep-alive under way): the awaitable
-``relay`` returned then completes and the stream goes on the usual way. It completes too when
-the body ends or fails (EOF, a read timeout, the connection lost), leaving that to the usual
-read, and raises what ``on_read`` raised.
+``DirectReads`` takes the turn out: while it is on, what aiohttp's parser feeds the body's
+reader within the connection's ``data_received`` is taken as it is fed (the reader's class is
+a subclass of aiohttp's whose ``feed_data`` keeps it aside, and whose
+``end_http_chunk_receiving`` marks nothing), and given, once the callback has parsed the read,
+to ``on_read``, which converts it and writes it to the client in the same callback. Nothing
+goes through the reader's buffer: no chunk marks to drop, no ``_read_nowait``, and none of the
+``resume_reading`` it makes at every read (which parses the empty read again through
+``data_received``). ``on_read`` returns False to stop (a send that has to wait, a keep-alive
+under way): the awaitable ``relay`` returned then completes and the stream goes on the usual
+way. It completes too when the body ends or fails (EOF, a read timeout, the connection lost),
+after what came before the end was given to ``on_read``, leaving the end to the usual read;
+and raises what ``on_read`` raised.
 
 How, and why it is safe: the reader's ``_waiter`` (the future ``_wait`` parks on) is set to a
-stand-in whose ``set_result``/``set_exception`` only look at the reader, so an end, a failure
-or a timeout that comes outside ``data_received`` (``connection_lost``, aiohttp's read timer)
-stops the relay; ``data_received`` is wrapped by an attribute on the protocol instance, and
-the transport told again of its protocol (``set_protocol``), because uvloop keeps the bound
-method it was first given. ``release`` puts both back, once per stream. aiohttp 3.14's
-``StreamReader`` (``_buffer``, ``_eof``, ``_exception``, ``_waiter``, ``_read_nowait``) and
+stand-in, which is also how the reader's ``feed_data`` knows the direct reads are on; its
+``set_result``/``set_exception`` only look at the reader, so an end, a failure or a timeout
+that comes outside ``data_received`` (``connection_lost``, aiohttp's read timer) stops the
+relay. A feed outside ``data_received`` goes to the buffer as aiohttp's does. The reader's
+counts (``total_bytes``, ``_cursor``) move as if each read had been fed and read at once, so a
+stop leaves it as the usual reads would have. ``data_received`` is wrapped by an attribute on
+the protocol instance, and the transport told again of its protocol (``set_protocol``),
+because uvloop keeps the bound method it was first given. ``release`` puts the protocol and
+the reader's class back, once per stream. aiohttp 3.14's ``StreamReader`` (its slots, and
+``feed_data`` and ``end_http_chunk_receiving`` as what its parser calls) and
 ``ResponseHandler.data_received`` are what this relies on: a mend, ``aiohttp.direct_reads``,
 of kind ``speed`` (a ``gateway.server.mends.Mend``: checked when the pool starts; where aiohttp
-differs, it is left out with a warning and reads go the usual way).
+differs, it is left out with a warning and reads go the usual way). A channel's total timeout
+(aiohttp's timer of the whole body) stops a stream whose reads are direct at its deadline, as
+it stops a read that waits (``wait``).
 
 The read timeout (``sock_read``: the longest silence of an upstream) is the other cost of a
 read: aiohttp cancels a timer and makes a new one at each (in uvloop, a libuv handle made and
@@ -32,7 +43,8 @@ at when the last read came and is set again from there, or calls aiohttp's own
 ``_on_read_timeout`` (the body's read then raises aiohttp's timeout, as before); when the
 direct reads stop with the body going on, aiohttp's timer is set again (unless reading is
 paused: aiohttp sets it when reading resumes). Measured by callgrind on a paced stream (100
-reads a stream, 8 streams): 82.0k -> 76.4k instructions a read.
+reads a stream, 8 streams): 82.0k -> 76.4k instructions a read; the reads taken as they are
+fed, bench/RESULTS.md ("The paced stream").
 """
 
 from __future__ import annotations
@@ -58,17 +70,24 @@ def _check() -> list[str]:
     reader = needs.attr(streams, "StreamReader", "aiohttp.streams")
     if reader is not None:
         slots = set(getattr(reader, "__slots__", ()))
-        for name in ("_buffer", "_eof", "_exception", "_waiter"):
+        for name in ("_buffer", "_eof", "_exception", "_waiter", "_timer", "_cursor",
+                     "total_bytes"):  # fmt: skip
             needs.require(name in slots, f"{_READER} has no slot {name}")
-        needs.function(reader, "_read_nowait", _READER, ("self", "n"), coroutine=False)
-        # what ends, fails or feeds a body completes its waiter (the stand-in's methods)
-        for name in ("feed_data", "feed_eof", "set_exception"):
+        # what its parser calls: taken by the reader's subclass while the reads are direct
+        needs.function(reader, "feed_data", _READER, ("self", "data", "size"), coroutine=False)
+        needs.function(reader, "end_http_chunk_receiving", _READER, ("self",), coroutine=False)
+        # what ends or fails a body completes its waiter (the stand-in's methods)
+        for name in ("feed_eof", "set_exception"):
             needs.uses(getattr(reader, name, None), ["_waiter"], f"{_READER}.{name}")
+        needs.require(_fits_subclass(reader), f"{_READER}'s instances cannot change class")
     helpers = needs.module("aiohttp.helpers")
     needs.uses(needs.attr(helpers, "set_result", "aiohttp.helpers"), ["done", "set_result"],
                "aiohttp.helpers.set_result")  # fmt: skip
     needs.uses(needs.attr(helpers, "set_exception", "aiohttp.helpers"), ["set_exception"],
                "aiohttp.helpers.set_exception")  # fmt: skip
+    for name in ("TimerContext", "TimerNoop"):  # the body's total timeout (``wait``)
+        timer = needs.attr(helpers, name, "aiohttp.helpers")
+        needs.attr(timer, "__enter__", f"aiohttp.helpers.{name}")
     proto = needs.module("aiohttp.client_proto")
     handler = needs.attr(proto, "ResponseHandler", "aiohttp.client_proto")
     if handler is not None:
@@ -96,6 +115,19 @@ def _check() -> list[str]:
     return needs.missing
 
 
+def _fits_subclass(reader: Any) -> bool:
+    """Whether an instance of ``reader`` can be made an instance of its subclass of
+    ``_taking`` and back (the same layout: no slot of its own, no ``__dict__``)."""
+    try:
+        sub = _taking(reader)
+        probe = object.__new__(reader)
+        probe.__class__ = sub
+        probe.__class__ = reader
+    except TypeError:
+        return False
+    return True
+
+
 def _apply() -> None:
     global _on
     _on = True
@@ -115,8 +147,9 @@ MENDS = (DIRECT_READS,)
 
 
 class _Waiter:
-    """Stands in for the future a read parks on: an end or a failure fed to the reader
-    outside ``data_received`` stops the relay."""
+    """Stands in for the future a read parks on while the reads are direct: what the reader's
+    parser feeds then is taken (``_taking``), and an end or a failure fed to the reader outside
+    ``data_received`` stops the relay."""
 
     __slots__ = ("reads",)
 
@@ -124,8 +157,8 @@ class _Waiter:
         self.reads = reads
 
     def done(self) -> bool:
-        # within data_received a feed need not be told (what it fed is looked at after):
-        # aiohttp's set_result then makes no call
+        # within data_received an end need not be told (it is looked at after): aiohttp's
+        # set_result then makes no call
         return self.reads._inside
 
     def set_result(self, _result: object) -> None:
@@ -138,28 +171,66 @@ class _Waiter:
         return False
 
 
+_SUBCLASSES: dict[Any, Any] = {}
+
+
+def _taking(reader: Any) -> Any:
+    """``reader``'s subclass (made once) whose instances, while their reads are direct, keep
+    what the parser feeds them within ``data_received`` aside for ``on_read``, past the
+    buffer, and mark no chunk ends (nothing is read from the buffer to drop them)."""
+    sub = _SUBCLASSES.get(reader)
+    if sub is not None:
+        return sub
+    feed, end_chunk = reader.feed_data, reader.end_http_chunk_receiving
+
+    def feed_data(self: Any, data: bytes, size: int = 0) -> bool:
+        waiter = self._waiter
+        if type(waiter) is _Waiter and waiter.reads._inside:
+            if data:
+                waiter.reads._pending.append(data)
+            return False
+        return feed(self, data, size)  # type: ignore[no-any-return]
+
+    def end_http_chunk_receiving(self: Any) -> None:
+        waiter = self._waiter
+        if type(waiter) is _Waiter and waiter.reads._inside:
+            return
+        end_chunk(self)
+
+    sub = _SUBCLASSES[reader] = type(
+        reader.__name__,
+        (reader,),
+        {"__slots__": (), "__module__": __name__, "feed_data": feed_data,
+         "end_http_chunk_receiving": end_http_chunk_receiving},
+    )  # fmt: skip
+    return sub
+
+
 class DirectReads:
     """One stream's reads, relayed inside its connection's callback while on (module
     docstring). Made by ``direct_reads``; ``release`` once the stream is over."""
 
     __slots__ = (
-        "_reader", "_proto", "_original", "_on_read", "_done", "_inside", "_taking", "_waiter",
-        "_timeout", "_timer", "_last", "_clock",
+        "_reader", "_class", "_proto", "_original", "_on_read", "_done", "_inside", "_taking",
+        "_pending", "_waiter", "_timeout", "_timer", "_last", "_clock",
     )  # fmt: skip
 
     def __init__(self, reader: Any, proto: Any) -> None:
         self._reader = reader
+        self._class = type(reader)
         self._proto = proto
         self._original = proto.data_received
         self._on_read: OnRead | None = None
         self._done: asyncio.Future[None] | None = None
         self._inside = False  # within aiohttp's data_received
         self._taking = False  # handing what was read to on_read
+        self._pending: list[bytes] = []  # what the parser fed within data_received
         self._waiter = _Waiter(self)
         self._timeout = 0.0  # aiohttp's read timeout, kept here while the reads are direct
         self._timer: asyncio.TimerHandle | None = None
         self._last = 0.0  # when the last read came (the loop's clock)
         self._clock: Callable[[], float] = time.monotonic
+        reader.__class__ = _taking(self._class)
         proto.data_received = self._data_received
         _refresh(proto)
 
@@ -184,6 +255,13 @@ class DirectReads:
             self._timer = loop.call_at(self._last + timeout, self._quiet_too_long)
         return done
 
+    async def wait(self, done: asyncio.Future[None]) -> None:
+        """Awaits ``done`` (``relay``'s) within the body's total timeout, as a read that
+        waits does: at its deadline aiohttp's timer cancels the stream's task, and this raises
+        ``asyncio.TimeoutError``."""
+        with self._reader._timer:
+            await done
+
     def release(self) -> None:
         """The stream is over: the protocol and reader as they were."""
         self._stop(None)
@@ -191,6 +269,7 @@ class DirectReads:
         if proto.__dict__.get("data_received") == self._data_received:
             del proto.data_received
             _refresh(proto)
+        self._reader.__class__ = self._class
 
     def _data_received(self, data: bytes) -> None:
         self._inside = True
@@ -198,36 +277,42 @@ class DirectReads:
             self._original(data)
         finally:
             self._inside = False
-        if self._on_read is None or self._taking:
-            # off, or within this very callback's read below: aiohttp's reader resumes its
-            # protocol as it is emptied, which parses what it held back (data_received(b""))
+        pending = self._pending
+        if self._taking or not pending and self._on_read is None:
+            # within on_read's own call below (what was fed waits for its loop), or off
             return
         reader, done = self._reader, self._done
         if done is not None and done.cancelled():  # the stream's task was stopped: no more
+            pending.clear()
             self._stop(None)
             return
-        # what the reader holds, to on_read (again while a read fed it more)
         self._taking = True
         try:
-            while (on_read := self._on_read) is not None:
-                if reader._eof or reader._exception is not None:
-                    self._stop(None)  # the usual read takes what is left, and the end or failure
-                    return
-                if not reader._buffer:
-                    reader._waiter = self._waiter  # a feed took it: armed again
-                    return
+            while pending:
+                raw = pending[0] if len(pending) == 1 else b"".join(pending)
+                pending.clear()
+                # counted as fed and read at once: a stop leaves the reader as reads would
+                size = len(raw)
+                reader.total_bytes += size
+                reader._cursor += size
                 if self._timeout:
                     self._last = self._clock()
                 try:
-                    go_on = on_read(reader._read_nowait(-1))
+                    go_on = self._on_read(raw)  # type: ignore[misc]
                 except BaseException as exc:  # to the stream's task, which raises it
                     self._stop(exc)
                     return
                 if not go_on:
                     self._stop(None, timing=True)  # the body goes on: aiohttp's timer with it
                     return
+            if reader._eof or reader._exception is not None:
+                self._stop(None)  # the usual read takes the end, or the failure
         finally:
             self._taking = False
+            if pending:  # fed while on_read stopped them: the usual read's
+                for piece in pending:
+                    self._class.feed_data(reader, piece)
+                pending.clear()
 
     def _fed(self) -> None:
         """The reader was fed: inside ``data_received`` that is looked at after; outside it,
