@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from types import CoroutineType
 from typing import Any, Protocol
@@ -271,7 +272,7 @@ async def pump(
                 raise meter.exceeded()
     except GatewayError as err:
         if relaying is not None:  # a read's output that the direct reads left
-            out, relaying.out = relaying.out + out, b""
+            out = relaying.take() + out
         durable = settle(err.status)
         if durable is not None:
             await durable
@@ -291,13 +292,15 @@ async def pump(
 
 
 class Relaying:
-    """A stream's reads converted and sent inside the upstream socket's callback
-    (``upstream.direct_reads``): no task wakes for a read. ``on_read`` stops the direct
-    reads (returns False) where the stream's task must act: a keep-alive being sent (the
-    read's output waits in ``out``), a send that has to wait (carried on in ``sending``), or
-    the account's limit passed (``over``, the read's output in ``out``)."""
+    """A stream's reads converted inside the upstream socket's callback
+    (``upstream.direct_reads``) and sent at the end of the event loop's turn (``Outbox``):
+    no task wakes for a read. ``on_read`` stops the direct reads (returns False) where the
+    stream's task must act: a keep-alive being sent (the read's output waits in ``out``) or
+    the account's limit passed (``over``, the read's output in ``out``); a send that has to
+    wait (carried on in ``sending``) stops them too."""
 
-    __slots__ = ("direct", "stream", "send", "quiet", "meter", "out", "sending", "over")
+    __slots__ = ("direct", "stream", "send", "quiet", "meter", "outbox", "queued", "out",
+                 "sending", "over")  # fmt: skip
 
     def __init__(
         self,
@@ -312,7 +315,9 @@ class Relaying:
         self.send = send
         self.quiet = quiet
         self.meter = meter
-        self.out = b""
+        self.outbox = outbox(asyncio.get_running_loop())
+        self.queued = b""  # converted in this turn of the loop, sent at its end
+        self.out = b""  # left to the stream's task, after ``queued``
         self.sending: asyncio.Future[None] | None = None
         self.over = False
 
@@ -320,6 +325,11 @@ class Relaying:
         """The reads relayed directly from here on, until the future completes; None when a
         read would not wait (``DirectReads.relay``)."""
         return self.direct.relay(self.on_read)
+
+    def take(self) -> bytes:
+        """The output converted and not yet sent, in order; this stream's to send now."""
+        out, self.queued, self.out = self.queued + self.out, b"", b""
+        return out
 
     async def stopped(self, done: asyncio.Future[None]) -> bytes:
         """Awaits the direct reads' end and what they left to the stream's task: a send to
@@ -331,8 +341,7 @@ class Relaying:
         except READ_FAILURES as exc:
             raise read_error(exc) from None
         if self.over and self.meter is not None:
-            raise self.meter.exceeded()  # ``out`` goes before the error (``pump``)
-        out, self.out = self.out, b""
+            raise self.meter.exceeded()  # ``take()`` goes before the error (``pump``)
         if self.sending is not None:
             quiet = self.quiet
             try:
@@ -342,7 +351,7 @@ class Relaying:
                 if quiet is not None:
                     quiet.sending = False
                     quiet.last = time.monotonic()
-        return out
+        return self.take()
 
     def on_read(self, raw: bytes) -> bool:
         stream = self.stream
@@ -357,8 +366,27 @@ class Relaying:
         if quiet is not None and quiet.ping is not None:
             self.out = out
             return False
-        # the send driven by hand: most finish without waiting, and so need no task (a
-        # coroutine, as uvicorn's and hypercorn's sends are, is stepped without its wrapper)
+        if self.queued:
+            self.queued += out
+        else:
+            self.queued = out
+            self.outbox.post(self)
+        return True
+
+    def flush(self) -> None:
+        """What this turn's reads gave, sent (the ``Outbox``'s call): the server's ``send``
+        driven by hand, as most finish without waiting and so need no task (a coroutine, as
+        uvicorn's and hypercorn's sends are, is stepped without its wrapper). A send that
+        waits (a client reading slowly) goes on in a task, and the direct reads stop: the
+        stream's task awaits it before anything else goes out."""
+        out, self.queued = self.queued, b""
+        if not out:
+            return  # taken by the stream's task already
+        quiet = self.quiet
+        if quiet is not None and quiet.ping is not None:  # a keep-alive under way
+            self.out = out + self.out
+            self.direct.stop()
+            return
         sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
         steps = sending if type(sending) is CoroutineType else sending.__await__()
         try:
@@ -366,12 +394,48 @@ class Relaying:
         except StopIteration:
             if quiet is not None:
                 quiet.last = time.monotonic()
-            return True
-        # the client reads slowly (or the server's sends always wait): on in a task
+            return
         self.sending = asyncio.ensure_future(_carry_on(steps, waiting))
         if quiet is not None:
             quiet.sending = True
-        return False
+        self.direct.stop()
+
+
+class Outbox:
+    """The sends of the streams whose reads are direct, made at the end of the event loop's
+    turn in which their reads came, one after the other. A write to a client that sleeps
+    wakes it, and a local client (a load balancer on the same machine, the bench's) wakes
+    once for a turn's writes instead of once for each (bench/RESULTS.md, "The paced
+    stream"); a read's output waits for no more than the turn's other callbacks."""
+
+    __slots__ = ("_loop", "_posted")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._posted: list[Relaying] = []
+
+    def post(self, relaying: Relaying) -> None:
+        if not self._posted:
+            self._loop.call_soon(self._flush)
+        self._posted.append(relaying)
+
+    def _flush(self) -> None:
+        posted, self._posted = self._posted, []
+        for relaying in posted:
+            relaying.flush()
+
+
+_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def outbox(loop: asyncio.AbstractEventLoop) -> Outbox:
+    """The event loop's ``Outbox`` (one a loop)."""
+    box = _OUTBOXES.get(loop)
+    if box is None:
+        box = _OUTBOXES[loop] = Outbox(loop)
+    return box
 
 
 def _step(steps: Iterator[Any] | Coroutine[Any, Any, Any]) -> Any:
