@@ -30,11 +30,11 @@ from hypercorn.asyncio.worker_context import AsyncioSingleTask
 from hypercorn.config import Config
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.h11 import H11Protocol
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 import gateway.server as server
 from gateway.config import UpstreamSettings, load_settings
-from gateway.server import mends, uvicorn_guard
+from gateway.server import mends, uvicorn_body, uvicorn_guard
 from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.upstream import direct_reads, lean_request_info
@@ -45,6 +45,7 @@ KINDS = {
     "hypercorn.connection_cap": "safety",
     "hypercorn.header_timeout": "safety",
     "uvicorn.guard": "safety",
+    "uvicorn.direct_body": "speed",
     "aiohttp.recent_first": "speed",
     "aiohttp.lean_buffers": "speed",
     "aiohttp.lean_request_info": "speed",
@@ -52,7 +53,7 @@ KINDS = {
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, RecentFirstConnector, ProtocolWrapper, aiohttp.streams]
-OWNERS += [lean_request_info, direct_reads, uvicorn_guard]
+OWNERS += [lean_request_info, direct_reads, uvicorn_guard, uvicorn_body, RequestResponseCycle]
 
 
 @pytest.fixture(autouse=True)
@@ -323,6 +324,11 @@ def _reads_otherwise(self: Any) -> bytes:
     return b""
 
 
+async def _sends_otherwise(self: Any, message: Any) -> None:
+    """An ASGI send with no flow control of its own."""
+    self.transport.write(message.get("body", b""))
+
+
 def _with_a_slot(reader: Any) -> Any:
     """A subclass whose instances differ in layout from the library's (a slot of its own)."""
     return type("Wider", (reader,), {"__slots__": ("extra",)})
@@ -415,6 +421,11 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "aiohttp.direct_reads",
         _set(aiohttp.streams.StreamReader, "feed_data", _reads_otherwise),
         "StreamReader.feed_data takes (self), not (self, data, size)",
+    ),  # fmt: skip
+    (
+        "uvicorn.direct_body",
+        _set(RequestResponseCycle, "send", _sends_otherwise),
+        "RequestResponseCycle.send no longer uses write_paused",
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",

@@ -35,6 +35,7 @@ from gateway.errors import GatewayError
 from gateway.policy.redaction import channel_secrets, redact_error
 from gateway.policy.spend import Meter
 from gateway.protocols.base import RelayStream
+from gateway.server.body_writers import body_writer
 from gateway.types import Send
 from gateway.upstream import UpstreamReply
 from gateway.upstream.direct_reads import DirectReads
@@ -299,8 +300,8 @@ class Relaying:
     the account's limit passed (``over``, the read's output in ``out``); a send that has to
     wait (carried on in ``sending``) stops them too."""
 
-    __slots__ = ("direct", "stream", "send", "quiet", "meter", "outbox", "queued", "out",
-                 "sending", "over")  # fmt: skip
+    __slots__ = ("direct", "stream", "send", "write", "quiet", "meter", "outbox", "queued",
+                 "out", "sending", "over")  # fmt: skip
 
     def __init__(
         self,
@@ -313,6 +314,8 @@ class Relaying:
         self.direct = direct
         self.stream = stream
         self.send = send
+        # the server's writer of a body chunk, past ``send`` (None: the server has none)
+        self.write = body_writer(send)
         self.quiet = quiet
         self.meter = meter
         self.outbox = outbox(asyncio.get_running_loop())
@@ -374,9 +377,10 @@ class Relaying:
         return True
 
     def flush(self) -> None:
-        """What this turn's reads gave, sent (the ``Outbox``'s call): the server's ``send``
-        driven by hand, as most finish without waiting and so need no task (a coroutine, as
-        uvicorn's and hypercorn's sends are, is stepped without its wrapper). A send that
+        """What this turn's reads gave, sent (the ``Outbox``'s call): by the server's writer
+        where it has one and can, else its ``send`` driven by hand, as most finish without
+        waiting and so need no task (a coroutine, as uvicorn's and hypercorn's sends are, is
+        stepped without its wrapper). A send that
         waits (a client reading slowly) goes on in a task, and the direct reads stop: the
         stream's task awaits it before anything else goes out."""
         out, self.queued = self.queued, b""
@@ -386,6 +390,11 @@ class Relaying:
         if quiet is not None and quiet.ping is not None:  # a keep-alive under way
             self.out = out + self.out
             self.direct.stop()
+            return
+        write = self.write
+        if write is not None and write(out):  # written as the server's send would
+            if quiet is not None:
+                quiet.last = time.monotonic()
             return
         sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
         steps = sending if type(sending) is CoroutineType else sending.__await__()

@@ -264,12 +264,15 @@ def uvicorn_options(server: ServerSettings, limit: int) -> dict[str, Any]:
     """What uvicorn is told beside the app and the socket (``gateway serve``, and the test
     suite's in-process uvicorn)."""
     # uvicorn, only when it serves
+    from gateway.server.uvicorn_body import MEND as DIRECT_BODY
     from gateway.server.uvicorn_guard import UVICORN_GUARD, guard_of, guarded
 
     guard = guard_of(server.header_timeout_seconds, uvicorn_keep_alive(server), limit)
     # a uvicorn the guard does not fit stops the process here (``mends.start``), unless
-    # GATEWAY_UNMENDED names it: it then serves on uvicorn's own protocol, with an error line
-    mends.start([UVICORN_GUARD])
+    # GATEWAY_UNMENDED names it: it then serves on uvicorn's own protocol, with an error line.
+    # The body writer (a speed mend) is left out where it does not fit; each worker puts it
+    # in place again when its first stream asks (``body_writers``)
+    mends.start([UVICORN_GUARD, DIRECT_BODY])
     fits = not UVICORN_GUARD.problems()  # this uvicorn's, whatever an earlier start found
     return {
         # httptools' protocol with a header deadline and a connection cap at accept

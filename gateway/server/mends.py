@@ -50,6 +50,7 @@ MODULES = (
     "gateway.server.hypercorn_mend",
     "gateway.server.header_timeout",
     "gateway.server.uvicorn_guard",
+    "gateway.server.uvicorn_body",
     "gateway.upstream.pool",
     "gateway.upstream.lean_buffers",
     "gateway.upstream.lean_request_info",
