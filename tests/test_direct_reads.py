@@ -374,6 +374,24 @@ def test_nothing_starts_while_a_read_would_not_wait(loop: str) -> None:
 POOR = "sk-poor-0000000000000042"
 
 
+def paced(words: str, chunks: int, delay_ms: int) -> dict[str, Any]:
+    """A streamed chat request for the fake upstream's ``words``, in ``chunks`` pieces
+    ``delay_ms`` apart."""
+    content = f"[[fake text='{words}' chunks={chunks} delay_ms={delay_ms}]]"
+    return {"model": "chat-small", "stream": True,
+            "messages": [{"role": "user", "content": content}]}  # fmt: skip
+
+
+def events_of(raw: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(
+        e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
+    )
+
+
 async def test_a_paced_stream_read_directly_is_cut_at_the_balance_and_billed_its_drop(
     fake: FakeUpstream, store_url: str
 ) -> None:
@@ -385,12 +403,7 @@ async def test_a_paced_stream_read_directly_is_cut_at_the_balance_and_billed_its
     cfg = make_config(fake.url, store_url)
     cfg["accounts"].append({"id": "poor", "balance": 0.0001})
     cfg["keys"].append({"id": "k-poor", "key": POOR, "account": "poor", "group": "default"})
-    words = " ".join(f"w{i}" for i in range(100))
-    body = {
-        "model": "chat-small",
-        "stream": True,
-        "messages": [{"role": "user", "content": f"[[fake text='{words}' chunks=100 delay_ms=5]]"}],
-    }
+    body = paced(" ".join(f"w{i}" for i in range(100)), 100, 5)
     async with serve_app(parse_settings(cfg)) as gw:
         before = await gw.state.store.get_account("poor")
         async with aiohttp.ClientSession() as s:
@@ -399,14 +412,9 @@ async def test_a_paced_stream_read_directly_is_cut_at_the_balance_and_billed_its
             ) as r:
                 assert r.status == 200
                 raw = await r.read()
-        events = [
-            orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")
-        ]
-        text = "".join(
-            e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
-        )
+        events = events_of(raw)
         assert "error" in events[-1] and b"[DONE]" not in raw
-        said = text.split()
+        said = text_of(events).split()
         assert 40 <= len(said) <= 52 and said == [f"w{i}" for i in range(len(said))]
         await gw.state.writer.flush()
         [record] = await gw.state.store.usage("poor", 10)
@@ -429,24 +437,15 @@ async def test_a_channel_s_total_timeout_ends_a_paced_stream_read_directly(
 
     cfg = make_config(fake.url, store_url)
     cfg["channels"][0]["timeouts"] = {"total": 0.8}
-    words = " ".join(f"w{i}" for i in range(40))
-    body = {
-        "model": "chat-small",
-        "stream": True,
-        "messages": [{"role": "user", "content": f"[[fake text='{words}' chunks=40 delay_ms=50]]"}],
-    }
+    body = paced(" ".join(f"w{i}" for i in range(40)), 40, 50)
     async with serve_app(parse_settings(cfg)) as gw:
         async with aiohttp.ClientSession() as s:
             auth = {"Authorization": f"Bearer {KEYS['alice']}"}
             async with s.post(gw.v1 + "/chat/completions", json=body, headers=auth) as r:
                 assert r.status == 200
                 raw = await r.read()
-        events = [
-            orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")
-        ]
-        said = "".join(
-            e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
-        ).split()
+        events = events_of(raw)
+        said = text_of(events).split()
         assert events[-1]["error"]["type"] and b"[DONE]" not in raw
         assert 5 <= len(said) < 40 and said == [f"w{i}" for i in range(len(said))]
         await gw.state.writer.flush()
@@ -464,25 +463,24 @@ def _stalling_read(port: int, body: bytes, stall: float, during: Callable[[], No
     sock.connect(("127.0.0.1", port))
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.sock = sock
-    headers = {"Authorization": f"Bearer {KEYS['alice']}", "Content-Type": "application/json"}
-    conn.request("POST", "/v1/chat/completions", body, headers)
-    resp = conn.getresponse()
-    assert resp.status == 200
-    first = resp.read(1024)
-    time.sleep(stall * 2 / 3)
-    during()
-    time.sleep(stall / 3)
-    rest = resp.read()
-    conn.close()
-    return first + rest
+    try:
+        headers = {"Authorization": f"Bearer {KEYS['alice']}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body, headers)
+        resp = conn.getresponse()
+        assert resp.status == 200
+        first = resp.read(1024)
+        time.sleep(stall * 2 / 3)
+        during()
+        time.sleep(stall / 3)
+        return first + resp.read()
+    finally:
+        conn.close()
 
 
 def _said(raw: bytes) -> str:
-    events = [orjson.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    events = events_of(raw)
     assert not any("error" in e for e in events) and raw.rstrip().endswith(b"data: [DONE]")
-    return "".join(
-        e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")
-    )
+    return text_of(events)
 
 
 async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_stalled_client(
@@ -501,9 +499,10 @@ async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_st
     small = {n: " ".join(f"s{n}w{i}" for i in range(30)) for n in range(5)}
 
     def request(text: str | None) -> bytes:
-        content = "big" if text is None else f"[[fake text='{text}' chunks=30 delay_ms=10]]"
-        return orjson.dumps({"model": "chat-small", "stream": True,
-                             "messages": [{"role": "user", "content": content}]})  # fmt: skip
+        if text is None:  # the queued reply's
+            return orjson.dumps({"model": "chat-small", "stream": True,
+                                 "messages": [{"role": "user", "content": "big"}]})  # fmt: skip
+        return orjson.dumps(paced(text, 30, 10))
 
     async with serve_app(parse_settings(make_config(fake.url, store_url))) as gw:
         port = int(gw.v1.rsplit(":", 1)[1].split("/")[0])
@@ -519,14 +518,14 @@ async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_st
             await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as s:
 
-            async def paced(text: str) -> str:
+            async def said(text: str) -> str:
                 headers = {"Authorization": f"Bearer {KEYS['alice']}"}
                 async with s.post(gw.v1 + "/chat/completions", data=request(text),
                                   headers=headers) as r:  # fmt: skip
                     assert r.status == 200
                     return _said(await r.read())
 
-            got = await asyncio.gather(*(paced(text) for text in small.values()))
+            got = await asyncio.gather(*(said(text) for text in small.values()))
         assert got == list(small.values())
         assert _said(await stalled) == big
         assert held == [1]  # the big one's upstream, held back by the stalled client
