@@ -301,7 +301,7 @@ class Relaying:
     wait (carried on in ``sending``) stops them too."""
 
     __slots__ = ("direct", "stream", "send", "write", "quiet", "meter", "outbox", "queued",
-                 "out", "sending", "over")  # fmt: skip
+                 "out", "sending", "over", "failed")  # fmt: skip
 
     def __init__(
         self,
@@ -323,6 +323,7 @@ class Relaying:
         self.out = b""  # left to the stream's task, after ``queued``
         self.sending: asyncio.Future[None] | None = None
         self.over = False
+        self.failed: BaseException | None = None  # what a send at the turn's end raised
 
     def start(self) -> asyncio.Future[None] | None:
         """The reads relayed directly from here on, until the future completes; None when a
@@ -345,6 +346,9 @@ class Relaying:
             raise read_error(exc) from None
         if self.over and self.meter is not None:
             raise self.meter.exceeded()  # ``take()`` goes before the error (``pump``)
+        if self.failed is not None:
+            failed, self.failed = self.failed, None
+            raise failed
         if self.sending is not None:
             quiet = self.quiet
             try:
@@ -380,9 +384,9 @@ class Relaying:
         """What this turn's reads gave, sent (the ``Outbox``'s call): by the server's writer
         where it has one and can, else its ``send`` driven by hand, as most finish without
         waiting and so need no task (a coroutine, as uvicorn's and hypercorn's sends are, is
-        stepped without its wrapper). A send that
-        waits (a client reading slowly) goes on in a task, and the direct reads stop: the
-        stream's task awaits it before anything else goes out."""
+        stepped without its wrapper). A send that waits (a client reading slowly) goes on in
+        a task, and the direct reads stop: the stream's task awaits it before anything else
+        goes out. One that fails stops them too, and the stream's task raises its error."""
         out, self.queued = self.queued, b""
         if not out:
             return  # taken by the stream's task already
@@ -391,18 +395,22 @@ class Relaying:
             self.out = out + self.out
             self.direct.stop()
             return
-        write = self.write
-        if write is not None and write(out):  # written as the server's send would
-            if quiet is not None:
-                quiet.last = time.monotonic()
-            return
-        sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
-        steps = sending if type(sending) is CoroutineType else sending.__await__()
         try:
+            write = self.write
+            if write is not None and write(out):  # written as the server's send would
+                if quiet is not None:
+                    quiet.last = time.monotonic()
+                return
+            sending = self.send({"type": "http.response.body", "body": out, "more_body": True})
+            steps = sending if type(sending) is CoroutineType else sending.__await__()
             waiting = _step(steps)
         except StopIteration:
             if quiet is not None:
                 quiet.last = time.monotonic()
+            return
+        except Exception as exc:  # noqa: BLE001 - the stream's task raises it (``stopped``)
+            self.failed = exc
+            self.direct.stop()
             return
         self.sending = asyncio.ensure_future(_carry_on(steps, waiting))
         if quiet is not None:
