@@ -171,6 +171,8 @@ def _taking(reader: Any) -> Any:
     sub = _SUBCLASSES.get(reader)
     if sub is not None:
         return sub
+    if reader in _SUBCLASSES.values():  # one of these already
+        return reader
     feed, end_chunk = reader.feed_data, reader.end_http_chunk_receiving
 
     def feed_data(self: Any, data: bytes, size: int = 0) -> bool:
@@ -331,4 +333,7 @@ def direct_reads(resp: aiohttp.ClientResponse) -> DirectReads | None:
     proto = conn.protocol if conn is not None else None
     if proto is None or proto.transport is None:
         return None
-    return DirectReads(resp.content, proto)
+    try:
+        return DirectReads(resp.content, proto)
+    except TypeError:  # a reader of another layout than the checked one's: read as usual
+        return None
