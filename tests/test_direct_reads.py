@@ -34,6 +34,8 @@ from tests.plugins.web_apps import served
 END = None  # the server ends the body
 DROP = "drop"  # the server drops the connection
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+EACH_LOOP = pytest.mark.parametrize("loop", list(LOOPS))
+EACH_TRANSPORT = pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
 
 
 @pytest.fixture(scope="module")
@@ -157,12 +159,8 @@ async def relayed(
     return resp, reads, done
 
 
-def both(tls: Any) -> list[Any]:
-    return [None, tls]
-
-
-@pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_TRANSPORT
+@EACH_LOOP
 def test_each_read_reaches_on_read_as_it_comes_and_the_end_goes_the_usual_way(
     loop: str, secure: bool, tls: Any
 ) -> None:
@@ -191,7 +189,7 @@ def test_each_read_reaches_on_read_as_it_comes_and_the_end_goes_the_usual_way(
     run(scenario, loop, tls if secure else None)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_on_read_stopping_hands_the_next_read_to_the_usual_way_and_may_start_again(
     loop: str,
 ) -> None:
@@ -218,7 +216,7 @@ def test_on_read_stopping_hands_the_next_read_to_the_usual_way_and_may_start_aga
     run(scenario, loop, None)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_what_on_read_raises_is_raised_to_the_stream(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
         failing = Taker(fail=ValueError("bad event"))
@@ -232,8 +230,8 @@ def test_what_on_read_raises_is_raised_to_the_stream(loop: str) -> None:
     run(scenario, loop, None)
 
 
-@pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_TRANSPORT
+@EACH_LOOP
 def test_a_lost_connection_ends_the_direct_reads_and_the_usual_read_raises(
     loop: str, secure: bool, tls: Any
 ) -> None:
@@ -252,7 +250,7 @@ def test_a_lost_connection_ends_the_direct_reads_and_the_usual_read_raises(
     run(scenario, loop, tls if secure else None)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_a_read_timeout_ends_the_direct_reads_and_the_usual_read_raises_it(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
         taker = Taker()
@@ -268,7 +266,7 @@ def test_a_read_timeout_ends_the_direct_reads_and_the_usual_read_raises_it(loop:
     run(scenario, loop, None, read_timeout=0.3)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after(
     loop: str,
 ) -> None:
@@ -321,7 +319,7 @@ def test_the_read_timeout_counts_from_the_last_read_and_is_aiohttp_s_again_after
     run(scenario, loop, None, read_timeout=0.3)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_the_total_timeout_stops_direct_reads_at_its_deadline(loop: str) -> None:
     """The body's total timeout (1 s from the request) ends a stream whose reads are direct
     at its deadline, though pieces keep coming: what came before it was relayed, the
@@ -353,7 +351,7 @@ def test_the_total_timeout_stops_direct_reads_at_its_deadline(loop: str) -> None
     run(scenario, loop, None, total=1.0)
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@EACH_LOOP
 def test_nothing_starts_while_a_read_would_not_wait(loop: str) -> None:
     async def scenario(upstream: Upstream, url: str, session: aiohttp.ClientSession) -> None:
         resp = await opened(upstream, url, session)
