@@ -24,6 +24,7 @@ import aiohttp.streams
 import h11
 import hypercorn.events
 import pytest
+from aiohttp.client_proto import ResponseHandler
 from aiohttp.connector import BaseConnector
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.asyncio.worker_context import AsyncioSingleTask
@@ -37,7 +38,7 @@ from gateway.config import UpstreamSettings, load_settings
 from gateway.server import mends, uvicorn_body, uvicorn_guard
 from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
-from gateway.upstream import direct_reads, lean_request_info
+from gateway.upstream import direct_reads, lean_request_info, lean_send
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 KINDS = {
@@ -50,10 +51,12 @@ KINDS = {
     "aiohttp.lean_buffers": "speed",
     "aiohttp.lean_request_info": "speed",
     "aiohttp.direct_reads": "speed",
+    "aiohttp.lean_send": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, RecentFirstConnector, ProtocolWrapper, aiohttp.streams]
 OWNERS += [lean_request_info, direct_reads, uvicorn_guard, uvicorn_body, RequestResponseCycle]
+OWNERS += [lean_send, aiohttp.ClientResponse, aiohttp.ClientRequest, ResponseHandler]
 
 
 @pytest.fixture(autouse=True)
@@ -125,6 +128,7 @@ from gateway.server import gc_tuning, mends
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.server.defences import CONNECTIONS
 from gateway.upstream.pool import RecentFirstConnector, Upstream
+from aiohttp.client_proto import ResponseHandler
 
 settings = load_settings(sys.argv[1])
 found = mends.registry()
@@ -334,6 +338,14 @@ def _with_a_slot(reader: Any) -> Any:
     return type("Wider", (reader,), {"__slots__": ("extra",)})
 
 
+async def _starts_otherwise(self: Any) -> Any:
+    return self  # a response started without the connection it reads from
+
+
+def _params_otherwise(self: Any, *, timer: Any = None, skip_payload: bool = False) -> None:
+    """A parser set up from fewer settings than the lean path hands it."""
+
+
 def _completes_otherwise(self: Any) -> None:
     self.keep_alive_timer = None  # the keep-alive's timer under another name
 
@@ -426,6 +438,21 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "uvicorn.direct_body",
         _set(RequestResponseCycle, "send", _sends_otherwise),
         "RequestResponseCycle.send no longer uses write_paused",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_send",
+        _set(aiohttp.ClientResponse, "start", _starts_otherwise),
+        "ClientResponse.start takes (self), not (self, connection)",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_send",
+        _set(ResponseHandler, "set_response_params", _params_otherwise),
+        "ResponseHandler.set_response_params takes (self, timer, skip_payload)",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_send",
+        _set(aiohttp.ClientRequest, "DEFAULT_HEADERS", {"Accept": "*/*"}),
+        "ClientRequest.DEFAULT_HEADERS is not Accept and Accept-Encoding",
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",

@@ -55,6 +55,7 @@ MODULES = (
     "gateway.upstream.lean_buffers",
     "gateway.upstream.lean_request_info",
     "gateway.upstream.direct_reads",
+    "gateway.upstream.lean_send",
 )
 # mends the gateway had and has no more, and why: ``GATEWAY_UNMENDED`` naming one is told so
 REMOVED = dict.fromkeys(

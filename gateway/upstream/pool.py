@@ -46,6 +46,7 @@ from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads, reads_wait
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
 from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
+from gateway.upstream.lean_send import LEAN_SEND, LeanSend
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -132,6 +133,7 @@ class Upstream:
             max_response_bytes = Limits().max_response_bytes
         self._max_response_bytes = max_response_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._lean: LeanSend | None = None
         self._timeouts: dict[ChannelTimeouts, aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
@@ -139,6 +141,7 @@ class Upstream:
         mends.fits(LEAN_BUFFERS)  # each response's buffers without deques (a speed mend)
         mends.fits(LEAN_REQUEST_INFO)  # and without its request's headers (another)
         mends.fits(DIRECT_READS)  # a stream's reads relayed in the socket's callback (another)
+        mends.fits(LEAN_SEND)  # a call on an idle pooled connection sent without _request's layers
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
@@ -158,8 +161,10 @@ class Upstream:
             cookie_jar=aiohttp.DummyCookieJar(),
             read_bufsize=2**16,
         )
+        self._lean = LeanSend.for_session(self._session)
 
     async def stop(self) -> None:
+        self._lean = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -185,8 +190,15 @@ class Upstream:
             data = call.body = memoryview(call.body).tobytes()
         else:
             data = upload
+        lean = self._lean if upload is None and timeout is None else None
         try:
-            if timeout is None:
+            if lean is not None:
+                resp = await lean.send(call.url, data, call.headers)  # type: ignore[arg-type]
+                if resp is None:  # not covered, or no idle connection: the usual way
+                    resp = await self._session.post(
+                        call.url, data=data, headers=call.headers, allow_redirects=False
+                    )
+            elif timeout is None:
                 resp = await self._session.post(
                     call.url, data=data, headers=call.headers, allow_redirects=False
                 )
@@ -204,7 +216,7 @@ class Upstream:
             if exc.os_error.errno in LOCAL_EXHAUSTION:
                 raise GatewayOverloadedError("the gateway is out of connections") from None
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, OSError) as exc:  # OSError: a write on the lean path
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         return UpstreamResponse(resp, self._max_response_bytes)
 

@@ -1,0 +1,347 @@
+"""A mend of aiohttp (written for 3.14) that sends an upstream call on an idle pooled
+connection without ``ClientSession._request``'s layers: ``aiohttp.lean_send``, of kind
+``speed`` (bench/RESULTS.md, "The request path"); a ``gateway.server.mends.Mend``, checked
+before it is applied, and left out with a warning when it does not fit.
+
+Why: for each call, ``ClientSession._request`` merges headers into a ``CIMultiDict``, builds a
+``ClientRequest`` (a URL, a body payload, a dozen ``update_*`` steps), wraps it in a timer
+and a context manager, writes it through a ``StreamWriter`` from a task of its own (CPython
+3.11 has no eager tasks), and only then reads the response: about 1,900 bytecodes a call,
+most of them for features the gateway never uses (redirects, cookies, proxies, traces,
+middlewares, authentication, compression, chunked uploads). The response's status, headers
+and body are all that is read.
+
+How: a call (``send``) takes an idle connection from aiohttp's own pool
+(``TCPConnector._get``, under the key aiohttp's ``ClientRequest.connection_key`` gives its
+URL; none idle: the usual way, which opens one), sets aiohttp's response parser on it as
+``_request`` does, writes the request line, the headers and the body in one
+``transport.write`` (the headers ``_request`` sends, in its order: ``Host``, the session's
+``User-Agent``, the call's, ``Accept``, ``Accept-Encoding``, ``Content-Length``, and
+``Content-Type`` when the call has none), and starts an ``aiohttp.ClientResponse`` on the
+connection: the response, its reads, its release to the pool at the body's end and its close
+are aiohttp's own. A call this path does not cover goes the usual way: a streamed upload, a
+channel's own timeouts, a header the connection itself owns (``Host``, ``Content-Length``,
+``Transfer-Encoding``, ``Connection``, ``Expect``, ``Cookie``), a name given twice in
+different case, a character a header line cannot hold, or a session configured with anything
+``_request`` would apply (traces, middlewares, proxies, a base URL, authentication, cookies
+it keeps, a forced close, a total timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.server.mends import Mend, Needs, original
+
+_NAME = "aiohttp.lean_send"
+MAX_TARGETS = 4096  # URLs remembered (channels × models); past it, new ones go the usual way
+# header names the connection itself owns: a call naming one goes the usual way
+OWN = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect", "cookie"})
+NO_TRACES: list[Any] = []
+_on = False  # the mend is in place
+
+
+class _Sent:
+    """What ``ClientResponse`` reads of the writer of a request already sent."""
+
+    __slots__ = ("output_size",)
+
+    def __init__(self, size: int) -> None:
+        self.output_size = size
+
+
+class _KeyOf:
+    """What ``ClientRequest.connection_key`` reads of a request as ``_request`` makes it for
+    this session: no proxy, the default TLS checks, no server name of its own."""
+
+    __slots__ = ("url", "_ssl", "proxy", "proxy_auth", "proxy_headers", "server_hostname")
+
+    def __init__(self, url: Any) -> None:
+        self.url, self._ssl = url, True
+        self.proxy = self.proxy_auth = self.proxy_headers = self.server_hostname = None
+
+
+class _Target:
+    """One URL's connector key, request line and host line, made once."""
+
+    __slots__ = ("key", "url", "info", "head")
+
+    def __init__(self, key: Any, url: Any, info: Any, head: str) -> None:
+        self.key, self.url, self.info, self.head = key, url, info, head
+
+
+class LeanSend:
+    """The lean path of one ``ClientSession`` (module docstring); ``None`` from ``for_session``
+    when the mend is not in place or the session applies something per call."""
+
+    __slots__ = (
+        "_session", "_connector", "_targets", "_params", "_first", "_after", "_loop",
+        "_response", "_forbidden",
+    )  # fmt: skip
+
+    def __init__(self, session: Any) -> None:
+        import aiohttp.client_reqrep as reqrep
+        from aiohttp.http import SERVER_SOFTWARE
+        from aiohttp.http_writer import _FORBIDDEN_HEADER_CHARS_RE
+
+        self._response = reqrep.ClientResponse
+        self._forbidden = _FORBIDDEN_HEADER_CHARS_RE.search
+        self._session = session
+        self._connector = session._connector
+        self._targets: dict[str, _Target] = {}
+        self._params: dict[str, Any] = {
+            "timer": _timer(),
+            "skip_payload": False,
+            "read_until_eof": True,
+            "auto_decompress": session._auto_decompress,
+            "read_timeout": session._timeout.sock_read,
+            "read_bufsize": session._read_bufsize,
+            "timeout_ceil_threshold": session._connector._timeout_ceil_threshold,
+            "max_line_size": session._max_line_size,
+            "max_field_size": session._max_field_size,
+            "max_headers": session._max_headers,
+        }
+        # the headers ``_request`` adds, in its order: the session's defaults before the call's
+        # own, then ``ClientRequest``'s (Accept, Accept-Encoding, a User-Agent still missing)
+        first = [(str(name).lower(), str(name), value) for name, value in
+                 session._default_headers.items()]  # fmt: skip
+        after = [(str(name).lower(), str(name), value) for name, value in
+                 reqrep.ClientRequest.DEFAULT_HEADERS.items()]  # fmt: skip
+        if all(lower != "user-agent" for lower, _, _ in first):
+            after.append(("user-agent", "User-Agent", SERVER_SOFTWARE))
+        self._first, self._after = first, after
+        self._loop = asyncio.get_running_loop()
+
+    @classmethod
+    def for_session(cls, session: Any) -> LeanSend | None:
+        if not _on or not _plain(session):
+            return None
+        return cls(session)
+
+    def _target(self, url: str) -> _Target | None:
+        """``url``'s connector key (computed by aiohttp's own ``ClientRequest.connection_key``
+        for a request as ``_request`` makes it), request line and host line."""
+        if len(self._targets) >= MAX_TARGETS:
+            return None
+        from aiohttp.client_reqrep import ClientRequest, RequestInfo
+        from multidict import CIMultiDict, CIMultiDictProxy
+        from yarl import URL
+
+        try:
+            req_url = URL(url)
+        except ValueError:
+            return None
+        host = req_url.host_port_subcomponent
+        if host is None or req_url.scheme not in ("http", "https") or not req_url.raw_host:
+            return None
+        key = ClientRequest.connection_key.fget(_KeyOf(req_url))  # type: ignore[attr-defined]
+        info = RequestInfo(req_url, "POST", CIMultiDictProxy(CIMultiDict()), req_url)
+        head = f"POST {req_url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"
+        target = self._targets[url] = _Target(key, req_url, info, head)
+        return target
+
+    async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> Any:
+        """The started ``aiohttp.ClientResponse`` of ``body`` posted to ``url`` on an idle
+        pooled connection; None when this path does not cover the call (nothing was sent:
+        the caller goes the usual way)."""
+        target = self._targets.get(url) or self._target(url)
+        if target is None:
+            return None
+        data = self._request(target, body, headers)
+        if data is None:
+            return None
+        conn = await self._connector._get(target.key, NO_TRACES)
+        if conn is None:
+            return None
+        try:
+            proto = conn.protocol
+            proto.set_response_params(**self._params)
+            proto.transport.write(data)
+            proto.start_timeout()
+            resp = self._response(
+                "POST",
+                target.url,
+                writer=None,
+                continue100=None,
+                timer=self._params["timer"],
+                request_info=target.info,
+                traces=NO_TRACES,
+                loop=self._loop,
+                session=self._session,
+                stream_writer=_Sent(len(data)),  # type: ignore[arg-type]
+            )
+            try:
+                await resp.start(conn)
+            except BaseException:
+                resp.close()
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        return resp
+
+    def _request(self, target: _Target, body: bytes, headers: Mapping[str, str]) -> bytes | None:
+        """The request's bytes: line, headers, body; None for a call the usual way takes."""
+        named: set[str] = set()
+        own: list[str] = []
+        for name, value in headers.items():
+            lower = name.lower()
+            if lower in OWN or lower in named:
+                return None
+            named.add(lower)
+            own.append(f"{name}: {value}")
+        # a control character in a name or value (a line break would split the request):
+        # the usual way refuses it, by the same pattern
+        if own and self._forbidden("\t".join(own)) is not None:
+            return None
+        lines = [target.head]
+        for lower, name, value in self._first:
+            if lower not in named:
+                lines.append(f"{name}: {value}\r\n")
+        lines.append("\r\n".join(own))
+        lines.append("\r\n" if own else "")
+        for lower, name, value in self._after:
+            if lower not in named:
+                lines.append(f"{name}: {value}\r\n")
+        lines.append(f"Content-Length: {len(body)}\r\n")
+        if "content-type" not in named:
+            lines.append("Content-Type: application/octet-stream\r\n")
+        lines.append("\r\n")
+        head = "".join(lines)
+        try:
+            return head.encode() + body
+        except UnicodeEncodeError:
+            return None
+
+
+def _timer() -> Any:
+    from aiohttp.helpers import TimerNoop
+
+    return TimerNoop()
+
+
+def _plain(session: Any) -> bool:
+    """The session applies nothing per call that the lean path would skip."""
+    from aiohttp import DummyCookieJar
+    from aiohttp.http import HttpVersion11
+
+    connector = session._connector
+    return (
+        not session._trace_configs
+        and not session._middlewares
+        and session._default_proxy is None
+        and session._default_proxy_auth is None
+        and not session._trust_env
+        and session._base_url is None
+        and session._default_auth is None
+        and isinstance(session._cookie_jar, DummyCookieJar)
+        and not session._skip_auto_headers
+        and session._raise_for_status is False
+        and session._version == HttpVersion11
+        and session._timeout.total is None
+        and connector is not None
+        and not connector.force_close
+    )
+
+
+def _check() -> list[str]:
+    needs = Needs()
+    client = needs.module("aiohttp.client")
+    reqrep = needs.module("aiohttp.client_reqrep")
+    connector = needs.module("aiohttp.connector")
+    proto = needs.module("aiohttp.client_proto")
+    helpers = needs.module("aiohttp.helpers")
+    session = needs.attr(client, "ClientSession", "aiohttp.client")
+    request = needs.attr(reqrep, "ClientRequest", "aiohttp.client_reqrep")
+    response = needs.attr(reqrep, "ClientResponse", "aiohttp.client_reqrep")
+    needs.attr(reqrep, "RequestInfo", "aiohttp.client_reqrep")
+    needs.attr(needs.module("aiohttp.http"), "SERVER_SOFTWARE", "aiohttp.http")
+    writer = needs.module("aiohttp.http_writer")
+    pattern = needs.attr(writer, "_FORBIDDEN_HEADER_CHARS_RE", "aiohttp.http_writer")
+    needs.require(
+        pattern is None or all(pattern.search(c) for c in "\r\n\x00\x7f"),
+        "aiohttp.http_writer._FORBIDDEN_HEADER_CHARS_RE lets a line break or NUL through",
+    )
+    needs.uses(getattr(writer, "_safe_header", None), ["_FORBIDDEN_HEADER_CHARS_RE"],
+               "aiohttp.http_writer._safe_header")  # fmt: skip
+    needs.attr(helpers, "TimerNoop", "aiohttp.helpers")
+    defaults = needs.attr(request, "DEFAULT_HEADERS", "ClientRequest")
+    needs.require(
+        defaults is None or set(map(str.lower, defaults)) == {"accept", "accept-encoding"},
+        "ClientRequest.DEFAULT_HEADERS is not Accept and Accept-Encoding",
+    )
+    # what _request does that the lean path does too (in its inner _connect_and_send_request),
+    # and reads of the session
+    send = _inner(getattr(session, "_request", None), "_connect_and_send_request")
+    needs.require(send is not None, "ClientSession._request has no _connect_and_send_request")
+    needs.uses(send, ["set_response_params", "send", "start", "connect"],
+               "ClientSession._request's _connect_and_send_request")  # fmt: skip
+    needs.uses(
+        getattr(session, "_request", None),
+        ["_prepare_headers", "_auto_decompress", "_read_bufsize", "_max_line_size",
+         "_max_field_size", "_max_headers", "_trace_configs", "_middlewares",
+         "_default_proxy", "_trust_env", "_default_auth", "_cookie_jar",
+         "_skip_auto_headers", "_raise_for_status"],
+        "ClientSession._request",
+    )  # fmt: skip
+    needs.uses(getattr(request, "update_headers", None), ["host_port_subcomponent"],
+               "ClientRequest.update_headers")  # fmt: skip
+    needs.uses(getattr(request, "send", None), ["raw_path_qs", "start_timeout"],
+               "ClientRequest.send")  # fmt: skip
+    key = getattr(getattr(request, "connection_key", None), "fget", None)
+    if needs.require(key is not None, "ClientRequest.connection_key is not a property"):
+        needs.uses(key, ["url", "_ssl", "proxy", "proxy_auth", "proxy_headers",
+                         "server_hostname"], "ClientRequest.connection_key")  # fmt: skip
+    tcp = needs.attr(connector, "TCPConnector", "aiohttp.connector")
+    needs.function(tcp, "_get", "aiohttp.TCPConnector", ["self", "key", "traces"], coroutine=True)
+    needs.uses(getattr(connector, "Connection", None) and connector.Connection.__init__,
+               ["_key", "_protocol"], "Connection.__init__")  # fmt: skip
+    handler = needs.attr(proto, "ResponseHandler", "aiohttp.client_proto")
+    needs.function(
+        handler, "set_response_params", "ResponseHandler",
+        ["self", "timer", "skip_payload", "read_until_eof", "auto_decompress", "read_timeout",
+         "read_bufsize", "timeout_ceil_threshold", "max_line_size", "max_field_size",
+         "max_headers"],
+        coroutine=False,
+    )  # fmt: skip
+    needs.function(handler, "start_timeout", "ResponseHandler", ["self"], coroutine=False)
+    needs.function(
+        response, "__init__", "ClientResponse",
+        ["self", "method", "url", "writer", "continue100", "timer", "request_info", "traces",
+         "loop", "session", "stream_writer"],
+        coroutine=False,
+    )  # fmt: skip
+    needs.function(response, "start", "ClientResponse", ["self", "connection"], coroutine=True)
+    needs.uses(getattr(response, "__init__", None), ["output_size"], "ClientResponse.__init__")
+    return needs.missing
+
+
+def _inner(func: Any, name: str) -> Any:
+    """The code of the function named ``name`` defined inside ``func`` (held as ``uses``
+    reads a function's)."""
+    code = getattr(original(func), "__code__", None)
+    for const in code.co_consts if code is not None else ():
+        if getattr(const, "co_name", None) == name:
+            return types.SimpleNamespace(__code__=const)
+    return None
+
+
+def _apply() -> None:
+    global _on
+    _on = True
+
+
+LEAN_SEND = Mend(
+    name=_NAME,
+    library="aiohttp",
+    written_for="3.14",
+    kind="speed",
+    fixes="each upstream call goes through ClientSession._request's layers (~1,900 bytecodes)",
+    check=_check,
+    apply=_apply,
+    in_place=lambda: _on,
+)
+MENDS = (LEAN_SEND,)

@@ -1,0 +1,332 @@
+"""An upstream call on an idle pooled connection, sent without aiohttp's ``_request``
+(``upstream.lean_send``): the upstream gets the very bytes aiohttp's usual way sends, on the
+connection the last call left idle; replies of every framing arrive whole; a connection that
+failed or was given up is never handed out again; a call the lean path does not cover goes
+the usual way. Each test runs with the mend and without it (aiohttp's own path), and expects
+the same of both, but for which way each call went."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp.client_proto import ResponseHandler
+
+from gateway.config import UpstreamSettings
+from gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
+from gateway.protocols.base import UpstreamCall
+from gateway.server import mends
+from gateway.upstream import lean_send
+from gateway.upstream.pool import Upstream
+
+JSON = b'{"id":"r-1","ok":true}'
+HEADERS = {"Authorization": "Bearer up-key", "Content-Type": "application/json",
+           "anthropic-version": "2023-06-01"}  # fmt: skip
+# a reply's bytes after its status line, by how it is framed
+Reply = Callable[[int], bytes]
+
+
+def sized(body: bytes = JSON, status: str = "200 OK") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status.encode(),
+        len(body),
+        body,
+    )
+
+
+def chunked(pieces: list[bytes]) -> bytes:
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+    return head + b"\r\n" + framed + b"0\r\n\r\n"
+
+
+@dataclass
+class RawUpstream:
+    """An upstream on a raw socket: each request's head and body as they came, on which
+    connection; each answered by ``answer`` (None: the connection is closed unanswered,
+    ``b""``: the request is left unanswered and the connection open)."""
+
+    answer: Callable[[int], bytes | None] = lambda n: sized()
+    requests: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    connections: int = 0
+    url: str = ""
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = self.connections
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                self.requests.append((conn, head, body))
+                reply = self.answer(len(self.requests))
+                if reply is None:
+                    break
+                if reply == b"":
+                    await reader.read()  # silent until the client goes
+                    break
+                writer.write(reply)
+                await writer.drain()
+                if b"Connection: close" in reply:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[RawUpstream]:
+    upstream = RawUpstream()
+    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    upstream.url = f"http://127.0.0.1:{port}/v1/chat/completions?alt=sse"
+    async with server:
+        yield upstream
+
+
+@pytest.fixture(params=[True, False], ids=["mended", "unmended"])
+def mended(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """With the mend, and without it (the way every call went before)."""
+    monkeypatch.setattr(lean_send, "_on", False)
+    monkeypatch.setattr(mends, "_left_out", set())
+    if not request.param:  # an aiohttp the mend does not know: left out
+        start_timeout = ResponseHandler.start_timeout
+
+        def changed(self: ResponseHandler, *later: object) -> None:
+            start_timeout(self)
+
+        monkeypatch.setattr(ResponseHandler, "start_timeout", changed)
+    return bool(request.param)
+
+
+@pytest.fixture
+def usual_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The URLs of the calls that went aiohttp's usual way (``ClientSession._request``)."""
+    calls: list[str] = []
+    request = aiohttp.ClientSession._request
+
+    def counted(self: aiohttp.ClientSession, method: str, url: str, **kwargs: object) -> object:
+        calls.append(url)
+        return request(self, method, url, **kwargs)  # type: ignore[arg-type]
+
+    # marked as a wrapper, so that the mend's check reads aiohttp's own under it
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", mends.wrapping("test", request, counted))
+    return calls
+
+
+async def started(settings: UpstreamSettings | None = None) -> Upstream:
+    upstream = Upstream(settings or UpstreamSettings())
+    await upstream.start()
+    return upstream
+
+
+async def call(pool: Upstream, url: str, body: bytes = b'{"model":"m"}', **headers: str) -> bytes:
+    resp = await pool.request(UpstreamCall(url, headers or dict(HEADERS), body))
+    try:
+        return b"%d " % resp.status + await resp.read()
+    finally:
+        resp.close()
+
+
+async def test_a_call_on_an_idle_connection_sends_what_the_usual_way_sends(
+    raw: RawUpstream, mended: bool, usual_calls: list[str]
+) -> None:
+    pool = await started()
+    try:
+        assert lean_send.LEAN_SEND.in_place() is mended
+        bodies = [b'{"model":"m","n":1}', b'{"model":"m","n":2}', b'{"model":"m","n":3}']
+        for body in bodies:
+            assert await call(pool, raw.url, body) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    # one connection, kept alive; the first call opened it the usual way, the others were
+    # sent on it the lean way (or the usual way without the mend)
+    assert [conn for conn, _, _ in raw.requests] == [1, 1, 1]
+    assert len(usual_calls) == (1 if mended else 3)
+    assert [body for _, _, body in raw.requests] == bodies
+    first = raw.requests[0][1]
+    assert all(head == first for _, head, _ in raw.requests)  # byte for byte, in order
+    assert first.split(b"\r\n")[:4] == [
+        b"POST /v1/chat/completions?alt=sse HTTP/1.1",
+        b"Host: " + raw.url.split("/")[2].encode(),
+        b"User-Agent: model-gateway/0.1.0",
+        b"Authorization: Bearer up-key",
+    ]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"User-Agent": "sdk/1.0"},  # replaces the session's; no Content-Type: aiohttp's
+        {"Accept": "text/event-stream", "Accept-Encoding": "identity", "X-Goog-Api-Key": "k"},
+    ],
+    ids=["own-user-agent", "own-accept"],
+)
+async def test_a_call_s_own_headers_replace_the_added_ones_as_aiohttp_does(
+    raw: RawUpstream, mended: bool, headers: dict[str, str]
+) -> None:
+    pool = await started()
+    try:
+        for _ in range(2):
+            assert await call(pool, raw.url, **headers) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    (_, usual, _), (_, second, _) = raw.requests
+    assert second == usual
+    lines = usual.split(b"\r\n")
+    for name, value in headers.items():
+        assert f"{name}: {value}".encode() in lines
+    assert sum(line.lower().startswith(b"user-agent:") for line in lines) == 1
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"Connection": "close"}, {"authorization": "a", "Authorization": "b"}],
+    ids=["connection-header", "a-name-twice"],
+)
+async def test_a_call_the_lean_path_does_not_cover_goes_the_usual_way(
+    raw: RawUpstream, mended: bool, usual_calls: list[str], headers: dict[str, str]
+) -> None:
+    pool = await started()
+    try:
+        for _ in range(2):
+            assert await call(pool, raw.url, **headers) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert len(usual_calls) == 2
+    assert raw.requests[0][1] == raw.requests[1][1]
+
+
+async def test_a_control_character_in_a_header_is_refused_as_the_usual_way_refuses_it(
+    raw: RawUpstream, mended: bool
+) -> None:
+    pool = await started()
+    try:
+        assert await call(pool, raw.url) == b"200 " + JSON
+        for bad in ("Bearer k\r\nX-Evil: 1", "Bearer k\nX-Evil: 1", "Bearer \x00k"):
+            with pytest.raises(ValueError, match="Forbidden control character"):
+                await call(pool, raw.url, Authorization=bad)
+        assert await call(pool, raw.url) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert all(b"X-Evil" not in head for _, head, _ in raw.requests)
+    assert len(raw.requests) == 2
+
+
+def _gzipped(n: int) -> bytes:
+    body = gzip.compress(JSON)
+    head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)
+    return head + body
+
+
+REPLIES: list[tuple[str, Reply, bytes]] = [
+    ("sized", lambda n: sized(), b"200 " + JSON),
+    ("chunked", lambda n: chunked([b"data: 1\n\n", b"data: 2\n\n"]), b"200 data: 1\n\ndata: 2\n\n"),
+    ("gzip", _gzipped, b"200 " + JSON),
+    ("error", lambda n: sized(b'{"error":"no"}', "429 Too Many Requests"), b'429 {"error":"no"}'),
+    (
+        "until-eof",
+        lambda n: b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + JSON,
+        b"200 " + JSON,
+    ),
+]
+
+
+@pytest.mark.parametrize(("framing", "reply", "expected"), REPLIES, ids=[r[0] for r in REPLIES])
+async def test_a_reply_of_each_framing_arrives_whole(
+    raw: RawUpstream, mended: bool, framing: str, reply: Reply, expected: bytes
+) -> None:
+    raw.answer = reply
+    pool = await started()
+    try:
+        for _ in range(3):
+            assert await call(pool, raw.url) == expected
+    finally:
+        await pool.stop()
+    closes = framing == "until-eof"
+    assert [conn for conn, _, _ in raw.requests] == ([1, 2, 3] if closes else [1, 1, 1])
+
+
+async def test_a_stream_s_pieces_arrive_as_they_are_sent(raw: RawUpstream, mended: bool) -> None:
+    raw.answer = lambda n: chunked([b"data: %d\n\n" % i for i in range(50)])
+    pool = await started()
+    try:
+        for _ in range(2):
+            resp = await pool.request(UpstreamCall(raw.url, dict(HEADERS), b"{}"))
+            got = b""
+            while piece := await resp.chunk():
+                got += piece
+            assert resp.at_eof()
+            resp.close()
+            assert got == b"".join(b"data: %d\n\n" % i for i in range(50))
+    finally:
+        await pool.stop()
+    assert [conn for conn, _, _ in raw.requests] == [1, 1]
+
+
+async def test_a_connection_closed_unanswered_fails_that_call_only(
+    raw: RawUpstream, mended: bool
+) -> None:
+    raw.answer = lambda n: None if n == 2 else sized()
+    pool = await started()
+    try:
+        assert await call(pool, raw.url) == b"200 " + JSON
+        with pytest.raises(UpstreamError, match="cannot reach the upstream"):
+            await call(pool, raw.url)
+        assert await call(pool, raw.url) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+
+
+async def test_an_upstream_silent_past_the_read_timeout_is_a_timeout(
+    raw: RawUpstream, mended: bool
+) -> None:
+    raw.answer = lambda n: b"" if n == 2 else sized()
+    pool = await started(UpstreamSettings(read_timeout=0.3))
+    try:
+        assert await call(pool, raw.url) == b"200 " + JSON
+        with pytest.raises(UpstreamTimeoutError):
+            await call(pool, raw.url)
+        assert await call(pool, raw.url) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+
+
+async def test_a_call_given_up_while_waiting_closes_its_connection(
+    raw: RawUpstream, mended: bool
+) -> None:
+    raw.answer = lambda n: b"" if n == 2 else sized()
+    pool = await started()
+    try:
+        assert await call(pool, raw.url) == b"200 " + JSON
+        waiting = asyncio.ensure_future(call(pool, raw.url))
+        while len(raw.requests) < 2:
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert await call(pool, raw.url) == b"200 " + JSON  # not on the abandoned one
+    finally:
+        await pool.stop()
+    assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+
+
+async def test_an_upstream_that_is_gone_is_a_gateway_error(mended: bool) -> None:
+    pool = await started(UpstreamSettings(connect_timeout=2))
+    try:
+        with pytest.raises(GatewayError):
+            await call(pool, "http://127.0.0.1:9/v1/chat/completions")
+    finally:
+        await pool.stop()
