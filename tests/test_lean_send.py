@@ -330,3 +330,27 @@ async def test_an_upstream_that_is_gone_is_a_gateway_error(mended: bool) -> None
             await call(pool, "http://127.0.0.1:9/v1/chat/completions")
     finally:
         await pool.stop()
+
+
+async def test_headers_that_change_each_call_are_sent_as_given_past_the_heads_kept(
+    raw: RawUpstream, mended: bool, usual_calls: list[str]
+) -> None:
+    """A signed call's headers (SigV4: a date and a signature each time) differ call after
+    call: more of them than the lean path keeps heads for, each sent as given."""
+    calls = lean_send.HEADS_KEPT + 4
+    pool = await started()
+    try:
+        for n in range(calls):
+            signed = {"X-Amz-Date": f"20261127T0000{n:02d}Z", "Authorization": f"AWS4 sig-{n}"}
+            assert await call(pool, raw.url, b"{}", **signed) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert len(usual_calls) == (1 if mended else calls)
+    for n, (conn, head, body) in enumerate(raw.requests):
+        assert (conn, body) == (1, b"{}")
+        lines = head.split(b"\r\n")
+        assert b"X-Amz-Date: 20261127T0000%02dZ" % n in lines
+        assert b"Authorization: AWS4 sig-%d" % n in lines
+        assert head == raw.requests[0][1].replace(b"00Z", b"%02dZ" % n).replace(
+            b"sig-0", b"sig-%d" % n
+        )

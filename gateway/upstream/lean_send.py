@@ -38,6 +38,9 @@ from gateway.server.mends import Mend, Needs, original
 
 _NAME = "aiohttp.lean_send"
 MAX_TARGETS = 4096  # URLs remembered (channels × models); past it, new ones go the usual way
+# heads kept a URL, by the call's headers: a channel's are the same call after call; a signed
+# call's (SigV4: a date and a signature each) are made anew each time once these are kept
+HEADS_KEPT = 16
 # header names the connection itself owns: a call naming one goes the usual way
 OWN = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect", "cookie"})
 NO_TRACES: list[Any] = []
@@ -65,12 +68,14 @@ class _KeyOf:
 
 
 class _Target:
-    """One URL's connector key, request line and host line, made once."""
+    """One URL's connector key, request line and host line, made once, and its requests'
+    heads made so far (by the call's headers)."""
 
-    __slots__ = ("key", "url", "info", "head")
+    __slots__ = ("key", "url", "info", "head", "heads")
 
     def __init__(self, key: Any, url: Any, info: Any, head: str) -> None:
         self.key, self.url, self.info, self.head = key, url, info, head
+        self.heads: dict[tuple[tuple[str, str], ...], tuple[bytes, bytes]] = {}
 
 
 class LeanSend:
@@ -184,7 +189,23 @@ class LeanSend:
         return resp
 
     def _request(self, target: _Target, body: bytes, headers: Mapping[str, str]) -> bytes | None:
-        """The request's bytes: line, headers, body; None for a call the usual way takes."""
+        """The request's bytes: line, headers, body; None for a call the usual way takes.
+        The lines around ``Content-Length`` are made once for each set of the call's
+        headers (a channel's are the same call after call), up to ``HEADS_KEPT`` a URL."""
+        given = tuple(headers.items())
+        parts = target.heads.get(given)
+        if parts is None:
+            parts = self._head(target, headers)
+            if parts is None:
+                return None
+            if len(target.heads) < HEADS_KEPT:
+                target.heads[given] = parts
+        before, after = parts
+        return b"".join((before, b"Content-Length: %d\r\n" % len(body), after, body))
+
+    def _head(self, target: _Target, headers: Mapping[str, str]) -> tuple[bytes, bytes] | None:
+        """The request line and the headers before ``Content-Length``, and those after it
+        (the blank line included); None for headers the usual way takes."""
         named: set[str] = set()
         own: list[str] = []
         for name, value in headers.items():
@@ -201,18 +222,13 @@ class LeanSend:
         for lower, name, value in self._first:
             if lower not in named:
                 lines.append(f"{name}: {value}\r\n")
-        lines.append("\r\n".join(own))
-        lines.append("\r\n" if own else "")
+        lines.extend(f"{line}\r\n" for line in own)
         for lower, name, value in self._after:
             if lower not in named:
                 lines.append(f"{name}: {value}\r\n")
-        lines.append(f"Content-Length: {len(body)}\r\n")
-        if "content-type" not in named:
-            lines.append("Content-Type: application/octet-stream\r\n")
-        lines.append("\r\n")
-        head = "".join(lines)
+        after = "" if "content-type" in named else "Content-Type: application/octet-stream\r\n"
         try:
-            return head.encode() + body
+            return "".join(lines).encode(), (after + "\r\n").encode()
         except UnicodeEncodeError:
             return None
 
