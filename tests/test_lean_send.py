@@ -130,7 +130,9 @@ async def started(settings: UpstreamSettings | None = None) -> Upstream:
     return upstream
 
 
-async def call(pool: Upstream, url: str, body: bytes = b'{"model":"m"}', **headers: str) -> bytes:
+async def call(
+    pool: Upstream, url: str, body: bytes = b'{"model":"m"}', headers: dict[str, str] | None = None
+) -> bytes:
     resp = await pool.request(UpstreamCall(url, headers or dict(HEADERS), body))
     try:
         return b"%d " % resp.status + await resp.read()
@@ -178,7 +180,7 @@ async def test_a_call_s_own_headers_replace_the_added_ones_as_aiohttp_does(
     pool = await started()
     try:
         for _ in range(2):
-            assert await call(pool, raw.url, **headers) == b"200 " + JSON
+            assert await call(pool, raw.url, headers=headers) == b"200 " + JSON
     finally:
         await pool.stop()
     (_, usual, _), (_, second, _) = raw.requests
@@ -200,7 +202,7 @@ async def test_a_call_the_lean_path_does_not_cover_goes_the_usual_way(
     pool = await started()
     try:
         for _ in range(2):
-            assert await call(pool, raw.url, **headers) == b"200 " + JSON
+            assert await call(pool, raw.url, headers=headers) == b"200 " + JSON
     finally:
         await pool.stop()
     assert len(usual_calls) == 2
@@ -215,7 +217,7 @@ async def test_a_control_character_in_a_header_is_refused_as_the_usual_way_refus
         assert await call(pool, raw.url) == b"200 " + JSON
         for bad in ("Bearer k\r\nX-Evil: 1", "Bearer k\nX-Evil: 1", "Bearer \x00k"):
             with pytest.raises(ValueError, match="Forbidden control character"):
-                await call(pool, raw.url, Authorization=bad)
+                await call(pool, raw.url, headers={"Authorization": bad})
         assert await call(pool, raw.url) == b"200 " + JSON
     finally:
         await pool.stop()
@@ -342,7 +344,7 @@ async def test_headers_that_change_each_call_are_sent_as_given_past_the_heads_ke
     try:
         for n in range(calls):
             signed = {"X-Amz-Date": f"20261127T0000{n:02d}Z", "Authorization": f"AWS4 sig-{n}"}
-            assert await call(pool, raw.url, b"{}", **signed) == b"200 " + JSON
+            assert await call(pool, raw.url, b"{}", signed) == b"200 " + JSON
     finally:
         await pool.stop()
     assert len(usual_calls) == (1 if mended else calls)
