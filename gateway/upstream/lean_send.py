@@ -1,12 +1,13 @@
 """A mend of aiohttp (written for 3.14) that sends an upstream call on an idle pooled
 connection without ``ClientSession._request``'s layers: ``aiohttp.lean_send``, of kind
-``speed`` (bench/RESULTS.md, "The request path"); a ``gateway.server.mends.Mend``, checked
-before it is applied, and left out with a warning when it does not fit.
+``speed`` (bench/RESULTS.md, "The request path: aiohttp's per-call layers"); a
+``gateway.server.mends.Mend``, checked before it is applied, and left out with a warning when
+it does not fit.
 
 Why: for each call, ``ClientSession._request`` merges headers into a ``CIMultiDict``, builds a
 ``ClientRequest`` (a URL, a body payload, a dozen ``update_*`` steps), wraps it in a timer
 and a context manager, writes it through a ``StreamWriter`` from a task of its own (CPython
-3.11 has no eager tasks), and only then reads the response: about 1,900 bytecodes a call,
+3.11 has no eager tasks), and only then reads the response: about 1,600 bytecodes a call,
 most of them for features the gateway never uses (redirects, cookies, proxies, traces,
 middlewares, authentication, compression, chunked uploads). The response's status, headers
 and body are all that is read.
@@ -355,7 +356,7 @@ LEAN_SEND = Mend(
     library="aiohttp",
     written_for="3.14",
     kind="speed",
-    fixes="each upstream call goes through ClientSession._request's layers (~1,900 bytecodes)",
+    fixes="each upstream call goes through ClientSession._request's layers (~1,600 bytecodes)",
     check=_check,
     apply=_apply,
     in_place=lambda: _on,
