@@ -356,3 +356,19 @@ async def test_headers_that_change_each_call_are_sent_as_given_past_the_heads_ke
         assert head == raw.requests[0][1].replace(b"00Z", b"%02dZ" % n).replace(
             b"sig-0", b"sig-%d" % n
         )
+
+
+async def test_a_response_keeps_none_of_its_call_s_headers(raw: RawUpstream, mended: bool) -> None:
+    """The upstream's credentials are not held for as long as a response lasts, whichever way
+    its call went (``aiohttp.lean_request_info`` for the usual way's)."""
+    pool = await started()
+    try:
+        for _ in range(2):
+            resp = await pool.request(UpstreamCall(raw.url, dict(HEADERS), b"{}"))
+            info = resp._resp.request_info
+            assert (str(info.url), info.method, str(info.real_url)) == (raw.url, "POST", raw.url)
+            assert dict(info.headers) == {}
+            assert await resp.read() == JSON
+            resp.close()
+    finally:
+        await pool.stop()

@@ -39,6 +39,8 @@ def forget_request_headers(resp: Any) -> None:
     URL, method and real URL, not its headers (module docstring)."""
     if _on:
         info = resp._request_info
+        if info[2] is NO_HEADERS:  # made without them (``upstream.lean_send``'s)
+            return
         resp._request_info = tuple.__new__(type(info), (info[0], info[1], NO_HEADERS, info[3]))
         resp._cache.pop("request_info", None)  # request_info, if it was read: read anew
 

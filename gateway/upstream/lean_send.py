@@ -133,8 +133,9 @@ class LeanSend:
         if len(self._targets) >= MAX_TARGETS:
             return None
         from aiohttp.client_reqrep import ClientRequest, RequestInfo
-        from multidict import CIMultiDict, CIMultiDictProxy
         from yarl import URL
+
+        from gateway.upstream.lean_request_info import NO_HEADERS
 
         try:
             req_url = URL(url)
@@ -144,7 +145,9 @@ class LeanSend:
         if host is None or req_url.scheme not in ("http", "https") or not req_url.raw_host:
             return None
         key = ClientRequest.connection_key.fget(_KeyOf(req_url))  # type: ignore[attr-defined]
-        info = RequestInfo(req_url, "POST", CIMultiDictProxy(CIMultiDict()), req_url)
+        # no headers, as a response keeps them under aiohttp.lean_request_info: the call's
+        # (the upstream's credentials among them) are not kept for as long as it lasts
+        info = RequestInfo(req_url, "POST", NO_HEADERS, req_url)
         head = f"POST {req_url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"
         target = self._targets[url] = _Target(key, req_url, info, head)
         return target
