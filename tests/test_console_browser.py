@@ -265,6 +265,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_role("button", name="Add channel").click()
     await page.get_by_role("cell", name="console-ch", exact=True).wait_for()
     await page.get_by_role("button", name="Edit channel console-ch").click()
+    await page.get_by_role("heading", name="Edit channel console-ch").wait_for()  # not "Add"
     await form.get_by_label("Priority").fill("3")
     await form.get_by_role("button", name="Save channel console-ch").click()
     await page.get_by_text("Channel console-ch saved.").wait_for()
@@ -274,6 +275,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_role("button", name="Save channel console-ch").click()
     await page.get_by_text("Channel console-ch saved.").wait_for()
     await form.get_by_role("button", name="Add channel").wait_for()  # drawn again
+    await page.get_by_role("heading", name="Add a channel").wait_for()
     await page.get_by_label("Search").fill("console")
     assert await page.locator("tbody tr").count() == 1  # only console-ch matches
     hint = await page.locator("td span.nowrap", has_text="…-key").bounding_box()

@@ -125,8 +125,10 @@ export async function channelsPage() {
     mapLabel.textContent = type === "azure" ? "Deployments (model=deployment, …)" : "Model map (model=upstream model, …)";
   };
   typeSelect.addEventListener("change", showType);
+  const heading = h("h2", { text: "Add a channel" });
   const edit = c => {
     editing = c.name;
+    heading.textContent = `Edit channel ${c.name}`;
     editingAwsKeys = c.type === "bedrock" && Boolean(c.aws_access_key_id_hint);
     for (const [name, value] of [["name", c.name], ["type", c.type], ["base_url", c.base_url],
       ["api_key", ""], ["groups", (c.groups || []).join(", ")], ["models", (c.models || []).join(", ")],
@@ -205,7 +207,7 @@ export async function channelsPage() {
     if (!body.api_key) delete body.api_key;  // blank: the key stays as it is
     act(() => api("PATCH", `/admin/channels/${encodeURIComponent(name)}`, body), `Channel ${name} saved.`);
   });
-  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, h("h2", { text: "Add a channel" }), form),
+  return [h("h1", { text: "Channels" }), h("div", { class: "card" }, heading, form),
     h("div", { class: "card" }, result, searchable("channel-search", "name, type, URL, region, group or model", [
     { label: "Name", value: c => h("span", { class: "nowrap", text: c.name }) },
     { label: "Type", value: cloudColumn },
