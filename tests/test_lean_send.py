@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
+import aiohttp.connector
 import pytest
+from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 
 from gateway.config import UpstreamSettings
@@ -22,6 +27,7 @@ from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream import lean_send
 from gateway.upstream.pool import Upstream
+from tests.plugins.web_apps import served
 
 JSON = b'{"id":"r-1","ok":true}'
 HEADERS = {"Authorization": "Bearer up-key", "Content-Type": "application/json",
@@ -372,3 +378,71 @@ async def test_a_response_keeps_none_of_its_call_s_headers(raw: RawUpstream, men
             resp.close()
     finally:
         await pool.stop()
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A self-signed certificate for 127.0.0.1: the server's context and a client's that
+    trusts it."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(Path(cert)))
+
+
+async def test_calls_over_tls_go_on_one_verified_connection(
+    monkeypatch: pytest.MonkeyPatch,
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+    mended: bool,
+    usual_calls: list[str],
+) -> None:
+    """As providers serve: HTTPS, the certificate verified (the pool's default context, here
+    one that trusts the test's certificate alone), every call after the first on the same
+    TLS connection."""
+    monkeypatch.setattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", tls[1])
+    peers: list[object] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        peers.append(request.transport)
+        assert request.headers["Authorization"] == "Bearer up-key"
+        return web.json_response({"got": (await request.read()).decode()})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    async with served(app, tls[0]) as url:
+        assert url.startswith("https://")
+        pool = await started()
+        try:
+            for n in range(3):
+                body = b'{"n":%d}' % n
+                got = await call(pool, url + "/v1/chat/completions", body)
+                assert got == b'200 {"got": "{\\"n\\":%d}"}' % n
+        finally:
+            await pool.stop()
+    assert len(peers) == 3 and peers[1] is peers[0] and peers[2] is peers[0]
+    assert len(usual_calls) == (1 if mended else 3)
+
+
+async def test_a_certificate_the_pool_does_not_trust_is_refused(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext], mended: bool
+) -> None:
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", answer)
+    async with served(app, tls[0]) as url:
+        pool = await started()
+        try:
+            for _ in range(2):
+                with pytest.raises(UpstreamError, match="cannot reach the upstream"):
+                    await call(pool, url + "/v1/chat/completions")
+        finally:
+            await pool.stop()
