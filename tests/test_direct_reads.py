@@ -12,11 +12,9 @@ import asyncio
 import http.client
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,7 +27,7 @@ from bench.fake_upstream import FakeUpstream, Reply
 from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads
 from tests.plugins.servers import KEYS, make_config, serve_app
-from tests.plugins.web_apps import served
+from tests.plugins.web_apps import self_signed, served
 
 END = None  # the server ends the body
 DROP = "drop"  # the server drops the connection
@@ -42,18 +40,7 @@ EACH_TRANSPORT = pytest.mark.parametrize("secure", [False, True], ids=["tcp", "t
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A self-signed certificate for 127.0.0.1: the server's context and a client's that
     trusts it."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(cafile=str(Path(cert)))
-    return server, client
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 class Upstream:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 import aiohttp.connector
@@ -27,7 +25,7 @@ from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream import lean_send
 from gateway.upstream.pool import Upstream
-from tests.plugins.web_apps import served
+from tests.plugins.web_apps import self_signed, served
 
 JSON = b'{"id":"r-1","ok":true}'
 HEADERS = {"Authorization": "Bearer up-key", "Content-Type": "application/json",
@@ -282,29 +280,32 @@ async def test_a_stream_s_pieces_arrive_as_they_are_sent(raw: RawUpstream, mende
     assert [conn for conn, _, _ in raw.requests] == [1, 1]
 
 
-async def test_a_connection_closed_unanswered_fails_that_call_only(
-    raw: RawUpstream, mended: bool
-) -> None:
-    raw.answer = lambda n: None if n == 2 else sized()
-    pool = await started()
-    try:
-        assert await call(pool, raw.url) == b"200 " + JSON
-        with pytest.raises(UpstreamError, match="cannot reach the upstream"):
-            await call(pool, raw.url)
-        assert await call(pool, raw.url) == b"200 " + JSON
-    finally:
-        await pool.stop()
-    assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+FAILURES = [  # the second call's answer, the pool's settings, and what that call raises
+    ("closed-unanswered", None, UpstreamSettings(), UpstreamError, "cannot reach the upstream"),
+    ("silent", b"", UpstreamSettings(read_timeout=0.3), UpstreamTimeoutError, "did not answer"),
+]
 
 
-async def test_an_upstream_silent_past_the_read_timeout_is_a_timeout(
-    raw: RawUpstream, mended: bool
+@pytest.mark.parametrize(
+    ("second", "settings", "error", "message"),
+    [f[1:] for f in FAILURES],
+    ids=[f[0] for f in FAILURES],
+)
+async def test_a_call_that_fails_on_its_connection_fails_alone(
+    raw: RawUpstream,
+    mended: bool,
+    second: bytes | None,
+    settings: UpstreamSettings,
+    error: type[GatewayError],
+    message: str,
 ) -> None:
-    raw.answer = lambda n: b"" if n == 2 else sized()
-    pool = await started(UpstreamSettings(read_timeout=0.3))
+    """A connection closed unanswered, or silent past the read timeout: that call fails as a
+    gateway error, and the next goes on a new connection."""
+    raw.answer = lambda n: second if n == 2 else sized()
+    pool = await started(settings)
     try:
         assert await call(pool, raw.url) == b"200 " + JSON
-        with pytest.raises(UpstreamTimeoutError):
+        with pytest.raises(error, match=message):
             await call(pool, raw.url)
         assert await call(pool, raw.url) == b"200 " + JSON
     finally:
@@ -384,17 +385,7 @@ async def test_a_response_keeps_none_of_its_call_s_headers(raw: RawUpstream, men
 def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A self-signed certificate for 127.0.0.1: the server's context and a client's that
     trusts it."""
-    folder = tmp_path_factory.mktemp("tls")
-    cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    return server, ssl.create_default_context(cafile=str(Path(cert)))
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 async def test_calls_over_tls_go_on_one_verified_connection(
