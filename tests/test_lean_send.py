@@ -144,6 +144,16 @@ async def call(
         resp.close()
 
 
+async def answered(url: str, times: int, headers: dict[str, str]) -> None:
+    """``times`` calls with ``headers`` on a pool of their own, each answered whole."""
+    pool = await started()
+    try:
+        for _ in range(times):
+            assert await call(pool, url, headers=headers) == b"200 " + JSON
+    finally:
+        await pool.stop()
+
+
 async def test_a_call_on_an_idle_connection_sends_what_the_usual_way_sends(
     raw: RawUpstream, mended: bool, usual_calls: list[str]
 ) -> None:
@@ -181,12 +191,7 @@ async def test_a_call_on_an_idle_connection_sends_what_the_usual_way_sends(
 async def test_a_call_s_own_headers_replace_the_added_ones_as_aiohttp_does(
     raw: RawUpstream, mended: bool, headers: dict[str, str]
 ) -> None:
-    pool = await started()
-    try:
-        for _ in range(2):
-            assert await call(pool, raw.url, headers=headers) == b"200 " + JSON
-    finally:
-        await pool.stop()
+    await answered(raw.url, 2, headers)
     (_, usual, _), (_, second, _) = raw.requests
     assert second == usual
     lines = usual.split(b"\r\n")
@@ -203,12 +208,7 @@ async def test_a_call_s_own_headers_replace_the_added_ones_as_aiohttp_does(
 async def test_a_call_the_lean_path_does_not_cover_goes_the_usual_way(
     raw: RawUpstream, mended: bool, usual_calls: list[str], headers: dict[str, str]
 ) -> None:
-    pool = await started()
-    try:
-        for _ in range(2):
-            assert await call(pool, raw.url, headers=headers) == b"200 " + JSON
-    finally:
-        await pool.stop()
+    await answered(raw.url, 2, headers)
     assert len(usual_calls) == 2
     assert raw.requests[0][1] == raw.requests[1][1]
 
