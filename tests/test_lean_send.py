@@ -213,6 +213,17 @@ async def test_a_call_the_lean_path_does_not_cover_goes_the_usual_way(
     assert raw.requests[0][1] == raw.requests[1][1]
 
 
+async def test_credentials_in_the_url_are_sent_as_basic_auth_as_aiohttp_sends_them(
+    raw: RawUpstream, mended: bool, usual_calls: list[str]
+) -> None:
+    url = raw.url.replace("http://", "http://user:secret@")
+    await answered(url, 2, {"Content-Type": "application/json"})
+    assert len(usual_calls) == 2  # the lean path leaves such a URL to aiohttp
+    for _, head, _ in raw.requests:
+        assert b"Authorization: Basic dXNlcjpzZWNyZXQ=" in head.split(b"\r\n")
+        assert b"secret@" not in head
+
+
 async def test_a_control_character_in_a_header_is_refused_as_the_usual_way_refuses_it(
     raw: RawUpstream, mended: bool
 ) -> None:

@@ -21,11 +21,12 @@ URL; none idle: the usual way, which opens one), sets aiohttp's response parser 
 ``Content-Type`` when the call has none), and starts an ``aiohttp.ClientResponse`` on the
 connection: the response, its reads, its release to the pool at the body's end and its close
 are aiohttp's own. A call this path does not cover goes the usual way: a streamed upload, a
-channel's own timeouts, a header the connection itself owns (``Host``, ``Content-Length``,
-``Transfer-Encoding``, ``Connection``, ``Expect``, ``Cookie``), a name given twice in
-different case, a character a header line cannot hold, or a session configured with anything
-``_request`` would apply (traces, middlewares, proxies, a base URL, authentication, cookies
-it keeps, a forced close, a total timeout).
+channel's own timeouts, a URL with credentials in it (sent as Basic auth), a header the
+connection itself owns (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection``,
+``Expect``, ``Cookie``), a name given twice in different case, a character a header line
+cannot hold, or a session configured with anything ``_request`` would apply (traces,
+middlewares, proxies, a base URL, authentication, cookies it keeps, a forced close, a total
+timeout).
 """
 
 from __future__ import annotations
@@ -144,6 +145,8 @@ class LeanSend:
         host = req_url.host_port_subcomponent
         if host is None or req_url.scheme not in ("http", "https") or not req_url.raw_host:
             return None
+        if req_url.raw_user is not None or req_url.raw_password is not None:
+            return None  # credentials in the URL: ``_request`` sends them as Basic auth
         key = ClientRequest.connection_key.fget(_KeyOf(req_url))  # type: ignore[attr-defined]
         # no headers, as a response keeps them under aiohttp.lean_request_info: the call's
         # (the upstream's credentials among them) are not kept for as long as it lasts
