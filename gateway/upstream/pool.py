@@ -13,7 +13,8 @@ cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts i
 ``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques) and
 ``aiohttp.lean_request_info`` (``lean_request_info.py``: a started response lets go of its
 request's headers) and ``aiohttp.direct_reads`` (``direct_reads.py``: a stream's reads relayed
-inside the socket's callback).
+inside the socket's callback), and ``aiohttp.lean_send`` (``lean_send.py``: a call on an idle
+connection written to it without ``ClientSession._request``'s layers).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -192,17 +193,14 @@ class Upstream:
             data = upload
         lean = self._lean if upload is None and timeout is None else None
         try:
-            if lean is not None:
-                resp = await lean.send(call.url, data, call.headers)  # type: ignore[arg-type]
-                if resp is None:  # not covered, or no idle connection: the usual way
-                    resp = await self._session.post(
-                        call.url, data=data, headers=call.headers, allow_redirects=False
-                    )
-            elif timeout is None:
+            # on an idle pooled connection, written to it (``lean_send``); else (not covered,
+            # or no connection idle) the usual way, which opens one
+            resp = None if lean is None else await lean.send(call.url, call.body, call.headers)
+            if resp is None and timeout is None:
                 resp = await self._session.post(
                     call.url, data=data, headers=call.headers, allow_redirects=False
                 )
-            else:
+            elif resp is None:
                 resp = await self._session.post(
                     call.url,
                     data=data,
@@ -216,7 +214,7 @@ class Upstream:
             if exc.os_error.errno in LOCAL_EXHAUSTION:
                 raise GatewayOverloadedError("the gateway is out of connections") from None
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        except (aiohttp.ClientError, OSError) as exc:  # OSError: a write on the lean path
+        except (aiohttp.ClientError, OSError) as exc:  # OSError: unwrapped, on the lean path
             raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
         return UpstreamResponse(resp, self._max_response_bytes)
 
