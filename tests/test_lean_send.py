@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 
-from gateway.config import UpstreamSettings
+from gateway.config import ChannelTimeouts, UpstreamSettings
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
 from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
@@ -322,6 +322,38 @@ async def test_a_call_that_fails_on_its_connection_fails_alone(
     finally:
         await pool.stop()
     assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "lean"),
+    [(ChannelTimeouts(idle=0.3), True), (ChannelTimeouts(idle=0.3, total=30), False)],
+    ids=["own-idle", "own-total"],
+)
+async def test_a_channel_s_own_read_timeout_applies_to_its_calls(
+    raw: RawUpstream,
+    mended: bool,
+    usual_calls: list[str],
+    timeouts: ChannelTimeouts,
+    lean: bool,
+) -> None:
+    """A channel's own longest silence applies however its calls go (the session's is 600 s
+    here); one with a deadline for the whole call goes the usual way, whose timer keeps it."""
+    raw.answer = lambda n: b"" if n == 2 else sized()
+    pool = await started()
+    try:
+        for n in range(3):
+            resp = pool.request(UpstreamCall(raw.url, dict(HEADERS), b"{}"), timeouts=timeouts)
+            if n == 1:
+                with pytest.raises(UpstreamTimeoutError):
+                    await asyncio.wait_for(resp, 10)
+                continue
+            answered = await resp
+            assert await answered.read() == JSON
+            answered.close()
+    finally:
+        await pool.stop()
+    assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
+    assert len(usual_calls) == (2 if mended and lean else 3)
 
 
 async def test_a_call_given_up_while_waiting_closes_its_connection(

@@ -21,7 +21,7 @@ URL; none idle: the usual way, which opens one), sets aiohttp's response parser 
 ``Content-Type`` when the call has none), and starts an ``aiohttp.ClientResponse`` on the
 connection: the response, its reads, its release to the pool at the body's end and its close
 are aiohttp's own. A call this path does not cover goes the usual way: a streamed upload, a
-channel's own timeouts, a URL with credentials in it (sent as Basic auth), a header the
+channel's own total timeout, a URL with credentials in it (sent as Basic auth), a header the
 connection itself owns (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection``,
 ``Expect``, ``Cookie``), a name given twice in different case, a character a header line
 cannot hold, or a session configured with anything ``_request`` would apply (traces,
@@ -46,6 +46,7 @@ HEADS_KEPT = 16
 # header names the connection itself owns: a call naming one goes the usual way
 OWN = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect", "cookie"})
 NO_TRACES: list[Any] = []
+SESSION_TIMEOUT = -1.0  # ``send``'s read timeout when the call has none of its own
 _on = False  # the mend is in place
 
 
@@ -86,7 +87,7 @@ class LeanSend:
 
     __slots__ = (
         "_session", "_connector", "_targets", "_params", "_first", "_after", "_loop",
-        "_response", "_forbidden",
+        "_response", "_forbidden", "_by_timeout",
     )  # fmt: skip
 
     def __init__(self, session: Any) -> None:
@@ -99,6 +100,7 @@ class LeanSend:
         self._session = session
         self._connector = session._connector
         self._targets: dict[str, _Target] = {}
+        self._by_timeout: dict[float | None, dict[str, Any]] = {}
         self._params: dict[str, Any] = {
             "timer": _timer(),
             "skip_payload": False,
@@ -155,10 +157,18 @@ class LeanSend:
         target = self._targets[url] = _Target(key, req_url, info, head)
         return target
 
-    async def send(self, url: str, body: bytes, headers: Mapping[str, str]) -> Any:
+    async def send(
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        read_timeout: float | None = SESSION_TIMEOUT,
+    ) -> Any:
         """The started ``aiohttp.ClientResponse`` of ``body`` posted to ``url`` on an idle
         pooled connection; None when this path does not cover the call (nothing was sent:
-        the caller goes the usual way)."""
+        the caller goes the usual way). ``read_timeout``: a channel's own longest silence
+        (None: none), in place of the session's (``SESSION_TIMEOUT``)."""
+        params = self._params if read_timeout == SESSION_TIMEOUT else self._params_for(read_timeout)
         target = self._targets.get(url) or self._target(url)
         if target is None:
             return None
@@ -170,7 +180,7 @@ class LeanSend:
             return None
         try:
             proto = conn.protocol
-            proto.set_response_params(**self._params)
+            proto.set_response_params(**params)
             proto.transport.write(data)
             proto.start_timeout()
             resp = self._response(
@@ -178,7 +188,7 @@ class LeanSend:
                 target.url,
                 writer=None,
                 continue100=None,
-                timer=self._params["timer"],
+                timer=params["timer"],
                 request_info=target.info,
                 traces=NO_TRACES,
                 loop=self._loop,
@@ -194,6 +204,13 @@ class LeanSend:
             conn.close()
             raise
         return resp
+
+    def _params_for(self, read_timeout: float | None) -> dict[str, Any]:
+        """The parser's settings with a channel's own read timeout (made once for each)."""
+        params = self._by_timeout.get(read_timeout)
+        if params is None:
+            params = self._by_timeout[read_timeout] = {**self._params, "read_timeout": read_timeout}
+        return params
 
     def _request(self, target: _Target, body: bytes, headers: Mapping[str, str]) -> bytes | None:
         """The request's bytes: line, headers, body; None for a call the usual way takes.

@@ -47,7 +47,7 @@ from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads, reads_wait
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
 from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
-from gateway.upstream.lean_send import LEAN_SEND, LeanSend
+from gateway.upstream.lean_send import LEAN_SEND, SESSION_TIMEOUT, LeanSend
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -191,11 +191,17 @@ class Upstream:
             data = call.body = memoryview(call.body).tobytes()
         else:
             data = upload
-        lean = self._lean if upload is None and timeout is None else None
+        lean = self._lean if upload is None else None
+        if timeout is not None and timeout.total is not None:
+            lean = None  # a deadline for the whole call: aiohttp's timer keeps it
         try:
-            # on an idle pooled connection, written to it (``lean_send``); else (not covered,
-            # or no connection idle) the usual way, which opens one
-            resp = None if lean is None else await lean.send(call.url, call.body, call.headers)
+            # on an idle pooled connection, written to it (``lean_send``), with the channel's
+            # own read timeout if it has one; else (not covered, or no connection idle) the
+            # usual way, which opens one
+            resp = None
+            if lean is not None:
+                idle = SESSION_TIMEOUT if timeout is None else timeout.sock_read
+                resp = await lean.send(call.url, call.body, call.headers, idle)
             if resp is None and timeout is None:
                 resp = await self._session.post(
                     call.url, data=data, headers=call.headers, allow_redirects=False
