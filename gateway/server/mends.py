@@ -36,6 +36,7 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
@@ -199,6 +200,20 @@ def unmended() -> set[str]:
 # what a deque has and a list has not: a mend that gives a library a list where it made a
 # deque checks that the library's code uses none of these
 DEQUE_ONLY = frozenset(n for n in dir(collections.deque) if not hasattr(list, n))
+
+
+def module_flag(module: str, name: str = "_on") -> tuple[Callable[[], None], Callable[[], bool]]:
+    """``apply`` and ``in_place`` for a mend whose code only reads a flag of its own module
+    (``<module>.<name>``, False until the mend is applied): the flag set, the flag read. Tests
+    reset the flag on the module as any of its globals."""
+
+    def apply() -> None:
+        setattr(sys.modules[module], name, True)
+
+    def in_place() -> bool:
+        return getattr(sys.modules[module], name) is True
+
+    return apply, in_place
 
 
 def module_but(module: types.ModuleType, **names: Any) -> types.ModuleType:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.server.body_writers import BodyWriter
-from gateway.server.mends import Mend, Needs
+from gateway.server.mends import Mend, Needs, module_flag
 
 _CYCLE = "uvicorn.protocols.http.httptools_impl.RequestResponseCycle"
 _on = False  # the mend is in place
@@ -39,9 +39,7 @@ def _check() -> list[str]:
     return needs.missing
 
 
-def _apply() -> None:
-    global _on
-    _on = True
+_apply, _in_place = module_flag(__name__)  # sets and reads _on
 
 
 MEND = Mend(
@@ -52,7 +50,7 @@ MEND = Mend(
     fixes="each chunk of a stream goes through an ASGI message and a coroutine",
     check=_check,
     apply=_apply,
-    in_place=lambda: _on,
+    in_place=_in_place,
 )
 MENDS = (MEND,)
 

@@ -47,7 +47,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.server.defences import CONNECTIONS, TIMEOUT_REPLY, refusal, refused
-from gateway.server.mends import Mend, Needs
+from gateway.server.mends import Mend, Needs, module_flag
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +199,7 @@ def _check() -> list[str]:
     return needs.missing
 
 
-def _apply() -> None:
-    global _checked
-    _checked = True
+_apply, _in_place = module_flag(__name__, "_checked")  # sets and reads _checked
 
 
 UVICORN_GUARD = Mend(
@@ -213,6 +211,6 @@ UVICORN_GUARD = Mend(
     "and idle ones past any cap",
     check=_check,
     apply=_apply,
-    in_place=lambda: _checked,
+    in_place=_in_place,
 )
 MENDS = (UVICORN_GUARD,)

@@ -52,7 +52,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.server.mends import Mend, Needs
+from gateway.server.mends import Mend, Needs, module_flag
 
 OnRead = Callable[[bytes], bool]
 _NAME = "aiohttp.direct_reads"
@@ -120,9 +120,7 @@ def _fits_subclass(reader: Any) -> bool:
     return True
 
 
-def _apply() -> None:
-    global _on
-    _on = True
+_apply, _in_place = module_flag(__name__)  # sets and reads _on
 
 
 DIRECT_READS = Mend(
@@ -133,7 +131,7 @@ DIRECT_READS = Mend(
     fixes="each read of a stream wakes its task, in one more turn of the event loop",
     check=_check,
     apply=_apply,
-    in_place=lambda: _on,
+    in_place=_in_place,
 )
 MENDS = (DIRECT_READS,)
 

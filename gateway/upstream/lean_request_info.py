@@ -26,7 +26,7 @@ from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway.server.mends import Mend, Needs
+from gateway.server.mends import Mend, Needs, module_flag
 
 _NAME = "aiohttp.lean_request_info"
 FIELDS = ("url", "method", "headers", "real_url")  # RequestInfo's, in order
@@ -68,9 +68,7 @@ def _check() -> list[str]:
     return needs.missing
 
 
-def _apply() -> None:
-    global _on
-    _on = True
+_apply, _in_place = module_flag(__name__)  # sets and reads _on
 
 
 LEAN_REQUEST_INFO = Mend(
@@ -81,6 +79,6 @@ LEAN_REQUEST_INFO = Mend(
     fixes="each response holds its request's headers (about 0.7 KiB) as long as it lasts",
     check=_check,
     apply=_apply,
-    in_place=lambda: _on,
+    in_place=_in_place,
 )
 MENDS = (LEAN_REQUEST_INFO,)

@@ -36,7 +36,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.server.mends import Mend, Needs, original
+from gateway.server.mends import Mend, Needs, module_flag, original
 
 _NAME = "aiohttp.lean_send"
 MAX_TARGETS = 4096  # URLs remembered (channels × models); past it, new ones go the usual way
@@ -369,9 +369,7 @@ def _inner(func: Any, name: str) -> Any:
     return None
 
 
-def _apply() -> None:
-    global _on
-    _on = True
+_apply, _in_place = module_flag(__name__)  # sets and reads _on
 
 
 LEAN_SEND = Mend(
@@ -382,6 +380,6 @@ LEAN_SEND = Mend(
     fixes="each upstream call goes through ClientSession._request's layers (~1,600 bytecodes)",
     check=_check,
     apply=_apply,
-    in_place=lambda: _on,
+    in_place=_in_place,
 )
 MENDS = (LEAN_SEND,)
