@@ -182,3 +182,41 @@ def test_the_model_name_the_upstream_reports_goes_back_as_the_clients(
         assert out.count(b'"chat-small"') == (2 if include_usage else 1), f"split at {split}"
         assert ps.usage == USAGE
         assert out.endswith(DONE_EVENTS), f"split at {split}"
+
+
+def tool_chunk(arguments: str) -> bytes:
+    call = {"index": 0, "function": {"arguments": arguments}}
+    body = {
+        "id": "x",
+        "model": "chat-small",
+        "choices": [{"index": 0, "delta": {"tool_calls": [call]}}],
+    }
+    return orjson.dumps(body)
+
+
+# (text chunks, tool-argument chunks): a few, and enough to pass the bytes left uncounted
+GENERATED = {"three chunks": (3, 0), "text and tool arguments": (5, 4), "a long stream": (600, 90)}
+ASKED = {"at the cut": False, "after every read, as a meter asks": True}
+
+
+@pytest.mark.parametrize("asked_each_read", ASKED.values(), ids=ASKED.keys())
+@pytest.mark.parametrize("crlf", [False, True], ids=["LF", "CRLF"])
+@pytest.mark.parametrize("counts", GENERATED.values(), ids=GENERATED.keys())
+def test_a_stream_cut_short_counts_each_chunk_of_text_or_arguments_that_passed(
+    counts: tuple[int, int], crlf: bool, asked_each_read: bool
+) -> None:
+    texts, calls = counts
+    events = [chunk(f"w{i} ") for i in range(texts)] + [tool_chunk('{"a"') for _ in range(calls)]
+    raw = b"".join(b"data: " + e + b"\n\n" for e in events)
+    if crlf:
+        raw = raw.replace(b"\n", b"\r\n")
+    ps = passthrough()
+    seen = 0
+    for at in range(0, len(raw), 700):  # reads that cut events anywhere
+        ps.feed(raw[at : at + 700])
+        if asked_each_read:
+            assert ps.generated >= seen  # never goes back
+            seen = ps.generated
+    assert ps.generated == texts + calls
+    with pytest.raises(GatewayError):  # no [DONE], no finish: cut short
+        ps.finish()

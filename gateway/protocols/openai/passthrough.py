@@ -24,6 +24,10 @@ LAST_EVENT_MIN = 20
 # error at once: one search instead of finding its last event first
 SMALL_BLOCK = 1024
 USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and spaces)
+# the events passed are counted for generated text only when asked (a stream cut short, a
+# metered stream's reads) or once this many bytes of them wait: a stream that ends with its
+# usage (nearly all) is never scanned for them, and what waits is bounded
+UNCOUNTED_MAX = 8192
 # a "model" key and its string value, escapes and all (group 1: the value, quotes included)
 MODEL_VALUE = re.compile(rb'"model": *("[^"\\]*(?:\\.[^"\\]*)*")')
 
@@ -80,7 +84,9 @@ class OpenAIPassthrough:
         "_parser",
         "_before_error",
         "_checked",
-        "generated",
+        "_counted",
+        "_uncounted",
+        "_uncounted_bytes",
     )
     # what precedes a chunk's generated text and tool arguments (counted for a stream cut
     # short; legacy completions' ``text`` in their pass-through)
@@ -102,8 +108,32 @@ class OpenAIPassthrough:
         self._before_error = b""
         self._checked = False  # the first data event was read: a garbage stream fails early
         # chunks that carried text or tool arguments: about a token each, as OpenAI streams
-        # them; counted for a stream cut short before its usage chunk
-        self.generated = 0
+        # them; counted for a stream cut short before its usage chunk (``generated``)
+        self._counted = 0
+        self._uncounted: list[bytes] = []  # events passed, not yet counted
+        self._uncounted_bytes = 0
+
+    @property
+    def generated(self) -> int:
+        if self._uncounted:
+            self._count()
+        return self._counted
+
+    def _passed(self, data: bytes) -> None:
+        """Events passed, to count for ``generated`` when asked (or when enough wait)."""
+        self._uncounted.append(data)
+        self._uncounted_bytes += len(data)
+        if self._uncounted_bytes > UNCOUNTED_MAX:
+            self._count()
+
+    def _count(self) -> None:
+        text, arguments = self.TEXT_MARKS
+        counted = self._counted
+        for data in self._uncounted:
+            counted += data.count(text) + data.count(arguments)
+        self._counted = counted
+        self._uncounted.clear()
+        self._uncounted_bytes = 0
 
     def feed(self, raw: bytes) -> bytes:
         if self._parser is not None:
@@ -130,8 +160,7 @@ class OpenAIPassthrough:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
             if not self._checked:
                 self._check_first(block)
-            text, arguments = self.TEXT_MARKS
-            self.generated += block.count(text) + block.count(arguments)
+            self._passed(block)
         error = _trailing_error(block)
         if self._include_usage and error < 0:
             key = block.rfind(b'"usage"')
@@ -217,8 +246,7 @@ class OpenAIPassthrough:
             self._checked = True
             if event.data != b"[DONE]":
                 load_chunk(event.data)
-        text, arguments = self.TEXT_MARKS
-        self.generated += event.data.count(text) + event.data.count(arguments)
+        self._passed(event.data)
         framed = b"data: " + event.data.replace(b"\n", b"\ndata: ") + b"\n\n"
         self._last = framed
         replaced = self._event(event.data)
