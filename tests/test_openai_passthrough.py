@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import GatewayError
 from gateway.protocols.base import Ctx, RelayStream, RouteMatch, UpstreamTarget
 from gateway.protocols.openai import OpenAIAdapter
+from gateway.protocols.openai.passthrough import OpenAIPassthrough
 
 OPENAI = OpenAIAdapter()
 ROUTE = RouteMatch(protocol="openai", capability="chat")
@@ -220,3 +223,85 @@ def test_a_stream_cut_short_counts_each_chunk_of_text_or_arguments_that_passed(
     assert ps.generated == texts + calls
     with pytest.raises(GatewayError):  # no [DONE], no finish: cut short
         ps.finish()
+
+
+class EveryReadInSteps(OpenAIPassthrough):
+    """The pass-through with its steady reads' shortcut never taken: every read goes through
+    ``_block``'s steps, the reference the shortcut must match."""
+
+    __slots__ = ()
+
+    def feed(self, raw: bytes) -> bytes:
+        self._steady = False
+        return super().feed(raw)
+
+
+# what a read may hold: chunks as OpenAI sends them (with "usage":null when usage is asked
+# for), spaced, with tool arguments, the usage chunk, an error, a comment, [DONE]
+PIECES = [
+    b"data: " + chunk("Hi") + b"\n\n",
+    b"data: " + chunk("there").replace(b',"usage":null', b"") + b"\n\n",
+    b"data: " + chunk("x", spaced=True) + b"\n\n",
+    b"data: " + tool_chunk('{"q":') + b"\n\n",
+    b"data: " + chunk("!", finish="stop") + b"\n\n",
+    b"data: " + chunk(None) + b"\n\n",
+    b"data: " + ERROR + b"\n\n",
+    b": keep-alive\n\n",
+    b"data: [DONE]\n\n",
+    b"data: " + chunk("crlf") + b"\r\n\r\n",
+]
+
+
+def relayed(ps: RelayStream, reads: list[bytes]) -> tuple[list[bytes], object, int, str]:
+    out: list[bytes] = []
+    try:
+        for raw in reads:
+            out.append(ps.feed(raw))
+        out.append(ps.finish())
+        end = "finished"
+    except GatewayError as err:
+        out.append(ps.error(err))
+        end = f"error {err.status}"
+    return out, ps.usage, ps.generated, end
+
+
+KEEP_ALIVE_LAST = [0, 4, 7]  # a comment after the last chunk, no [DONE]: still complete
+# CR line ends from the second event on, the read after them starting inside an event
+CR_THEN_LF = [0, 9, 1, 0]
+CR_THEN_LF_CUTS = [len(PIECES[0]), len(PIECES[9]) + 10]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    picks=st.lists(st.integers(0, len(PIECES) - 1), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(1, 400), max_size=6),
+    include_usage=st.booleans(),
+    renamed=st.booleans(),
+    by_piece=st.booleans(),
+)
+@example(picks=KEEP_ALIVE_LAST, cuts=[], include_usage=False, renamed=False, by_piece=True)
+@example(picks=CR_THEN_LF, cuts=CR_THEN_LF_CUTS, include_usage=True, renamed=True, by_piece=False)
+def test_steady_reads_go_out_as_every_step_would_send_them(
+    picks: list[int], cuts: list[int], include_usage: bool, renamed: bool, by_piece: bool
+) -> None:
+    pieces = [PIECES[i] for i in picks]
+    if renamed:
+        pieces = [p.replace(b'"model":"chat-small"', b'"model":"up-model-2024"') for p in pieces]
+    raw, reads, at = b"".join(pieces), [], 0
+    if by_piece:  # a read per event, as a paced stream's come
+        reads = pieces
+    else:  # reads that end anywhere, events whole or not
+        for cut in cuts:
+            reads.append(raw[at : at + cut])
+            at += cut
+        reads.append(raw[at:])
+        reads = [r for r in reads if r]
+    model = "up-model-2024" if renamed else "chat-small"
+    ctx = Ctx(request_id="r", model="chat-small", created=1, include_usage=include_usage)
+    target = UpstreamTarget(
+        channel="c", base_url="http://up.test/v1", api_key="k", model=model,
+        default_max_tokens=16, stream=True,
+    )  # fmt: skip
+    fast = relayed(OpenAIPassthrough(ctx, target), reads)
+    steps = relayed(EveryReadInSteps(ctx, target), reads)
+    assert fast == steps  # each read's bytes, the usage, the estimate, how it ended
