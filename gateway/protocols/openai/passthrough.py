@@ -24,6 +24,9 @@ LAST_EVENT_MIN = 20
 # error at once: one search instead of finding its last event first
 SMALL_BLOCK = 1024
 USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and spaces)
+# bytes are searched with find, not ``in``: CPython 3.11's ``bytes.__contains__`` tries its
+# argument as an integer first, and raises and clears a TypeError with a formatted message
+# for every bytes one (~1,600 instructions a search); an int (a CR, an LF) goes to memchr
 # the events passed are counted for generated text only when asked (a stream cut short, a
 # metered stream's reads) or once this many bytes of them wait: a stream that ends with its
 # usage (nearly all) is never scanned for them, and what waits is bounded
@@ -146,9 +149,9 @@ class OpenAIPassthrough:
             and len(raw) <= SMALL_BLOCK
             and raw[-2:] == b"\n\n"
             and 13 not in raw
-            and b'{"error"' not in raw
-            and (b'"usage"' not in raw or raw.count(b'"usage"') == raw.count(b'"usage":null'))
-            and b"data:" in raw
+            and raw.find(b'{"error"') < 0
+            and (raw.find(b'"usage"') < 0 or raw.count(b'"usage"') == raw.count(b'"usage":null'))
+            and (raw[:5] == b"data:" or raw.find(b"data:") >= 0)
         ):
             # a small read of whole events, as a paced stream's come, none of which can
             # hold an error or a usage object: what ``_block`` does with it, without its
@@ -179,7 +182,7 @@ class OpenAIPassthrough:
     def _block(self, block: bytes) -> bytes:
         """Complete events, LF line ends: forwarded as they are but for the events that may
         hold usage or an error, which are read (and replaced where needed)."""
-        if block[:5] == b"data:" or b"data:" in block:
+        if block[:5] == b"data:" or block.find(b"data:") >= 0:
             self._last = block  # [DONE] is looked for here at EOF, not in every block
             if not self._checked:
                 self._check_first(block)
@@ -281,7 +284,7 @@ class OpenAIPassthrough:
             self._done = True
             return None
         if data.startswith(b'{"error"') or (
-            not data.endswith(b'"usage":null}') and b'"usage"' in data
+            not data.endswith(b'"usage":null}') and data.find(b'"usage"') >= 0
         ):
             chunk = load_chunk(data)
             if "error" in chunk:
