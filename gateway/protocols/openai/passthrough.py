@@ -27,6 +27,7 @@ USAGE_GAP = 16  # bytes between a "usage" key and its value looked at (colon and
 # bytes are searched with find, not ``in``: CPython 3.11's ``bytes.__contains__`` tries its
 # argument as an integer first, and raises and clears a TypeError with a formatted message
 # for every bytes one (~1,600 instructions a search); an int (a CR, an LF) goes to memchr
+
 # the events passed are counted for generated text only when asked (a stream cut short, a
 # metered stream's reads) or once this many bytes of them wait: a stream that ends with its
 # usage (nearly all) is never scanned for them, and what waits is bounded
@@ -67,8 +68,10 @@ class OpenAIPassthrough:
     unescaped quotes, which cannot occur inside a JSON string. Only the events that may hold
     a usage object or an error are parsed (about one per stream); the rest go out unread;
     when the client asked for usage, only the last usage object of a read is; an error is
-    looked for in the last event of a read only, where one that ends a stream is. A stream with
-    CR line ends is handled event by event from its first CR on. Whether the stream ended
+    looked for in the last event of a read only, where one that ends a stream is. Once the
+    stream is steady (its first event checked, its model name learnt), a small read of whole
+    events with neither goes out without these steps. A stream with CR line ends is handled
+    event by event from its first CR on. Whether the stream ended
     properly is told by ``[DONE]``, or at EOF by the last chunk carrying a finish reason or
     usage.
     """
