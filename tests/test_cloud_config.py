@@ -83,6 +83,18 @@ def test_each_cloud_type_parses_with_its_fields() -> None:
             channel(type="bedrock", region="us-east-1", aws_session_token="t"),
             "channels[3].aws_session_token: only with aws_access_key_id",
         ),
+        (
+            {**BEDROCK, "aws_session_token": "s3cr3t-token\n"},
+            "channels[3].aws_session_token: holds a line break or another control character",
+        ),
+        (
+            {**BEDROCK, "aws_access_key_id": "AKIA1\r"},
+            "channels[3].aws_access_key_id: holds a line break or another control character",
+        ),
+        (
+            {**AZURE, "api_key": "s3cr3t\x00"},
+            "channels[3].api_key: holds a line break or another control character",
+        ),
         ({**VERTEX, "project": None}, "channels[3].project: must be a non-empty string"),
         ({**VERTEX, "credentials": None}, "channels[3].credentials: must be a non-empty string"),
         ({**VERTEX, "credentials": "{not json"}, "channels[3].credentials: not a service account"),

@@ -127,6 +127,10 @@ def settings(channel: dict[str, Any]) -> Any:
         ({"api_keys": []}, "api_keys: at least one key"),
         ({"api_keys": ["same-secret", "same-secret"]}, "api_keys: a key is listed twice$"),
         ({"api_keys": "k"}, "api_keys: must be a list"),
+        # a key pasted with its line end: refused here, not by the HTTP client at each request
+        ({"api_key": "same-secret\n"}, "api_key: holds a line break or another control char"),
+        ({"api_keys": ["k1", "same-secret\r"]}, r"api_keys\[1\]: holds a line break"),
+        ({"api_keys": ["k1", "same\x00secret"]}, r"api_keys\[1\]: holds a line break"),
     ],
 )
 def test_bad_api_keys_name_the_field_and_never_the_key(channel: Any, error: str) -> None:
@@ -156,3 +160,14 @@ async def test_the_admin_api_takes_keys_and_shows_only_hints(store_url: str) -> 
         await app.post("/v1/chat/completions", CHAT)
         await app.post("/v1/chat/completions", CHAT)
         assert set(used(app)) == set(KEYS)
+
+
+async def test_the_admin_api_refuses_a_key_pasted_with_its_line_end(store_url: str) -> None:
+    async with running(store_url, channels=[]) as app:
+        body = {**CHANNEL, "base_url": "http://oa.test/v1", "api_keys": [KEYS[0] + "\n"]}
+        made = await app.post("/admin/channels", body, key=ADMIN_TOKEN)
+        assert made.status == 400, made.body
+        message = made.json()["error"]["message"]
+        assert "api_keys[0]: holds a line break" in message and KEYS[0] not in message
+        listed = await app.get("/admin/channels", authorization=f"Bearer {ADMIN_TOKEN}")
+        assert listed.json()["data"] == []

@@ -33,6 +33,7 @@ from gateway.config.clouds import (
 from gateway.config.values import (
     ConfigError,
     at,
+    credential,
     integer,
     mapping,
     name_of,
@@ -383,10 +384,12 @@ def parse_keys(d: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
     requests), not both: (the first key, every key when there are several)."""
     keys_at = at(where, "api_keys")
     if d.get("api_keys") is None:
-        return string(d.get("api_key", ""), at(where, "api_key"), allow_empty=True), ()
+        return credential(d.get("api_key", ""), at(where, "api_key"), allow_empty=True), ()
     if d.get("api_key"):
         raise ConfigError(f"{keys_at}: give api_key or api_keys, not both")
-    keys = strings(d["api_keys"], keys_at)
+    if not isinstance(d["api_keys"], list):
+        raise ConfigError(f"{keys_at}: must be a list of strings")
+    keys = [credential(k, f"{keys_at}[{i}]") for i, k in enumerate(d["api_keys"])]
     if not keys:
         raise ConfigError(f"{keys_at}: at least one key is needed")
     if len(set(keys)) != len(keys):

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from gateway.config.values import ConfigError, at, string
+from gateway.config.values import ConfigError, at, credential, string
 
 CLOUD_TYPES = ("azure", "bedrock", "vertex")
 # the fields each cloud type takes (beyond every channel's); a type's required ones first
@@ -92,7 +92,7 @@ def _text(d: dict[str, Any], name: str, where: str, pattern: re.Pattern[str]) ->
 
 
 def _optional(d: dict[str, Any], name: str, where: str) -> str:
-    return string(d.get(name), at(where, name), allow_empty=True)
+    return credential(d.get(name), at(where, name), allow_empty=True)
 
 
 def parse_cloud(d: dict[str, Any], ctype: str, where: str) -> CloudAccess:

@@ -11,6 +11,9 @@ from typing import Any
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+# a line break, a NUL or another control character: no credential holds one, and one sent in
+# a header is refused by the HTTP client at every request (a key pasted with its line end)
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ConfigError(Exception):
@@ -32,6 +35,15 @@ def string(v: Any, where: str, *, allow_empty: bool = False) -> str:
     if not isinstance(v, str) or (not v and not allow_empty):
         raise ConfigError(f"{where}: must be a non-empty string")
     return v
+
+
+def credential(v: Any, where: str, *, allow_empty: bool = False) -> str:
+    """A key, secret or token sent upstream: a string without control characters. The
+    message names the field, never the value."""
+    s = string(v, where, allow_empty=allow_empty)
+    if CONTROL_RE.search(s):
+        raise ConfigError(f"{where}: holds a line break or another control character; remove it")
+    return s
 
 
 def name_of(v: Any, where: str) -> str:
