@@ -198,6 +198,12 @@ def splice(old: str, section: str) -> str:
     return old.rstrip("\n") + ("\n\n" if old else "") + section
 
 
+def without(text: str) -> str:
+    """text with its agents section taken out."""
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+    return pattern.sub("", text, count=1)
+
+
 def carry(old: str, new: str) -> str:
     """new (a whole RESULTS.md written by `make bench`) with old's agents section kept."""
     found = re.search(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", old, re.S)

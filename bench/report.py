@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 import statistics
 from typing import Any
 
@@ -24,6 +25,8 @@ MAX_ADDED_P50_MS, MAX_ADDED_P99_MS = 1.0, 3.0
 MAX_TTFB_GAP_MS = 2.0
 TTFB_STREAMS = 1000
 BIG_STREAMS, MAX_KIB_PER_STREAM = 10000, 30.0
+# the sections ``render`` writes: any other one in the file is kept by ``keep_sections``
+OWN_HEADING = re.compile(r"## (Targets for the gateway|\([a-z]\) )")
 
 
 def _num(x: float | None, digits: int = 1) -> str:
@@ -452,3 +455,41 @@ def _converted_table(cells: dict[str, float]) -> list[str]:
         out.append(f"| {name} | {_num(per / 1000, 0)} | {ratio:.3f} | {verdict} |")
     out.append("")
     return out
+
+
+def _sections(text: str) -> tuple[str, list[tuple[str, str]]]:
+    """A results file as its preamble and its ``## `` sections, each (heading line, text)."""
+    preamble: list[str] = []
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## "):
+            sections.append((line.rstrip("\n"), [line]))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            preamble.append(line)
+    return "".join(preamble), [(heading, "".join(lines)) for heading, lines in sections]
+
+
+def _ended(block: str) -> str:
+    return block.rstrip("\n") + "\n\n"
+
+
+def keep_sections(old: str, new: str) -> str:
+    """``new`` (a whole file as ``render`` writes it) with ``old``'s sections that it does not
+    write itself: those added by hand or by another command (``make bench-servers``, ``make
+    bench-burst``), each kept whole. Those that came before the old run's first section of
+    its own go before the new run's first, the rest after its last. The old preamble (the
+    old run's header and its reading notes) is the old run's, and goes with it."""
+    _, old_sections = _sections(old)
+    preamble, new_sections = _sections(new)
+    before: list[str] = []
+    after: list[str] = []
+    seen_own = False
+    for heading, block in old_sections:
+        if OWN_HEADING.match(heading):  # the old run's own, a scenario this run left out too
+            seen_own = True
+        else:
+            (after if seen_own else before).append(_ended(block))
+    body = [_ended(block) for _, block in new_sections]
+    return (_ended(preamble) + "".join(before + body + after)).rstrip("\n") + "\n"

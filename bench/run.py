@@ -503,8 +503,10 @@ def main() -> int:
         results, settings, STREAMS, CONNS, STREAM_CONNS, CONVERTED_STREAMS, EMBED_CONNS
     )
     out = Path(os.environ.get("BENCH_OUT", str(HERE / "RESULTS.md")))
-    # the agent workloads' section (`make bench-agents`) stays as that run wrote it
-    out.write_text(agent_report.carry(out.read_text() if out.exists() else "", text))
+    # the agent workloads' section (`make bench-agents`) stays as that run wrote it, and so
+    # does every section added by hand or by another bench command
+    old = out.read_text() if out.exists() else ""
+    out.write_text(agent_report.carry(old, report.keep_sections(agent_report.without(old), text)))
     print()
     print(text)
     print(f"wrote {out} in {settings.seconds / 60:.1f} min")
