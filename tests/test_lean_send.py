@@ -1,9 +1,10 @@
-"""An upstream call on an idle pooled connection, sent without aiohttp's ``_request``
+"""An upstream call on a pooled connection, idle or new, sent without aiohttp's ``_request``
 (``upstream.lean_send``): the upstream gets the very bytes aiohttp's usual way sends, on the
-connection the last call left idle; replies of every framing arrive whole; a connection that
-failed or was given up is never handed out again; a call the lean path does not cover goes
-the usual way. Each test runs with the mend and without it (aiohttp's own path), and expects
-the same of both, but for which way each call went."""
+connection the last call left idle or on a new one when none is; replies of every framing
+arrive whole; a connection that failed or was given up is never handed out again; a new
+connection keeps the channel's connect timeout and the pool's TLS checks; a call the lean
+path does not cover goes the usual way. Each test runs with the mend and without it
+(aiohttp's own path), and expects the same of both, but for which way each call went."""
 
 from __future__ import annotations
 
@@ -165,10 +166,10 @@ async def test_a_call_on_an_idle_connection_sends_what_the_usual_way_sends(
             assert await call(pool, raw.url, body) == b"200 " + JSON
     finally:
         await pool.stop()
-    # one connection, kept alive; the first call opened it the usual way, the others were
-    # sent on it the lean way (or the usual way without the mend)
+    # one connection, kept alive; the first call opened it, the others were sent on it: all
+    # the lean way (or the usual way without the mend)
     assert [conn for conn, _, _ in raw.requests] == [1, 1, 1]
-    assert len(usual_calls) == (1 if mended else 3)
+    assert len(usual_calls) == (0 if mended else 3)
     assert [body for _, _, body in raw.requests] == bodies
     first = raw.requests[0][1]
     assert all(head == first for _, head, _ in raw.requests)  # byte for byte, in order
@@ -353,7 +354,7 @@ async def test_a_channel_s_own_read_timeout_applies_to_its_calls(
     finally:
         await pool.stop()
     assert [conn for conn, _, _ in raw.requests] == [1, 1, 2]
-    assert len(usual_calls) == (2 if mended and lean else 3)
+    assert len(usual_calls) == (0 if mended and lean else 3)
 
 
 async def test_a_call_given_up_while_waiting_closes_its_connection(
@@ -384,6 +385,49 @@ async def test_an_upstream_that_is_gone_is_a_gateway_error(mended: bool) -> None
         await pool.stop()
 
 
+async def test_calls_at_once_each_open_a_connection_and_send_the_same_bytes(
+    raw: RawUpstream, mended: bool, usual_calls: list[str]
+) -> None:
+    """A burst's calls find no connection idle: each opens one (the lean way with the mend)
+    and sends on it what the usual way sends."""
+    pool = await started()
+    try:
+        got = await asyncio.gather(*(call(pool, raw.url, b"{}") for _ in range(5)))
+    finally:
+        await pool.stop()
+    assert got == [b"200 " + JSON] * 5
+    assert raw.connections == 5 and sorted(conn for conn, _, _ in raw.requests) == [1, 2, 3, 4, 5]
+    assert len({head for _, head, _ in raw.requests}) == 1
+    assert len(usual_calls) == (0 if mended else 5)
+
+
+async def test_a_new_connection_keeps_the_channel_s_connect_timeout(
+    mended: bool, usual_calls: list[str]
+) -> None:
+    """An upstream that takes the connection and never answers the TLS handshake: the
+    channel's own connect timeout ends the call, however it went (the pool's is 30 s)."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = await started(UpstreamSettings(connect_timeout=30))
+    try:
+        url = f"https://127.0.0.1:{port}/v1/chat/completions"
+        answer = pool.request(
+            UpstreamCall(url, dict(HEADERS), b"{}"), timeouts=ChannelTimeouts(connect=0.3)
+        )
+        with pytest.raises(UpstreamTimeoutError):
+            await asyncio.wait_for(answer, 10)
+    finally:
+        await pool.stop()
+        server.close()
+        await server.wait_closed()
+    assert len(usual_calls) == (0 if mended else 1)
+
+
 async def test_headers_that_change_each_call_are_sent_as_given_past_the_heads_kept(
     raw: RawUpstream, mended: bool, usual_calls: list[str]
 ) -> None:
@@ -397,7 +441,7 @@ async def test_headers_that_change_each_call_are_sent_as_given_past_the_heads_ke
             assert await call(pool, raw.url, b"{}", signed) == b"200 " + JSON
     finally:
         await pool.stop()
-    assert len(usual_calls) == (1 if mended else calls)
+    assert len(usual_calls) == (0 if mended else calls)
     for n, (conn, head, body) in enumerate(raw.requests):
         assert (conn, body) == (1, b"{}")
         lines = head.split(b"\r\n")
@@ -461,7 +505,7 @@ async def test_calls_over_tls_go_on_one_verified_connection(
         finally:
             await pool.stop()
     assert len(peers) == 3 and peers[1] is peers[0] and peers[2] is peers[0]
-    assert len(usual_calls) == (1 if mended else 3)
+    assert len(usual_calls) == (0 if mended else 3)
 
 
 async def test_a_certificate_the_pool_does_not_trust_is_refused(
@@ -480,3 +524,25 @@ async def test_a_certificate_the_pool_does_not_trust_is_refused(
                     await call(pool, url + "/v1/chat/completions")
         finally:
             await pool.stop()
+
+
+async def test_a_request_method_replaced_since_sees_every_call(
+    raw: RawUpstream, mended: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracer that wraps ``ClientSession._request`` (or a test's mock of it), put in place
+    after the pool started: the lean path stands aside, and the wrapper sees each call."""
+    pool = await started()
+    seen: list[str] = []
+    usual = aiohttp.ClientSession._request
+
+    async def traced(self: aiohttp.ClientSession, method: str, url: object, **kw: object) -> object:
+        seen.append(str(url))
+        return await usual(self, method, url, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(aiohttp.ClientSession, "_request", traced)
+    try:
+        for _ in range(3):
+            assert await call(pool, raw.url) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert seen == [raw.url] * 3

@@ -342,6 +342,10 @@ async def _starts_otherwise(self: Any) -> Any:
     return self  # a response started without the connection it reads from
 
 
+def _fingerprint_otherwise(self: Any, req: Any) -> Any:
+    return req.fingerprint  # a request field the lean path's connecting stand-in lacks
+
+
 def _params_otherwise(self: Any, *, timer: Any = None, skip_payload: bool = False) -> None:
     """A parser set up from fewer settings than the lean path hands it."""
 
@@ -453,6 +457,12 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         "aiohttp.lean_send",
         _set(aiohttp.ClientRequest, "DEFAULT_HEADERS", {"Accept": "*/*"}),
         "ClientRequest.DEFAULT_HEADERS is not Accept and Accept-Encoding",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_send",
+        _set(aiohttp.TCPConnector, "_get_fingerprint", _fingerprint_otherwise),
+        "TCPConnector._get_fingerprint reads what a connecting request does not hold: "
+        "['fingerprint']",
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",

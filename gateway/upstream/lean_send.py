@@ -1,5 +1,5 @@
-"""A mend of aiohttp (written for 3.14) that sends an upstream call on an idle pooled
-connection without ``ClientSession._request``'s layers: ``aiohttp.lean_send``, of kind
+"""A mend of aiohttp (written for 3.14) that sends an upstream call on a pooled connection,
+idle or new, without ``ClientSession._request``'s layers: ``aiohttp.lean_send``, of kind
 ``speed`` (bench/RESULTS.md, "The request path: aiohttp's per-call layers"); a
 ``gateway.server.mends.Mend``, checked before it is applied, and left out with a warning when
 it does not fit.
@@ -12,29 +12,35 @@ most of them for features the gateway never uses (redirects, cookies, proxies, t
 middlewares, authentication, compression, chunked uploads). The response's status, headers
 and body are all that is read.
 
-How: a call (``send``) takes an idle connection from aiohttp's own pool
-(``TCPConnector._get``, under the key aiohttp's ``ClientRequest.connection_key`` gives its
-URL; none idle: the usual way, which opens one), sets aiohttp's response parser on it as
-``_request`` does, writes the request line, the headers and the body in one
-``transport.write`` (the headers ``_request`` sends, in its order: ``Host``, the session's
-``User-Agent``, the call's, ``Accept``, ``Accept-Encoding``, ``Content-Length``, and
-``Content-Type`` when the call has none), and starts an ``aiohttp.ClientResponse`` on the
-connection: the response, its reads, its release to the pool at the body's end and its close
-are aiohttp's own. A call this path does not cover goes the usual way: a streamed upload, a
-channel's own total timeout, a URL with credentials in it (sent as Basic auth), a header the
-connection itself owns (``Host``, ``Content-Length``, ``Transfer-Encoding``, ``Connection``,
-``Expect``, ``Cookie``), a name given twice in different case, a character a header line
-cannot hold, or a session configured with anything ``_request`` would apply (traces,
-middlewares, proxies, a base URL, authentication, cookies it keeps, a forced close, a total
-timeout).
+How: a call (``send``) takes a connection from aiohttp's own pool (``TCPConnector.connect``,
+under the key aiohttp's ``ClientRequest.connection_key`` gives its URL): an idle one, else a
+new one aiohttp opens (DNS, TLS and the connect timeouts its own) for a stand-in of the
+request that holds what opening one reads of it (``_Connecting``). It sets aiohttp's
+response parser on the connection as ``_request`` does, writes the request line, the
+headers and the body in one ``transport.write`` (the headers ``_request`` sends, in its
+order: ``Host``, the session's ``User-Agent``, the call's, ``Accept``, ``Accept-Encoding``,
+``Content-Length``, and ``Content-Type`` when the call has none), and starts an
+``aiohttp.ClientResponse`` on the connection: the response, its reads, its release to the
+pool at the body's end and its close are aiohttp's own. A call this path does not cover
+goes the usual way: a streamed upload, a channel's own total timeout, a URL with
+credentials in it (sent as Basic auth), a header the connection itself owns (``Host``,
+``Content-Length``, ``Transfer-Encoding``, ``Connection``, ``Expect``, ``Cookie``), a name
+given twice in different case, a character a header line cannot hold, a session
+configured with anything ``_request`` would apply (traces, middlewares, proxies, a base
+URL, authentication, cookies it keeps, a forced close, a total timeout), or a
+``ClientSession._request`` replaced since aiohttp was imported (a tracer's wrapper, a test's
+mock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dis
 import types
 from collections.abc import Mapping
 from typing import Any
+
+import aiohttp
 
 from gateway.server.mends import Mend, Needs, module_flag, original
 
@@ -46,8 +52,18 @@ HEADS_KEPT = 16
 # header names the connection itself owns: a call naming one goes the usual way
 OWN = frozenset({"host", "content-length", "transfer-encoding", "connection", "expect", "cookie"})
 NO_TRACES: list[Any] = []
+# what opening a connection reads of its request (``_Connecting`` holds each): the
+# TCPConnector steps from ``connect`` on, whose reads the check compares with these
+CONNECTING_STEPS = ("connect", "_create_connection", "_create_direct_connection",
+                    "_get_ssl_context", "_get_fingerprint", "_wrap_create_connection")  # fmt: skip
+CONNECTING_READS = frozenset(
+    {"connection_key", "url", "port", "ssl", "proxy", "server_hostname", "is_ssl"}
+)
 SESSION_TIMEOUT = -1.0  # ``send``'s read timeout when the call has none of its own
 _on = False  # the mend is in place
+# ``ClientSession._request`` as aiohttp defines it, taken at import: one replaced since (a
+# tracer's wrapper, a test's mock) is given every call, and the lean path stands aside
+_USUAL_REQUEST = getattr(aiohttp.ClientSession, "_request", None)
 
 
 class _Sent:
@@ -70,15 +86,33 @@ class _KeyOf:
         self.proxy = self.proxy_auth = self.proxy_headers = self.server_hostname = None
 
 
+class _Connecting:
+    """What ``TCPConnector.connect`` and the steps by which it opens a connection read of a
+    request as ``_request`` makes it for this session (``CONNECTING_READS``, checked): its
+    key, URL and port, the default TLS checks (``ssl`` True), no proxy, no server name of its
+    own."""
+
+    __slots__ = ("connection_key", "url", "port", "ssl", "proxy", "server_hostname", "_tls")
+
+    def __init__(self, key: Any, url: Any) -> None:
+        self.connection_key, self.url, self.port = key, url, url.port
+        self.ssl, self.proxy, self.server_hostname = True, None, None
+        self._tls: bool = url.scheme == "https"
+
+    def is_ssl(self) -> bool:
+        return self._tls
+
+
 class _Target:
     """One URL's connector key, request line and host line, made once, and its requests'
     heads made so far (by the call's headers)."""
 
-    __slots__ = ("key", "url", "info", "head", "heads")
+    __slots__ = ("key", "url", "info", "head", "heads", "connecting")
 
     def __init__(self, key: Any, url: Any, info: Any, head: str) -> None:
         self.key, self.url, self.info, self.head = key, url, info, head
         self.heads: dict[tuple[tuple[str, str], ...], tuple[bytes, bytes]] = {}
+        self.connecting = _Connecting(key, url)
 
 
 class LeanSend:
@@ -87,7 +121,7 @@ class LeanSend:
 
     __slots__ = (
         "_session", "_connector", "_targets", "_params", "_first", "_after", "_loop",
-        "_response", "_forbidden", "_by_timeout",
+        "_response", "_forbidden", "_by_timeout", "_timeout",
     )  # fmt: skip
 
     def __init__(self, session: Any) -> None:
@@ -99,6 +133,7 @@ class LeanSend:
         self._forbidden = _FORBIDDEN_HEADER_CHARS_RE.search
         self._session = session
         self._connector = session._connector
+        self._timeout = session._timeout
         self._targets: dict[str, _Target] = {}
         self._by_timeout: dict[float | None, dict[str, Any]] = {}
         self._params: dict[str, Any] = {
@@ -163,11 +198,17 @@ class LeanSend:
         body: bytes,
         headers: Mapping[str, str],
         read_timeout: float | None = SESSION_TIMEOUT,
+        timeout: Any = None,
     ) -> Any:
-        """The started ``aiohttp.ClientResponse`` of ``body`` posted to ``url`` on an idle
-        pooled connection; None when this path does not cover the call (nothing was sent:
-        the caller goes the usual way). ``read_timeout``: a channel's own longest silence
-        (None: none), in place of the session's (``SESSION_TIMEOUT``)."""
+        """The started ``aiohttp.ClientResponse`` of ``body`` posted to ``url`` on a pooled
+        connection, idle or new; None when this path does not cover the call (nothing was
+        sent: the caller goes the usual way). ``read_timeout``: a channel's own longest
+        silence (None: none), in place of the session's (``SESSION_TIMEOUT``); ``timeout``: a
+        channel's own ``aiohttp.ClientTimeout`` (no total), whose connect timeouts apply to a
+        new connection, in place of the session's."""
+        usual = type(self._session)._request
+        if usual is not _USUAL_REQUEST and original(usual) is not _USUAL_REQUEST:
+            return None  # ``_request`` replaced: it sees every call
         params = self._params if read_timeout == SESSION_TIMEOUT else self._params_for(read_timeout)
         target = self._targets.get(url) or self._target(url)
         if target is None:
@@ -175,9 +216,9 @@ class LeanSend:
         data = self._request(target, body, headers)
         if data is None:
             return None
-        conn = await self._connector._get(target.key, NO_TRACES)
-        if conn is None:
-            return None
+        conn = await self._connector.connect(
+            target.connecting, NO_TRACES, self._timeout if timeout is None else timeout
+        )
         try:
             proto = conn.protocol
             proto.set_response_params(**params)
@@ -337,6 +378,15 @@ def _check() -> list[str]:
                          "server_hostname"], "ClientRequest.connection_key")  # fmt: skip
     tcp = needs.attr(connector, "TCPConnector", "aiohttp.connector")
     needs.function(tcp, "_get", "aiohttp.TCPConnector", ["self", "key", "traces"], coroutine=True)
+    needs.function(tcp, "connect", "aiohttp.TCPConnector", ["self", "req", "traces", "timeout"],
+                   coroutine=True)  # fmt: skip
+    for step in CONNECTING_STEPS if tcp is not None else ():
+        reads = _reads_of(getattr(tcp, step, None), "req")
+        needs.require(
+            reads is not None and reads <= CONNECTING_READS,
+            f"TCPConnector.{step} reads what a connecting request does not hold: "
+            f"{sorted((reads or {'(no code)'}) - CONNECTING_READS)}",
+        )
     needs.uses(getattr(connector, "Connection", None) and connector.Connection.__init__,
                ["_key", "_protocol"], "Connection.__init__")  # fmt: skip
     handler = needs.attr(proto, "ResponseHandler", "aiohttp.client_proto")
@@ -357,6 +407,21 @@ def _check() -> list[str]:
     needs.function(response, "start", "ClientResponse", ["self", "connection"], coroutine=True)
     needs.uses(getattr(response, "__init__", None), ["output_size"], "ClientResponse.__init__")
     return needs.missing
+
+
+def _reads_of(func: Any, name: str) -> set[str] | None:
+    """The attributes ``func``'s code reads of its argument ``name`` (``name.x`` and
+    ``name.x()``); None for a function with no code."""
+    code = getattr(original(func), "__code__", None)
+    if code is None or name not in code.co_varnames:
+        return None
+    steps = list(dis.get_instructions(code))
+    return {
+        after.argval
+        for step, after in zip(steps, steps[1:], strict=False)
+        if step.opname == "LOAD_FAST" and step.argval == name
+        and after.opname in ("LOAD_ATTR", "LOAD_METHOD")
+    }  # fmt: skip
 
 
 def _inner(func: Any, name: str) -> Any:

@@ -13,8 +13,8 @@ cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts i
 ``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques) and
 ``aiohttp.lean_request_info`` (``lean_request_info.py``: a started response lets go of its
 request's headers) and ``aiohttp.direct_reads`` (``direct_reads.py``: a stream's reads relayed
-inside the socket's callback), and ``aiohttp.lean_send`` (``lean_send.py``: a call on an idle
-connection written to it without ``ClientSession._request``'s layers).
+inside the socket's callback), and ``aiohttp.lean_send`` (``lean_send.py``: a call on a pooled
+connection, idle or new, written to it without ``ClientSession._request``'s layers).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -142,7 +142,7 @@ class Upstream:
         mends.fits(LEAN_BUFFERS)  # each response's buffers without deques (a speed mend)
         mends.fits(LEAN_REQUEST_INFO)  # and without its request's headers (another)
         mends.fits(DIRECT_READS)  # a stream's reads relayed in the socket's callback (another)
-        mends.fits(LEAN_SEND)  # a call on an idle pooled connection sent without _request's layers
+        mends.fits(LEAN_SEND)  # a call on a pooled connection sent without _request's layers
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
@@ -195,13 +195,13 @@ class Upstream:
         if timeout is not None and timeout.total is not None:
             lean = None  # a deadline for the whole call: aiohttp's timer keeps it
         try:
-            # on an idle pooled connection, written to it (``lean_send``), with the channel's
-            # own read timeout if it has one; else (not covered, or no connection idle) the
-            # usual way, which opens one
+            # on a pooled connection, idle or new, written to it (``lean_send``), with the
+            # channel's own timeouts if it has some; else (a call it does not cover) the usual
+            # way
             resp = None
             if lean is not None:
                 idle = SESSION_TIMEOUT if timeout is None else timeout.sock_read
-                resp = await lean.send(call.url, call.body, call.headers, idle)
+                resp = await lean.send(call.url, call.body, call.headers, idle, timeout)
             if resp is None and timeout is None:
                 resp = await self._session.post(
                     call.url, data=data, headers=call.headers, allow_redirects=False
