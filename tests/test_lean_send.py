@@ -24,7 +24,7 @@ from gateway.config import ChannelTimeouts, UpstreamSettings
 from gateway.errors import GatewayError, UpstreamError, UpstreamTimeoutError
 from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
-from gateway.upstream import lean_send
+from gateway.upstream import lean_request_info, lean_send
 from gateway.upstream.pool import Upstream
 from tests.plugins.web_apps import self_signed, served
 
@@ -546,3 +546,21 @@ async def test_a_request_method_replaced_since_sees_every_call(
     finally:
         await pool.stop()
     assert seen == [raw.url] * 3
+
+
+async def test_with_request_info_changed_every_call_goes_the_usual_way(
+    raw: RawUpstream, monkeypatch: pytest.MonkeyPatch, usual_calls: list[str]
+) -> None:
+    """A lean call's ``RequestInfo`` is made in the shape ``lean_request_info`` knows: an
+    aiohttp whose ``RequestInfo`` changed leaves that mend out, and this path stands aside."""
+    monkeypatch.setattr(lean_request_info, "_on", False)
+    monkeypatch.setattr(lean_request_info, "FIELDS", ("url", "method", "headers"))
+    monkeypatch.setattr(mends, "_left_out", set())
+    pool = await started()
+    try:
+        assert not lean_request_info.LEAN_REQUEST_INFO.in_place()
+        for _ in range(3):
+            assert await call(pool, raw.url) == b"200 " + JSON
+    finally:
+        await pool.stop()
+    assert len(usual_calls) == 3

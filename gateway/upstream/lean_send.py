@@ -161,7 +161,11 @@ class LeanSend:
 
     @classmethod
     def for_session(cls, session: Any) -> LeanSend | None:
-        if not _on or not _plain(session):
+        from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO
+
+        # a lean call's ``RequestInfo`` is made in the shape that mend knows (its shared empty
+        # headers): where aiohttp's has changed and that mend is left out, so is this path
+        if not _on or not _plain(session) or not LEAN_REQUEST_INFO.in_place():
             return None
         return cls(session)
 
