@@ -59,7 +59,6 @@ CONNECTING_STEPS = ("connect", "_create_connection", "_create_direct_connection"
 CONNECTING_READS = frozenset(
     {"connection_key", "url", "port", "ssl", "proxy", "server_hostname", "is_ssl"}
 )
-SESSION_TIMEOUT = -1.0  # ``send``'s read timeout when the call has none of its own
 _on = False  # the mend is in place
 # ``ClientSession._request`` as aiohttp defines it, taken at import: one replaced since (a
 # tracer's wrapper, a test's mock) is given every call, and the lean path stands aside
@@ -104,15 +103,15 @@ class _Connecting:
 
 
 class _Target:
-    """One URL's connector key, request line and host line, made once, and its requests'
-    heads made so far (by the call's headers)."""
+    """One URL's request as connecting reads it (its connector key among it), request line
+    and host line, made once, and its requests' heads made so far (by the call's headers)."""
 
-    __slots__ = ("key", "url", "info", "head", "heads", "connecting")
+    __slots__ = ("connecting", "url", "info", "head", "heads")
 
     def __init__(self, key: Any, url: Any, info: Any, head: str) -> None:
-        self.key, self.url, self.info, self.head = key, url, info, head
-        self.heads: dict[tuple[tuple[str, str], ...], tuple[bytes, bytes]] = {}
         self.connecting = _Connecting(key, url)
+        self.url, self.info, self.head = url, info, head
+        self.heads: dict[tuple[tuple[str, str], ...], tuple[bytes, bytes]] = {}
 
 
 class LeanSend:
@@ -201,19 +200,18 @@ class LeanSend:
         url: str,
         body: bytes,
         headers: Mapping[str, str],
-        read_timeout: float | None = SESSION_TIMEOUT,
         timeout: Any = None,
     ) -> Any:
         """The started ``aiohttp.ClientResponse`` of ``body`` posted to ``url`` on a pooled
         connection, idle or new; None when this path does not cover the call (nothing was
-        sent: the caller goes the usual way). ``read_timeout``: a channel's own longest
-        silence (None: none), in place of the session's (``SESSION_TIMEOUT``); ``timeout``: a
-        channel's own ``aiohttp.ClientTimeout`` (no total), whose connect timeouts apply to a
-        new connection, in place of the session's."""
+        sent: the caller goes the usual way). ``timeout``: a channel's own
+        ``aiohttp.ClientTimeout`` (no total), in place of the session's: its read timeout
+        (``sock_read``, None: none) for the reply, its connect timeouts for a new
+        connection."""
         usual = type(self._session)._request
         if usual is not _USUAL_REQUEST and original(usual) is not _USUAL_REQUEST:
             return None  # ``_request`` replaced: it sees every call
-        params = self._params if read_timeout == SESSION_TIMEOUT else self._params_for(read_timeout)
+        params = self._params if timeout is None else self._params_for(timeout.sock_read)
         target = self._targets.get(url) or self._target(url)
         if target is None:
             return None

@@ -47,7 +47,7 @@ from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads, reads_wait
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
 from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
-from gateway.upstream.lean_send import LEAN_SEND, SESSION_TIMEOUT, LeanSend
+from gateway.upstream.lean_send import LEAN_SEND, LeanSend
 
 # connect failures that say this process is exhausted, not that the upstream is down
 LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EADDRNOTAVAIL})
@@ -200,8 +200,7 @@ class Upstream:
             # way
             resp = None
             if lean is not None:
-                idle = SESSION_TIMEOUT if timeout is None else timeout.sock_read
-                resp = await lean.send(call.url, call.body, call.headers, idle, timeout)
+                resp = await lean.send(call.url, call.body, call.headers, timeout)
             if resp is None and timeout is None:
                 resp = await self._session.post(
                     call.url, data=data, headers=call.headers, allow_redirects=False
