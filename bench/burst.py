@@ -7,7 +7,9 @@ streaming chat request as soon as it is connected (the upstream waits ``FIRST_MS
 first chunk, as in scenario (c)). TTFB counts from the connect call, so the server's accept
 queue is inside it. Targets: direct (the upstream itself), then the gateway on each server with
 one worker (pinned to core 0) and with two (unpinned: both cores, shared with the upstream and
-the client).
+the client). With ``--bare``, the bare relay (``bench.bare_relay``) on each server with one
+worker too, pinned as the gateway is: what the least a Python relay does costs in a burst, the
+yardstick for the gateway's own share of the added time.
 
 Which worker served each request: every gateway runs with ``GATEWAY_METRICS_DIR`` set to a
 directory of the bench's, where each worker writes its counters to ``<pid>.json`` every second
@@ -175,20 +177,23 @@ def markdown(
         + ", ".join(f"{s} {version(s)}" for s in targets.SERVERS)
         + f", aiohttp {version('aiohttp')}, uvloop {version('uvloop')}.",
         "",
-        "| target | TTFB p50 ms | TTFB p99 ms | p99 − direct | connect p99 ms | errors "
-        "| CPU ms per stream |"
+        "| target | TTFB p50 ms | TTFB p99 ms | p99 − direct | p99 each run | connect p99 ms "
+        "| errors | CPU ms per stream |"
         + (" set-up CPU ms per stream |" if setup else "")
         + " requests per worker (each run) |",
-        "|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if setup else "") + "---|",
+        "|---|---:|---:|---:|---|---:|---:|---:|" + ("---:|" if setup else "") + "---|",
     ]
     for c in cells:
         p99 = c.median("ttfb_p99_ms")
         added = "–" if c is direct else f"{p99 - base:,.0f}"
-        shares = "; ".join(" / ".join(str(x) for x in s) for s in c.shares) or "–"
+        shares = "; ".join(" / ".join(str(x) for x in s) for s in c.shares if s) or "–"
         errors = sum(int(r["errors"]) for r in c.runs)
+        # the first run after the warm-up opens most of its upstream connections; later ones
+        # find the earlier run's idle in the pool
+        each = ", ".join(f"{r['ttfb_p99_ms']:,.0f}" for r in c.runs)
         lines.append(
             f"| {c.target} | {c.median('ttfb_p50_ms'):,.0f} | {p99:,.0f} | {added} "
-            f"| {c.median('connect_p99_ms'):,.1f} | {errors} "
+            f"| {each} | {c.median('connect_p99_ms'):,.1f} | {errors} "
             f"| {c.median('cpu_ms_per_stream'):.2f} "
             + (f"| {c.median('setup_cpu_ms') / n:.2f} " if setup else "")
             + f"| {shares} |"
@@ -197,8 +202,9 @@ def markdown(
 
 
 def run(
-    servers: list[str], workers: list[int], n: int, spread: float, reps: int, first_ms: int
-) -> list[Cell]:
+    servers: list[str], workers: list[int], n: int, spread: float, reps: int, first_ms: int,
+    bare: bool = False,
+) -> list[Cell]:  # fmt: skip
     cells = []
     with tempfile.TemporaryDirectory(prefix="bench-burst-") as name:
         tmp = Path(name)
@@ -206,6 +212,16 @@ def run(
         try:
             direct = targets.direct(up)
             cells.append(measure(tmp, direct, None, n, spread, reps, first_ms))
+            for server in servers if bare else ():
+                relay = targets.bare_relay(tmp, up, server)
+                if relay is None:
+                    print(f"  ! the bare relay on {server} did not start")
+                    continue
+                try:
+                    cells.append(measure(tmp, relay, None, n, spread, reps, first_ms))
+                finally:
+                    assert relay.proc is not None
+                    procs.stop(relay.proc)
             for server in servers:
                 for count in workers:
                     started = start_gateway(tmp, up, server, count)
@@ -234,10 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", action="append", choices=targets.SERVERS)
     parser.add_argument("--workers", action="append", type=int)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--bare", action="store_true", help="the bare relay on each server too")
     args = parser.parse_args(argv)
     procs.install_cleanup()
     servers = [s for s in args.server or targets.SERVERS if targets.server_available(s)]
-    cells = run(servers, args.workers or [1, 2], args.n, args.spread_ms, args.reps, args.first_ms)
+    cells = run(
+        servers, args.workers or [1, 2], args.n, args.spread_ms, args.reps, args.first_ms, args.bare
+    )
     command = "python -m bench.burst " + " ".join(argv if argv is not None else sys.argv[1:])
     print(markdown(cells, args.n, args.spread_ms, args.reps, args.first_ms, command.strip()))
     if args.json:
