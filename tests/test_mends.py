@@ -39,6 +39,7 @@ from gateway.server import mends, uvicorn_body, uvicorn_guard
 from gateway.server.defences import CONNECTIONS
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.upstream import direct_reads, lean_request_info, lean_send
+from gateway.upstream.lean_connect import LeanConnector
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 
 KINDS = {
@@ -52,11 +53,13 @@ KINDS = {
     "aiohttp.lean_request_info": "speed",
     "aiohttp.direct_reads": "speed",
     "aiohttp.lean_send": "speed",
+    "aiohttp.lean_connect": "speed",
 }
 # what the mends change, put back as it was after each test of this module
 OWNERS: list[Any] = [TCPServer, RecentFirstConnector, ProtocolWrapper, aiohttp.streams]
 OWNERS += [lean_request_info, direct_reads, uvicorn_guard, uvicorn_body, RequestResponseCycle]
 OWNERS += [lean_send, aiohttp.ClientResponse, aiohttp.ClientRequest, ResponseHandler]
+OWNERS += [LeanConnector]
 
 
 @pytest.fixture(autouse=True)
@@ -127,6 +130,7 @@ from gateway.config import UpstreamSettings, load_settings
 from gateway.server import gc_tuning, mends
 from gateway.server.header_timeout import HEADER_TIMEOUT
 from gateway.server.defences import CONNECTIONS
+from gateway.upstream.lean_connect import LeanConnector
 from gateway.upstream.pool import RecentFirstConnector, Upstream
 from aiohttp.client_proto import ResponseHandler
 
@@ -156,6 +160,7 @@ parts = {
     "h11._headers.normalize_and_validate": h11._headers.normalize_and_validate,
     "h11._connection.set_comma_header": h11._connection.set_comma_header,
     "RecentFirstConnector._get": vars(RecentFirstConnector).get("_get"),
+    "LeanConnector._wrap_create_connection": vars(LeanConnector).get("_wrap_create_connection"),
 }
 print(json.dumps({
     "before": before,
@@ -195,6 +200,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "h11._headers.normalize_and_validate": [],
         "h11._connection.set_comma_header": [],
         "RecentFirstConnector._get": ["aiohttp.recent_first"],
+        "LeanConnector._wrap_create_connection": ["aiohttp.lean_connect"],
     }
     assert seen["wrapped"] == {
         "TCPServer._read_data": "hypercorn.asyncio.tcp_server",
@@ -206,6 +212,7 @@ def test_start_up_puts_every_mend_in_place(tmp_path: Path) -> None:
         "h11._headers.normalize_and_validate": "h11._headers",
         "h11._connection.set_comma_header": "h11._headers",
         "RecentFirstConnector._get": "aiohttp.connector",
+        "LeanConnector._wrap_create_connection": "aiohttp.connector",
     }
     assert seen["limits"] == [123, 5.0]
     # hypercorn's own queue and events; aiohttp's response buffers leaner (a speed mend kept)
@@ -354,6 +361,15 @@ def _completes_otherwise(self: Any) -> None:
     self.keep_alive_timer = None  # the keep-alive's timer under another name
 
 
+async def _connects_by_address(self: Any, *args: Any, address: Any, **kwargs: Any) -> None:
+    pass
+
+
+async def _connects_plainly(self: Any, *args: Any, addr_infos: Any, req: Any, timeout: Any,
+                            client_error: Any = None, **kwargs: Any) -> None:  # fmt: skip
+    """The parameters aiohttp's own takes, without the happy eyeballs it uses."""
+
+
 def _makes_lists(self: Any, *args: Any) -> None:
     self._buffer = []  # its buffer made otherwise than by the collections it was given
 
@@ -463,6 +479,16 @@ CHANGES: list[tuple[str, Callable[[pytest.MonkeyPatch], None], str]] = [
         _set(aiohttp.TCPConnector, "_get_fingerprint", _fingerprint_otherwise),
         "TCPConnector._get_fingerprint reads what a connecting request does not hold: "
         "['fingerprint']",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_connect",
+        _set(aiohttp.TCPConnector, "_wrap_create_connection", _connects_by_address),
+        "TCPConnector._wrap_create_connection takes (self, args, address, kwargs)",
+    ),  # fmt: skip
+    (
+        "aiohttp.lean_connect",
+        _set(aiohttp.TCPConnector, "_wrap_create_connection", _connects_plainly),
+        "TCPConnector._wrap_create_connection no longer uses start_connection",
     ),  # fmt: skip
     (
         "aiohttp.direct_reads",

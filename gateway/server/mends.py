@@ -57,6 +57,7 @@ MODULES = (
     "gateway.upstream.lean_request_info",
     "gateway.upstream.direct_reads",
     "gateway.upstream.lean_send",
+    "gateway.upstream.lean_connect",
 )
 # mends the gateway had and has no more, and why: ``GATEWAY_UNMENDED`` naming one is told so
 REMOVED = dict.fromkeys(

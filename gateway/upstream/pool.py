@@ -13,8 +13,10 @@ cheaper after a burst (bench/RESULTS.md, "Mends"). Starting the pool also puts i
 ``aiohttp.lean_buffers`` (``lean_buffers.py``: each response's buffers without deques) and
 ``aiohttp.lean_request_info`` (``lean_request_info.py``: a started response lets go of its
 request's headers) and ``aiohttp.direct_reads`` (``direct_reads.py``: a stream's reads relayed
-inside the socket's callback), and ``aiohttp.lean_send`` (``lean_send.py``: a call on a pooled
-connection, idle or new, written to it without ``ClientSession._request``'s layers).
+inside the socket's callback), ``aiohttp.lean_send`` (``lean_send.py``: a call on a pooled
+connection, idle or new, written to it without ``ClientSession._request``'s layers), and
+``aiohttp.lean_connect`` (``lean_connect.py``: a new connection to one address opened in one
+step of the event loop).
 
 Every upstream request says ``User-Agent: model-gateway/<version>``, as a session default
 header, so aiohttp's own (``Python/3.x aiohttp/3.x``) is never added.
@@ -46,6 +48,7 @@ from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads, reads_wait
 from gateway.upstream.lean_buffers import LEAN_BUFFERS
+from gateway.upstream.lean_connect import LEAN_CONNECT, LeanConnector
 from gateway.upstream.lean_request_info import LEAN_REQUEST_INFO, forget_request_headers
 from gateway.upstream.lean_send import LEAN_SEND, LeanSend
 
@@ -54,7 +57,7 @@ LOCAL_EXHAUSTION = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 USER_AGENT = f"model-gateway/{__version__}"
 
 
-class RecentFirstConnector(aiohttp.TCPConnector):
+class RecentFirstConnector(LeanConnector):
     """A ``TCPConnector`` whose idle pool is last-in first-out (module docstring), under the
     mend ``aiohttp.recent_first`` (speed; a ``gateway.server.mends.Mend``). The first one made
     in a process checks aiohttp's private pool and puts the mend in place; when aiohttp lays
@@ -143,6 +146,7 @@ class Upstream:
         mends.fits(LEAN_REQUEST_INFO)  # and without its request's headers (another)
         mends.fits(DIRECT_READS)  # a stream's reads relayed in the socket's callback (another)
         mends.fits(LEAN_SEND)  # a call on a pooled connection sent without _request's layers
+        mends.fits(LEAN_CONNECT)  # a new connection to one address in one step (another)
         connector = RecentFirstConnector(
             limit=s.pool_size,
             limit_per_host=s.pool_size_per_host,
