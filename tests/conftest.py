@@ -1,5 +1,6 @@
-"""Shared fixtures: stores (tests/plugins/stores.py), served apps (tests/plugins/servers.py)
-and the app in process (tests/plugins/inprocess.py).
+"""Shared fixtures: stores (tests/plugins/stores.py), served apps (tests/plugins/servers.py),
+the app in process (tests/plugins/inprocess.py) and upstreams on raw sockets
+(tests/plugins/raw_upstreams.py).
 
 Every test that needs a served gateway, a spawned process or a browser is marked ``served``
 here, so that ``make test-fast`` (``pytest -m "not served"``) runs the rest: conversions,
@@ -11,7 +12,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.plugins.stores", "tests.plugins.servers", "tests.plugins.inprocess"]
+pytest_plugins = [
+    "tests.plugins.stores",
+    "tests.plugins.servers",
+    "tests.plugins.inprocess",
+    "tests.plugins.raw_upstreams",
+]
 
 # fixtures that serve a gateway or start a process
 SERVED_FIXTURES = frozenset({"gateway", "gateway_factory", "fake", "redis_cluster", "cluster_url"})

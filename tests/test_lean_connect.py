@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -26,9 +25,9 @@ from gateway.server import mends
 from gateway.upstream import lean_connect
 from gateway.upstream.lean_connect import LEAN_CONNECT, LeanConnector
 from gateway.upstream.pool import RecentFirstConnector, Upstream
-from tests.plugins.web_apps import self_signed, served
+from tests.plugins.raw_upstreams import JSON, RawUpstream, silent_upstream
+from tests.plugins.web_apps import served
 
-REPLY = b'{"id":"r-1","ok":true}'
 HEADERS = {"Authorization": "Bearer up-key", "Content-Type": "application/json"}
 
 
@@ -55,42 +54,6 @@ def usual(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return opened
 
 
-class Upstreams:
-    """An HTTP upstream on a raw socket: counts its connections, answers every request."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.url = ""
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(REPLY))
-                writer.write(REPLY)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[Upstreams]:
-    up = Upstreams()
-    server = await asyncio.start_server(up.serve, "127.0.0.1", 0)
-    up.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
-    async with server:
-        yield up
-
-
 async def started(settings: UpstreamSettings | None = None) -> Upstream:
     pool = Upstream(settings or UpstreamSettings())
     await pool.start()
@@ -106,24 +69,17 @@ async def call(pool: Upstream, url: str, timeouts: ChannelTimeouts | None = None
 
 
 async def test_calls_at_once_each_open_a_connection_and_are_answered(
-    upstream: Upstreams, mended: bool, usual: list[object]
+    raw: RawUpstream, mended: bool, usual: list[object]
 ) -> None:
     pool = await started()
     try:
-        got = await asyncio.gather(*(call(pool, upstream.url) for _ in range(5)))
-        again = await call(pool, upstream.url)  # on a connection the burst left idle
+        got = await asyncio.gather(*(call(pool, raw.url) for _ in range(5)))
+        again = await call(pool, raw.url)  # on a connection the burst left idle
     finally:
         await pool.stop()
-    assert got == [b"200 " + REPLY] * 5 and again == b"200 " + REPLY
-    assert upstream.connections == 5
+    assert got == [b"200 " + JSON] * 5 and again == b"200 " + JSON
+    assert raw.connections == 5 and len(raw.requests) == 6
     assert len(usual) == (0 if mended else 5)
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A self-signed certificate for 127.0.0.1: the server's context and a client's that
-    trusts it."""
-    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 def _answering() -> web.Application:
@@ -189,21 +145,14 @@ async def test_a_connect_timeout_is_the_channel_s_and_is_waited_once(
     channel's connect timeout (0.3 s; the pool's is 30 s) ends the call, and with the mend
     aiohttp's way is not tried after it (the timeout would be waited out twice)."""
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     pool = await started(UpstreamSettings(connect_timeout=30))
     try:
-        url = f"https://127.0.0.1:{port}/v1/chat/completions"
-        with pytest.raises(UpstreamTimeoutError):
-            await asyncio.wait_for(call(pool, url, ChannelTimeouts(connect=0.3)), 10)
+        async with silent_upstream() as port:
+            url = f"https://127.0.0.1:{port}/v1/chat/completions"
+            with pytest.raises(UpstreamTimeoutError):
+                await asyncio.wait_for(call(pool, url, ChannelTimeouts(connect=0.3)), 10)
     finally:
         await pool.stop()
-        server.close()
-        await server.wait_closed()
     assert len(usual) == (0 if mended else 1)
 
 
@@ -214,30 +163,23 @@ async def test_a_socket_connect_timeout_is_raised_as_aiohttp_raises_it(
     connector's that times the socket's alone (``sock_connect``) gets aiohttp's own error,
     and with the mend aiohttp's way is not tried after it."""
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     assert mends.fits(LEAN_CONNECT) == mended
     timeout = aiohttp.ClientTimeout(sock_connect=0.3)
-    try:
-        async with aiohttp.ClientSession(connector=RecentFirstConnector(), timeout=timeout) as s:
-            with pytest.raises(aiohttp.ConnectionTimeoutError):
-                await asyncio.wait_for(s.post(f"https://127.0.0.1:{port}/v1", data=b"{}"), 10)
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with (
+        silent_upstream() as port,
+        aiohttp.ClientSession(connector=RecentFirstConnector(), timeout=timeout) as session,
+    ):
+        with pytest.raises(aiohttp.ConnectionTimeoutError):
+            await asyncio.wait_for(session.post(f"https://127.0.0.1:{port}/v1", data=b"{}"), 10)
     assert len(usual) == (0 if mended else 1)
 
 
 async def test_a_name_with_several_addresses_goes_aiohttp_s_way(
-    upstream: Upstreams, mended: bool, usual: list[object], monkeypatch: pytest.MonkeyPatch
+    raw: RawUpstream, mended: bool, usual: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Happy eyeballs across a name's addresses is aiohttp's: the mend takes one address
     only."""
-    port = int(upstream.url.split(":")[2].split("/")[0])
+    port = int(raw.url.split(":")[2].split("/")[0])
 
     async def two(self: aiohttp.TCPConnector, host: str, port: int, traces: Any = None) -> Any:
         one = {"hostname": host, "host": "127.0.0.1", "port": port, "family": 2, "proto": 6,
@@ -250,7 +192,7 @@ async def test_a_name_with_several_addresses_goes_aiohttp_s_way(
         got = await call(pool, f"http://upstream.test:{port}/v1/chat/completions")
     finally:
         await pool.stop()
-    assert got == b"200 " + REPLY
+    assert got == b"200 " + JSON
     assert len(usual) == 1 and len(usual[0]) == 2  # type: ignore[arg-type]
 
 

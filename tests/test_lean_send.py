@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import ssl
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import aiohttp
 import aiohttp.connector
@@ -26,77 +25,13 @@ from gateway.protocols.base import UpstreamCall
 from gateway.server import mends
 from gateway.upstream import lean_request_info, lean_send
 from gateway.upstream.pool import Upstream
-from tests.plugins.web_apps import self_signed, served
+from tests.plugins.raw_upstreams import JSON, RawUpstream, chunked, silent_upstream, sized
+from tests.plugins.web_apps import served
 
-JSON = b'{"id":"r-1","ok":true}'
 HEADERS = {"Authorization": "Bearer up-key", "Content-Type": "application/json",
            "anthropic-version": "2023-06-01"}  # fmt: skip
 # a reply's bytes after its status line, by how it is framed
 Reply = Callable[[int], bytes]
-
-
-def sized(body: bytes = JSON, status: str = "200 OK") -> bytes:
-    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        status.encode(),
-        len(body),
-        body,
-    )
-
-
-def chunked(pieces: list[bytes]) -> bytes:
-    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-    return head + b"\r\n" + framed + b"0\r\n\r\n"
-
-
-@dataclass
-class RawUpstream:
-    """An upstream on a raw socket: each request's head and body as they came, on which
-    connection; each answered by ``answer`` (None: the connection is closed unanswered,
-    ``b""``: the request is left unanswered and the connection open)."""
-
-    answer: Callable[[int], bytes | None] = lambda n: sized()
-    requests: list[tuple[int, bytes, bytes]] = field(default_factory=list)
-    connections: int = 0
-    url: str = ""
-
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        conn = self.connections
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    name, _, value = line.partition(b":")
-                    if name.lower() == b"content-length":
-                        length = int(value)
-                body = await reader.readexactly(length)
-                self.requests.append((conn, head, body))
-                reply = self.answer(len(self.requests))
-                if reply is None:
-                    break
-                if reply == b"":
-                    await reader.read()  # silent until the client goes
-                    break
-                writer.write(reply)
-                await writer.drain()
-                if b"Connection: close" in reply:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-
-@pytest.fixture
-async def raw() -> AsyncIterator[RawUpstream]:
-    upstream = RawUpstream()
-    server = await asyncio.start_server(upstream.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    upstream.url = f"http://127.0.0.1:{port}/v1/chat/completions?alt=sse"
-    async with server:
-        yield upstream
 
 
 @pytest.fixture(params=[True, False], ids=["mended", "unmended"])
@@ -407,24 +342,17 @@ async def test_a_new_connection_keeps_the_channel_s_connect_timeout(
     """An upstream that takes the connection and never answers the TLS handshake: the
     channel's own connect timeout ends the call, however it went (the pool's is 30 s)."""
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     pool = await started(UpstreamSettings(connect_timeout=30))
     try:
-        url = f"https://127.0.0.1:{port}/v1/chat/completions"
-        answer = pool.request(
-            UpstreamCall(url, dict(HEADERS), b"{}"), timeouts=ChannelTimeouts(connect=0.3)
-        )
-        with pytest.raises(UpstreamTimeoutError):
-            await asyncio.wait_for(answer, 10)
+        async with silent_upstream() as port:
+            url = f"https://127.0.0.1:{port}/v1/chat/completions"
+            answer = pool.request(
+                UpstreamCall(url, dict(HEADERS), b"{}"), timeouts=ChannelTimeouts(connect=0.3)
+            )
+            with pytest.raises(UpstreamTimeoutError):
+                await asyncio.wait_for(answer, 10)
     finally:
         await pool.stop()
-        server.close()
-        await server.wait_closed()
     assert len(usual_calls) == (0 if mended else 1)
 
 
@@ -466,13 +394,6 @@ async def test_a_response_keeps_none_of_its_call_s_headers(raw: RawUpstream, men
             resp.close()
     finally:
         await pool.stop()
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A self-signed certificate for 127.0.0.1: the server's context and a client's that
-    trusts it."""
-    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 async def test_calls_over_tls_go_on_one_verified_connection(
