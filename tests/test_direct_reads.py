@@ -27,20 +27,13 @@ from bench.fake_upstream import FakeUpstream, Reply
 from gateway.server import mends
 from gateway.upstream.direct_reads import DIRECT_READS, DirectReads, direct_reads
 from tests.plugins.servers import KEYS, make_config, serve_app
-from tests.plugins.web_apps import self_signed, served
+from tests.plugins.web_apps import served
 
 END = None  # the server ends the body
 DROP = "drop"  # the server drops the connection
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 EACH_LOOP = pytest.mark.parametrize("loop", list(LOOPS))
 EACH_TRANSPORT = pytest.mark.parametrize("secure", [False, True], ids=["tcp", "tls"])
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A self-signed certificate for 127.0.0.1: the server's context and a client's that
-    trusts it."""
-    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 class Upstream:
