@@ -211,3 +211,21 @@ def test_only_a_single_plain_address_is_connected_to_in_one_step(
     addr_infos: list[Any], one: tuple[int, str, int] | None
 ) -> None:
     assert lean_connect._one_address(addr_infos) == one
+
+
+async def test_an_ipv6_literal_is_connected_to_as_plainly(
+    raw: RawUpstream, mended: bool, usual: list[object]
+) -> None:
+    try:
+        server = await asyncio.start_server(raw.serve, "::1", 0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = server.sockets[0].getsockname()[1]
+    pool = await started()
+    try:
+        async with server:
+            got = await call(pool, f"http://[::1]:{port}/v1/chat/completions")
+    finally:
+        await pool.stop()
+    assert got == b"200 " + JSON
+    assert len(usual) == (0 if mended else 1)
