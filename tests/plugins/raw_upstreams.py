@@ -1,7 +1,7 @@
 """Upstreams on raw sockets for the upstream pool's tests (``tests/test_lean_send.py``,
 ``tests/test_lean_connect.py``): one that answers each request as a test says and keeps what
-it was sent, one that takes connections and says nothing, and a certificate to serve TLS
-with."""
+it was sent, one that takes connections and says nothing; and a certificate to serve TLS with
+(``tests/test_direct_reads.py`` too)."""
 
 from __future__ import annotations
 
