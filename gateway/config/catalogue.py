@@ -387,9 +387,7 @@ def parse_keys(d: dict[str, Any], where: str) -> tuple[str, tuple[str, ...]]:
         return credential(d.get("api_key", ""), at(where, "api_key"), allow_empty=True), ()
     if d.get("api_key"):
         raise ConfigError(f"{keys_at}: give api_key or api_keys, not both")
-    if not isinstance(d["api_keys"], list):
-        raise ConfigError(f"{keys_at}: must be a list of strings")
-    keys = [credential(k, f"{keys_at}[{i}]") for i, k in enumerate(d["api_keys"])]
+    keys = strings(d["api_keys"], keys_at, credential)
     if not keys:
         raise ConfigError(f"{keys_at}: at least one key is needed")
     if len(set(keys)) != len(keys):

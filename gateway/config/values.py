@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,10 +53,11 @@ def name_of(v: Any, where: str) -> str:
     return s
 
 
-def strings(v: Any, where: str) -> list[str]:
+def strings(v: Any, where: str, item: Callable[[Any, str], str] = string) -> list[str]:
+    """A list of strings, each read by ``item`` (``credential`` for keys)."""
     if not isinstance(v, list):
         raise ConfigError(f"{where}: must be a list of strings")
-    return [string(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    return [item(x, f"{where}[{i}]") for i, x in enumerate(v)]
 
 
 def number(v: Any, where: str, *, minimum: float = 0.0) -> float:

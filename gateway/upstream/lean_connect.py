@@ -76,27 +76,22 @@ def _lean_connect(wrap: Any) -> Any:
         **kwargs: Any,
     ) -> Any:
         one = _one_address(addr_infos)
-        if one is None or self._local_addr_infos is not None or self._socket_factory is not None:
-            return await wrap(
-                self, *args, addr_infos=addr_infos, req=req, timeout=timeout,
-                client_error=client_error, **kwargs,
-            )  # fmt: skip
-        family, host, port = one
-        if kwargs.get("ssl") and self._ssl_shutdown_timeout:  # as aiohttp adds it
-            kwargs["ssl_shutdown_timeout"] = self._ssl_shutdown_timeout
-        try:
-            async with aiohttp.helpers.ceil_timeout(
-                timeout.sock_connect, ceil_threshold=timeout.ceil_threshold
-            ):
-                loop: Any = self._loop  # a factory and aiohttp's TLS arguments: ``*args``
-                return await loop.create_connection(
-                    *args, host=host, port=port, family=family, **kwargs
-                )
-        except TimeoutError:
-            raise  # as aiohttp's own raises a connect timeout
-        except OSError:
-            pass  # aiohttp's way, for its own account of what failed
-        kwargs.pop("ssl_shutdown_timeout", None)
+        if one is not None and self._local_addr_infos is None and self._socket_factory is None:
+            family, host, port = one
+            shutdown = self._ssl_shutdown_timeout if kwargs.get("ssl") else None
+            tls = {"ssl_shutdown_timeout": shutdown} if shutdown else {}  # as aiohttp adds it
+            try:
+                async with aiohttp.helpers.ceil_timeout(
+                    timeout.sock_connect, ceil_threshold=timeout.ceil_threshold
+                ):
+                    loop: Any = self._loop  # a factory and aiohttp's TLS arguments: ``*args``
+                    return await loop.create_connection(
+                        *args, host=host, port=port, family=family, **kwargs, **tls
+                    )
+            except TimeoutError:
+                raise  # as aiohttp's own raises a connect timeout
+            except OSError:
+                pass  # aiohttp's way, for its own account of what failed
         return await wrap(
             self, *args, addr_infos=addr_infos, req=req, timeout=timeout,
             client_error=client_error, **kwargs,
