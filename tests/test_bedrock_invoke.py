@@ -204,3 +204,21 @@ def test_bedrock_errors_decode_by_type() -> None:
     err = ADAPTER.decode_error(403, b'{"message":"no"}', "AccessDeniedException")
     assert (err.status, err.channel_fault) == (502, True)
     assert ADAPTER.decode_error(400, b'{"message":"bad"}', "ValidationException").status == 400
+
+
+def test_a_ping_and_an_error_inside_chunks_are_read_by_their_type() -> None:
+    """The decoder is fed the chunks' Messages events unnamed: a ping is nothing, an error
+    event raises Anthropic's error."""
+    decoder = InvokeStreamDecoder(CTX)
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    raw = chunk(message_stream("x")[0]) + chunk({"type": "ping"}) + chunk(overloaded)
+    start, ping, error = EventStreamParser().feed(raw)
+    assert decoder.feed(start)[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert decoder.feed(ping) == []
+    with pytest.raises(GatewayError) as info:
+        decoder.feed(error)
+    assert (info.value.status, info.value.message, info.value.retryable) == (
+        503,
+        "Overloaded",
+        False,
+    )

@@ -17,7 +17,7 @@ from botocore import auth as botocore_auth
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials, RefreshableCredentials
-from botocore.eventstream import EventStreamBuffer
+from botocore.eventstream import ChecksumMismatch, EventStreamBuffer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
@@ -312,3 +312,43 @@ def test_the_parser_names_events_and_exceptions() -> None:
         SSEEvent("exception:InternalFailure", b'{"message":"boom"}'),
     ]
     assert not parser.pending
+
+
+def test_each_event_is_named_by_its_own_headers() -> None:
+    """Events that share their headers and events that do not, in any order, one without
+    headers first: each is named by its own (the parser remembers the last event's)."""
+    raw = (
+        encode_message({}, b"0")
+        + encode_event("chunk", b"1")
+        + encode_event("chunk", b"2")
+        + encode_event("messageStop", b"3")
+        + encode_event("chunk", b"4")
+        + encode_exception("throttlingException", b"5")
+        + encode_event("chunk", b"6")
+        + encode_message({}, b"7")
+    )
+    for reads in ([raw], [raw[:40], raw[40:41], raw[41:]]):
+        parser = EventStreamParser()
+        events = [e for read in reads for e in parser.feed(read)]
+        assert [(e.event, e.data) for e in events] == [
+            (None, b"0"),
+            ("chunk", b"1"),
+            ("chunk", b"2"),
+            ("messageStop", b"3"),
+            ("chunk", b"4"),
+            ("exception:throttlingException", b"5"),
+            ("chunk", b"6"),
+            (None, b"7"),
+        ]
+
+
+def test_a_wrong_prelude_checksum_is_refused_though_the_message_checksum_is_right() -> None:
+    """A message whose CRC was computed over the bytes sent, a wrong prelude CRC among them,
+    is refused for its prelude, as botocore refuses it."""
+    raw = bytearray(encode_event("chunk", b'{"bytes":"e30="}'))
+    raw[8:12] = struct.pack(">I", zlib.crc32(raw[:8]) ^ 0x00FF0000)
+    raw[-4:] = struct.pack(">I", zlib.crc32(raw[:-4]))
+    with pytest.raises(EventStreamError, match="prelude checksum"):
+        EventStreamDecoder().feed(bytes(raw))
+    with pytest.raises(ChecksumMismatch):
+        botocore_parse(bytes(raw))

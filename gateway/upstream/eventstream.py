@@ -16,9 +16,14 @@ gives, and it is the reference the tests hold this decoder to.
 - ``EventStreamDecoder``: fed byte chunks split anywhere, it returns the messages completed so
   far as ``(headers, payload)``; every CRC is checked, and a corrupt, oversized or cut stream
   raises ``EventStreamError`` (an ``UpstreamError``: the upstream sent bytes that are not its
-  protocol), never skipped. The CRCs are computed over views of the buffer, not copies; a
-  stream's messages carry the same few headers, so headers already read are looked up by their
-  bytes rather than read again (``KNOWN_HEADERS``: their dicts are shared, read-only).
+  protocol), never skipped. A read is read where it lies; a message split across reads waits
+  until it is whole, and is copied once. A whole message is checked in one pass, its CRC
+  computed from its prelude's CRC on (over a slice: a message is a few hundred bytes, and
+  slicing costs less than a view); the prelude's own CRC is computed before a length it gives
+  is trusted (to wait for the rest of a message, or to refuse one too long), and to name what
+  broke when the message's fails. A stream's messages carry the same few headers, so headers
+  already read are looked up by their bytes rather than read again (``KNOWN_HEADERS``: their
+  dicts are shared, read-only).
 - ``EventStreamParser``: the same stream as the ``SSEEvent`` values the protocols' stream
   decoders read (see ``gateway.protocols.bedrock``): an event is ``SSEEvent(:event-type,
   payload)``; an exception (``:message-type: exception``) is ``SSEEvent("exception:" +
@@ -36,6 +41,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 from typing import NamedTuple
+from zlib import crc32
 
 import orjson
 
@@ -115,6 +121,19 @@ def _headers(raw: bytes) -> dict[str, HeaderValue]:
     return headers
 
 
+def _check_prelude(data: bytes, pos: int, prelude_crc: int) -> None:
+    if crc32(data[pos : pos + 8]) != prelude_crc:
+        raise EventStreamError("prelude checksum mismatch")
+
+
+def _bad_lengths(headers_length: int, payload_length: int) -> str:
+    if headers_length > MAX_HEADERS_LENGTH:
+        return f"headers of {headers_length} bytes"
+    if payload_length > MAX_PAYLOAD_LENGTH:
+        return f"a payload of {payload_length} bytes"
+    return "lengths that do not add up"
+
+
 # the headers of the header blocks seen last, by their bytes (read-only: shared by messages)
 KNOWN_HEADERS: dict[bytes, dict[str, HeaderValue]] = {}
 # the names of plain events (``:message-type: event``), by their headers' bytes
@@ -135,45 +154,59 @@ def headers_of(raw: bytes) -> dict[str, HeaderValue]:
 class EventStreamDecoder:
     """Feed it bytes as they arrive; it returns the messages completed so far."""
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_need")
 
     def __init__(self) -> None:
-        self._buf = bytearray()
+        self._buf = bytearray()  # a message begun and not yet whole
+        self._need = 0  # the bytes ``_buf`` must hold before it can be looked at again
 
     def feed(self, raw: bytes) -> list[EventMessage]:
         return [EventMessage(headers_of(head), payload) for head, payload in self.frames(raw)]
 
     def frames(self, raw: bytes) -> list[tuple[bytes, bytes]]:
-        """The messages completed so far as (their headers' bytes, their payload), checked."""
-        buf = self._buf
-        buf += raw
+        """The messages completed so far as (their headers' bytes, their payload), checked.
+
+        A read that begins a message is read in place; the bytes of a message begun and not
+        yet whole wait in ``_buf`` and are read once it is (or its prelude is): a message
+        that arrives in many reads is copied once, not once per read."""
+        if self._buf:
+            self._buf += raw
+            if len(self._buf) < self._need:
+                return []
+            data = bytes(self._buf)
+            self._buf.clear()
+        else:
+            data = raw
         frames: list[tuple[bytes, bytes]] = []
         pos = 0
-        size = len(buf)
-        with memoryview(buf) as view:  # released before the buffer is cut below
-            while size - pos >= PRELUDE_LENGTH:
-                total, headers_length, prelude_crc = PRELUDE.unpack_from(buf, pos)
-                if zlib.crc32(view[pos : pos + 8]) != prelude_crc:
-                    raise EventStreamError("prelude checksum mismatch")
-                payload_length = total - headers_length - MIN_LENGTH
-                if headers_length > MAX_HEADERS_LENGTH:
-                    raise EventStreamError(f"headers of {headers_length} bytes")
-                if payload_length > MAX_PAYLOAD_LENGTH:
-                    raise EventStreamError(f"a payload of {payload_length} bytes")
-                if payload_length < 0:
-                    raise EventStreamError("lengths that do not add up")
-                if size - pos < total:
-                    break
-                end = pos + total - CRC_LENGTH
-                (message_crc,) = U32.unpack_from(buf, end)
-                if zlib.crc32(view[pos:end]) != message_crc:
-                    raise EventStreamError("message checksum mismatch")
-                start = pos + PRELUDE_LENGTH
-                split = start + headers_length
-                frames.append((bytes(view[start:split]), bytes(view[split:end])))
-                pos += total
-        if pos:
-            del buf[:pos]
+        size = len(data)
+        total = PRELUDE_LENGTH
+        while size - pos >= PRELUDE_LENGTH:
+            total, headers_length, prelude_crc = PRELUDE.unpack_from(data, pos)
+            payload_length = total - headers_length - MIN_LENGTH
+            if (
+                headers_length > MAX_HEADERS_LENGTH
+                or payload_length > MAX_PAYLOAD_LENGTH
+                or payload_length < 0
+            ):
+                _check_prelude(data, pos, prelude_crc)
+                raise EventStreamError(_bad_lengths(headers_length, payload_length))
+            end = pos + total - CRC_LENGTH
+            if end + CRC_LENGTH > size:
+                _check_prelude(data, pos, prelude_crc)  # before waiting for the rest
+                break
+            # CRC-32 chains (crc(a + b) = crc(b, crc(a))): the message's is computed on from
+            # the prelude CRC the message gives, so one that does not match the prelude's
+            # bytes fails it too; the prelude's own is computed when it fails, to say which
+            if crc32(data[pos + 8 : end], prelude_crc) != U32.unpack_from(data, end)[0]:
+                _check_prelude(data, pos, prelude_crc)
+                raise EventStreamError("message checksum mismatch")
+            split = pos + PRELUDE_LENGTH + headers_length
+            frames.append((data[pos + PRELUDE_LENGTH : split], data[split:end]))
+            pos = end + CRC_LENGTH
+        if pos < size:
+            self._buf += data[pos:] if pos else data
+            self._need = total if size - pos >= PRELUDE_LENGTH else PRELUDE_LENGTH
         return frames
 
     @property
@@ -206,16 +239,23 @@ def event_of(message: EventMessage) -> SSEEvent:
 
 class EventStreamParser:
     """An event stream read as ``SSEEvent`` values: ``SSEParser``'s interface (``feed``,
-    ``close``, ``pending``) over ``EventStreamDecoder``."""
+    ``close``, ``pending``) over ``EventStreamDecoder``. A plain event whose headers are the
+    last one's bytes (a stream's events mostly are: Bedrock's ``chunk``, Converse's deltas) is
+    named without hashing them."""
 
-    __slots__ = ("_decoder",)
+    __slots__ = ("_decoder", "_head", "_name")
 
     def __init__(self) -> None:
         self._decoder = EventStreamDecoder()
+        self._head: bytes | None = None  # the headers of the last plain event, and its name
+        self._name = ""
 
     def feed(self, raw: bytes) -> list[SSEEvent]:
         events: list[SSEEvent] = []
         for head, payload in self._decoder.frames(raw):
+            if head == self._head:
+                events.append(SSEEvent(self._name, payload))
+                continue
             name = KNOWN_EVENTS.get(head)  # a plain event's name, by its headers' bytes
             if name is None:
                 event = event_of(EventMessage(headers_of(head), payload))
@@ -223,8 +263,10 @@ class EventStreamParser:
                     KNOWN_EVENTS.clear()
                 if event.event and not is_exception(event):
                     KNOWN_EVENTS[head] = event.event
+                    self._head, self._name = head, event.event
                 events.append(event)
             else:
+                self._head, self._name = head, name
                 events.append(SSEEvent(name, payload))
         return events
 

@@ -24,6 +24,7 @@ an anthropic client and is ignored by the decoder.
 from __future__ import annotations
 
 import binascii
+from binascii import a2b_base64
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -44,7 +45,9 @@ BEDROCK_VERSION = "bedrock-2023-05-31"
 DROPPED = frozenset({"model", "stream"})
 HEADERS = {"content-type": "application/json", "accept": "application/json"}
 TYPE_PREFIX = b'{"type":"'  # how Anthropic's events begin
+TYPE_START = len(TYPE_PREFIX)
 BYTES_PREFIX = b'{"bytes":"'  # how Bedrock's chunk events begin
+BYTES_START = len(BYTES_PREFIX)
 CHUNK = "chunk"  # the event type of an invoke stream's Messages events
 
 
@@ -84,9 +87,9 @@ def _event_name(data: bytes) -> str | None:
     """The ``type`` of a Messages event, read without parsing when it comes first (as
     Anthropic writes it); None when it does not."""
     if data.startswith(TYPE_PREFIX):
-        end = data.find(b'"', len(TYPE_PREFIX))
+        end = data.find(b'"', TYPE_START)
         if end > 0:
-            return data[len(TYPE_PREFIX) : end].decode()
+            return data[TYPE_START:end].decode()
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -95,20 +98,24 @@ def _event_name(data: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def chunk_event(data: bytes) -> SSEEvent:
-    """A ``chunk`` event's payload -> the Messages stream event it carries. Its ``bytes`` is
-    read without parsing when it comes first, as Bedrock writes it (base64 holds no quote or
-    escape), else from the JSON."""
+def chunk_payload(data: bytes) -> bytes:
+    """A ``chunk`` event's payload -> the Messages stream event's JSON it carries. Its
+    ``bytes`` is read without parsing when it comes first, as Bedrock writes it (base64 holds
+    no quote or escape), else from the JSON."""
     try:
-        if data.startswith(BYTES_PREFIX) and (end := data.find(b'"', len(BYTES_PREFIX))) > 0:
-            text: bytes | str = data[len(BYTES_PREFIX) : end]
-        else:
-            text = orjson.loads(data)["bytes"]
-            if not isinstance(text, str):
-                raise TypeError("bytes")
-        inner = binascii.a2b_base64(text, strict_mode=True)
+        if data.startswith(BYTES_PREFIX) and (end := data.find(b'"', BYTES_START)) > 0:
+            return a2b_base64(data[BYTES_START:end], strict_mode=True)
+        text = orjson.loads(data)["bytes"]
+        if not isinstance(text, str):
+            raise TypeError("bytes")
+        return a2b_base64(text, strict_mode=True)
     except (orjson.JSONDecodeError, binascii.Error, KeyError, TypeError, ValueError):
         raise UpstreamError("upstream sent a malformed chunk event") from None
+
+
+def chunk_event(data: bytes) -> SSEEvent:
+    """A ``chunk`` event's payload -> the Messages stream event it carries, named."""
+    inner = chunk_payload(data)
     return SSEEvent(_event_name(inner), inner)
 
 
@@ -124,16 +131,19 @@ def messages_event(event: SSEEvent) -> SSEEvent | None:
 
 class InvokeStreamDecoder:
     """An invoke stream -> chat chunks: the anthropic decoder fed the Messages events; an
-    exception raises Bedrock's error as it is (not through the Messages error types)."""
+    exception raises Bedrock's error as it is (not through the Messages error types). The
+    events go to the decoder unnamed: it reads a Messages event's ``type`` from its JSON (an
+    ``error`` and a ``ping`` too), so the name is not read out of each."""
 
-    __slots__ = ("_inner",)
+    __slots__ = ("_inner", "_feed")
 
     def __init__(self, ctx: Ctx) -> None:
         self._inner = AnthropicStreamDecoder(ctx)
+        self._feed = self._inner.feed
 
     def feed(self, event: SSEEvent) -> list[ChatChunk]:
         if event.event == CHUNK:  # nearly every event: looked at first
-            return self._inner.feed(chunk_event(event.data))
+            return self._feed(SSEEvent(None, chunk_payload(event.data)))
         if is_exception(event):
             raise stream_error(event)
         return []
