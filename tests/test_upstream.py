@@ -111,6 +111,52 @@ async def test_the_pool_reuses_the_connection_used_last() -> None:
         assert len(set(ports)) == 1, ports  # first-in first-out would cycle through all six
 
 
+async def test_a_response_closed_keeps_its_connection_only_when_read_to_its_end() -> None:
+    """``close`` after the whole body: the next call goes over the same connection; before
+    the end of a stream: the connection is closed (the upstream sees it go), the next call
+    opens another, and what was left of the body cannot be read as if it had ended."""
+    ports: list[int] = []
+    gone = asyncio.Event()
+
+    async def whole(request: web.Request) -> web.Response:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        ports.append(peer[1])
+        return web.json_response({"ok": True})
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        ports.append(peer[1])
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(b"data: {}\n\n")
+                await asyncio.sleep(0.01)
+        except (ConnectionError, asyncio.CancelledError):
+            gone.set()
+            raise
+
+    app = web.Application()
+    app.router.add_post("/whole", whole)
+    app.router.add_post("/endless", endless)
+    async with pool_serving(app) as (u, url):
+        for _ in range(3):
+            resp = await u.request(UpstreamCall(url + "/whole", {}, b"{}"))
+            assert await resp.read() == b'{"ok": true}'
+            resp.close()
+        assert len(ports) == 3 and len(set(ports)) == 1, ports
+        resp = await u.request(UpstreamCall(url + "/endless", {}, b"{}"))
+        assert await resp.chunk()
+        resp.close()
+        await asyncio.wait_for(gone.wait(), 10)
+        with pytest.raises(READ_FAILURES):
+            await resp.chunk()
+        resp = await u.request(UpstreamCall(url + "/whole", {}, b"{}"))
+        await resp.read()
+        resp.close()
+        assert ports[3] == ports[0] and ports[4] != ports[0], ports
+
+
 async def test_reads_of_a_response_raise_only_gateway_errors() -> None:
     """A connection the upstream drops mid-body is a gateway error from ``read``, and from
     ``chunk`` one of ``READ_FAILURES``, which the stream loop makes one with ``read_error``."""

@@ -297,8 +297,15 @@ class UpstreamResponse:
 
     def close(self) -> None:
         """Let go of the connection: back to the pool when the body was read to its end,
-        else closed (an upstream still sending is stopped)."""
-        self._resp.close()
+        else closed (an upstream still sending is stopped). A body read to its end gave its
+        connection back as its last bytes came (aiohttp's ``connection`` is None then):
+        nothing is left to let go, and ``ClientResponse.close`` is not called, which would
+        fail the finished body's reader for later reads (asyncio's ``isfuture`` raising and
+        clearing an AttributeError on the way, ~2k instructions a call)."""
+        resp = self._resp
+        if resp.connection is None and resp.content.at_eof():
+            return
+        resp.close()
 
 
 def too_large(limit: int) -> GatewayError:

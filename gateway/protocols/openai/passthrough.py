@@ -17,6 +17,7 @@ from gateway.protocols.sse import DONE, SSEEvent, SSEParser, frame, parse_event
 from gateway.types import JSON, Usage
 
 DONE_TAIL = 256  # bytes at a stream's end where its [DONE] is looked for (trailing comments)
+NL_DONE = b"\n" + DONE
 # a final "data: [DONE]" event and its blank line, with room for CRs and the LFs around it:
 # the data event before it starts before this many bytes from a block's end
 LAST_EVENT_MIN = 20
@@ -339,7 +340,11 @@ class OpenAIPassthrough:
         self._buf = b""
         # [DONE] is the last event: looked for in the last block's tail (a raw LF cannot occur
         # inside a JSON event, so "\ndata: [DONE]" is always an event of its own)
-        if self._done or self._last.startswith(DONE) or b"\n" + DONE in self._last[-DONE_TAIL:]:
+        if (
+            self._done
+            or self._last.startswith(DONE)
+            or self._last.find(NL_DONE, -DONE_TAIL) >= 0  # find, not ``in`` (see above)
+        ):
             return out
         events = SSEParser().feed(self._last)
         if events:
