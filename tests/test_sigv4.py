@@ -85,3 +85,20 @@ def test_the_signing_key_is_the_days() -> None:
         added = signer.sign("POST", url, {}, b"{}", when)
         reference = botocore_signed(Credentials(KEY, SECRET), url, {}, b"{}", when)
         assert added["Authorization"] == reference.headers["Authorization"]
+
+
+def test_a_signature_without_a_time_given_is_the_clocks() -> None:
+    """Signed at the clock's time: the stamp is now's in UTC, to the second, and the signature
+    is botocore's for that second (the stamp is formatted once a second and kept)."""
+    signer = Signer.static("us-east-1", KEY, SECRET)
+    url = "https://bedrock-runtime.us-east-1.amazonaws.com/model/m/converse"
+    for _ in range(3):
+        before = datetime.now(UTC).replace(microsecond=0)
+        added = signer.sign("POST", url, {"content-type": "application/json"}, b"{}")
+        after = datetime.now(UTC)
+        when = datetime.strptime(added["X-Amz-Date"], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+        assert before <= when <= after
+        reference = botocore_signed(
+            Credentials(KEY, SECRET), url, {"content-type": "application/json"}, b"{}", when
+        )
+        assert added["Authorization"] == reference.headers["Authorization"]
