@@ -12,7 +12,8 @@ The steps are botocore's ``SigV4Auth``'s, written out for the one shape the gate
 and quoting, its list of headers never signed, its trimming of values), the string to sign,
 the signing key and the signature (HMAC-SHA256 from ``hashlib``). What botocore builds per
 request and does not change between a channel's requests is kept instead: the signing key
-per day and secret, and per URL its canonical path, query and host. ``tests/test_sigv4.py``
+per day and secret, per URL its canonical path, query and host, and the signing time's text
+per second of the clock. ``tests/test_sigv4.py``
 holds every signature to ``SigV4Auth``'s own, and the fake Bedrock verifies them with it;
 written out, one costs about a third of what ``SigV4Auth`` costs (bench/RESULTS.md). It does
 not call ``SigV4Auth.add_auth``, which would read the clock itself and log the canonical
