@@ -16,6 +16,8 @@ field for (adapters read and write them; the openai adapter strips them on the w
 - tool call ``thought_signature: str``: Gemini's signature on a ``functionCall`` part.
 - request ``top_k: int``: sampling, carried between anthropic and gemini.
 - usage ``cache_creation_tokens: int``: Anthropic ``cache_creation_input_tokens``.
+- usage ``cache_creation_1h_tokens: int``: of those, the ones written for an hour (Anthropic
+  ``cache_creation.ephemeral_1h_input_tokens``), billed at their own price.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Usage(TypedDict, total=False):
     prompt_tokens_details: PromptTokensDetails
     completion_tokens_details: CompletionTokensDetails
     cache_creation_tokens: int
+    cache_creation_1h_tokens: int
 
 
 class FunctionCall(TypedDict, total=False):

@@ -66,12 +66,19 @@ async def test_the_admin_api_creates_patches_and_shows_cache_prices(store: Store
     made = await catalogue.create_model(store, cfg, body)
     shown = model_json(made)["price"]
     assert (shown["cache_read"], shown["cache_write"]) == (0.3, None)  # null: the input price
+    assert shown["cache_write_1h"] is None  # null: the table's ratio, else cache_write's
     changed = await catalogue.update_model(
-        store, cfg, "m-api", {"price": {"input": 3, "cache_write": 3.75, "cache_read": None}}
+        store,
+        cfg,
+        "m-api",
+        {"price": {"input": 3, "cache_write": 3.75, "cache_write_1h": 6, "cache_read": None}},
     )
     assert (changed.price.cache_read, changed.price.cache_write) == (None, 3.75)
+    assert changed.price.cache_write_1h == 6
     again = parse_model(model_json(changed))  # what the store keeps reads back the same
     assert again.price == changed.price
+    with pytest.raises(InvalidRequestError, match=r"^price\.cache_write_1h: must be a number"):
+        await catalogue.update_model(store, cfg, "m-api", {"price": {"cache_write_1h": "x"}})
     with pytest.raises(InvalidRequestError, match=r"^price\.cache_read: must be a number"):
         await catalogue.update_model(store, cfg, "m-api", {"price": {"cache_read": -0.1}})
 
@@ -82,5 +89,7 @@ def test_the_cli_has_a_flag_per_price() -> None:
     )
     body = cli_catalogue.model_body(args)
     assert body["price"] == {"input": 3, "cache_read": 0.3, "cache_write": 3.75}
+    hour = cli.build_parser().parse_args(["models", "add", "m", "--cache-write-1h", "6"])
+    assert cli_catalogue.model_body(hour)["price"] == {"cache_write_1h": 6}
     kept = cli_catalogue.model_body(args, {"input": 1, "output": 15, "cache_read": None})
     assert kept["price"] == {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75}

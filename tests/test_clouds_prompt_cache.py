@@ -111,6 +111,32 @@ async def test_converse_cache_usage_is_read_into_the_classes(
     assert exact(rec) == priced(rec) == Decimal("0.0042")  # 400x3 + 2000x0.3 + 600x3.75 + 10x15
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", ["bed-nova", "bed-claude", "vx-claude"])
+async def test_writes_of_an_hour_are_billed_at_their_price_on_every_cloud(
+    fake: FakeUpstream, gateway_factory: Factory, model: str, stream: bool
+) -> None:
+    """Writes the cloud reports as written for an hour (Converse's ``cacheDetails``, the
+    Messages usage's ``cache_creation``) at the model's ``cache_write_1h``, the rest of the
+    writes at ``cache_write``."""
+    directive = "[[fake prompt_tokens=3000 cached_tokens=2000 cache_write_tokens=600 " \
+        "cache_write_1h_tokens=400 completion_tokens=10]]"  # fmt: skip
+    body = {"model": model, "messages": [{"role": "user", "content": directive}],
+            "stream": stream}  # fmt: skip
+    cfg = priced_config(fake)
+    for each in cfg["models"]:
+        each["price"] = {**PRICE, "cache_write_1h": 6}
+    async with gateway_factory(**cfg) as gw, aiohttp.ClientSession() as s:
+        async with s.post(gw.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+            assert r.status == 200, await r.text()
+            await r.read()
+        await gw.state.writer.flush()
+        [rec] = await gw.state.store.usage("alice", limit=5)
+    assert (rec.prompt_tokens, rec.cache_read_tokens, rec.cache_write_tokens) == (3000, 2000, 600)
+    # 400 x 3 + 2000 x 0.3 + 200 x 3.75 + 400 x 6 + 10 x 15
+    assert exact(rec) == Decimal("0.0051")
+
+
 def messages(model: str, turns: int, stream: bool) -> dict[str, Any]:
     """Claude Code's shape: its own marks on the system prompt and the last block."""
     body = chat(model, turns, stream)

@@ -177,3 +177,34 @@ def test_converse_cache_points_and_the_bound() -> None:
     assert len(cache) == 2
     cache.use("converse", {**body(1), "system": [{"text": SYSTEM + "!"}]}, "k:nova")
     assert len(cache) == 2  # bounded
+
+
+async def test_an_hour_long_breakpoint_writes_its_prefix_for_an_hour(up: FakeUpstream) -> None:
+    """Claude Code's 1-hour shape: the system prompt marked ``ttl: "1h"``, the last block
+    5 minutes. The writes up to the hour-long breakpoint are told apart in ``cache_creation``;
+    a second turn reads them back and writes only its new turn, for 5 minutes."""
+
+    def body(turns: int) -> dict[str, Any]:
+        marked = anthropic_body(turns)
+        marked["system"][0]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+        return marked
+
+    async def usage(turns: int) -> dict[str, Any]:
+        headers = {"x-api-key": "sk-hour", "anthropic-version": "2023-06-01"}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(up.url + "/v1/messages", json=body(turns), headers=headers) as r:
+                return dict(orjson.loads(await r.read())["usage"])
+
+    first = await usage(1)
+    by_ttl = first["cache_creation"]
+    written = first["cache_creation_input_tokens"]
+    assert first["cache_read_input_tokens"] == 0 and written >= MIN_TOKENS
+    assert MIN_TOKENS <= by_ttl["ephemeral_1h_input_tokens"] < written  # the system prompt
+    assert by_ttl["ephemeral_5m_input_tokens"] == written - by_ttl["ephemeral_1h_input_tokens"]
+    second = await usage(2)
+    assert second["cache_read_input_tokens"] == written
+    assert second["cache_creation"] == {
+        "ephemeral_5m_input_tokens": second["cache_creation_input_tokens"],
+        "ephemeral_1h_input_tokens": 0,
+    }
+    assert second["cache_creation_input_tokens"] > 0

@@ -19,6 +19,7 @@ from gateway.policy.billing import Metered, Rate, cache_prices
 from gateway.policy.prices import (
     BUILTIN,
     COLUMNS,
+    EARLIER_COLUMNS,
     PriceTable,
     PriceTableError,
     builtin,
@@ -81,8 +82,31 @@ def test_every_builtin_row_has_a_date_a_source_and_sane_prices() -> None:
             assert r.cache_read < r.input, r
         if r.cache_write is not None:
             assert r.cache_write >= r.input, r
+        if r.cache_write_1h is not None:  # Anthropic's alone: twice its input, past 5 minutes'
+            assert r.provider == "anthropic" and r.cache_write_1h == 2 * r.input, r
+            assert r.cache_write is not None and r.cache_write_1h > r.cache_write, r
+        else:
+            assert r.provider != "anthropic", r
     sonnet = builtin().lookup("claude-sonnet-4")
-    assert sonnet is not None and (sonnet.input, sonnet.cache_write) == (3, 3.75)
+    assert sonnet is not None
+    assert (sonnet.input, sonnet.cache_write, sonnet.cache_write_1h) == (3, 3.75, 6)
+
+
+def test_a_price_file_of_an_earlier_version_still_reads() -> None:
+    """A file without the cache_write_1h column (a copy made before it): its rows read, none
+    with a 1-hour write price."""
+    text = ",".join(EARLIER_COLUMNS) + "\nacme,acme-1,7,9,0.7,8,2027-01-01,https://acme.test,\n"
+    (row,) = parse_rows(text)
+    assert (row.model, row.input, row.output, row.cache_read, row.cache_write) == (
+        "acme-1",
+        7,
+        9,
+        0.7,
+        8,
+    )
+    assert row.cache_write_1h is None and row.date == "2027-01-01"
+    (row,) = parse_rows(",".join(COLUMNS) + "\nacme,acme-1,7,9,0.7,8,14,2027-01-01,https://a,\n")
+    assert (row.cache_write, row.cache_write_1h, row.source) == (8, 14, "https://a")
 
 
 # the providers' published rules for cached input, as ratios of the input price: (provider,
@@ -114,12 +138,14 @@ def test_cache_prices_follow_the_providers_rules(row: Any) -> None:
     [
         ("", "no header line"),
         ("model,input\n", "the header must be"),
-        (",".join(COLUMNS) + "\nx,m,1,2,,,2026-01-01\n", "line 2: 7 columns"),
-        (",".join(COLUMNS) + "\nx,m,one,2,,,2026-01-01,https://x,\n", "line 2: input: not a"),
-        (",".join(COLUMNS) + "\nx,m,-1,2,,,2026-01-01,https://x,\n", "line 2: input: must be"),
-        (",".join(COLUMNS) + "\nx,M,1,2,,,2026-01-01,https://x,\n", "line 2: model: must be"),
-        (",".join(COLUMNS) + "\nx,m,1,2,,,,https://x,\n", "its date and source"),
-        (",".join(COLUMNS) + "\nx,m,1,2,,,d,s,\nx,m,1,2,,,d,s,\n", "line 3: model: 'm' is"),
+        (",".join(COLUMNS) + "\nx,m,1,2,,,,2026-01-01\n", "line 2: 8 columns, not 10"),
+        (",".join(COLUMNS) + "\nx,m,one,2,,,,2026-01-01,https://x,\n", "line 2: input: not a"),
+        (",".join(COLUMNS) + "\nx,m,-1,2,,,,2026-01-01,https://x,\n", "line 2: input: must be"),
+        (",".join(COLUMNS) + "\nx,M,1,2,,,,2026-01-01,https://x,\n", "line 2: model: must be"),
+        (",".join(COLUMNS) + "\nx,m,1,2,,,,,https://x,\n", "its date and source"),
+        (",".join(COLUMNS) + "\nx,m,1,2,,,,d,s,\nx,m,1,2,,,,d,s,\n", "line 3: model: 'm' is"),
+        (",".join(COLUMNS) + "\nx,m,1,2,,,x,d,s,\n", "line 2: cache_write_1h: not a number"),
+        (",".join(EARLIER_COLUMNS) + "\nx,m,1,2,,,,d,s,\n", "line 2: 10 columns, not 9"),
     ],
 )
 def test_a_bad_price_file_says_which_line(text: str, error: str) -> None:
@@ -187,13 +213,17 @@ def test_a_hand_price_takes_the_tables_cache_ratios() -> None:
          {"type": "openai", "base_url": "http://oa.test/v1", "name": "oa", "models": ["u"]}],
     )  # fmt: skip
     by = {m.name: m for m in s.models}
-    # Anthropic's sonnet: reads 0.1 times its input, writes 1.25 times
-    assert cache_prices(by["s"].price, by["s"].table) == pytest.approx((0.2, 2.5))
-    assert cache_prices(by["t"].price, by["t"].table) == pytest.approx((1.5, 2.5))  # its own
+    # Anthropic's sonnet: reads 0.1 times its input, writes 1.25 times, 1-hour writes 2 times
+    assert cache_prices(by["s"].price, by["s"].table) == pytest.approx((0.2, 2.5, 4))
+    assert cache_prices(by["t"].price, by["t"].table) == pytest.approx((1.5, 2.5, 4))  # its own
     assert by["u"].table is None  # no row for "u": the input price stands in
-    assert cache_prices(by["u"].price, by["u"].table) == (2, 2)
+    assert cache_prices(by["u"].price, by["u"].table) == (2, 2, 2)
     rate = Rate.from_price(by["s"].price, by["s"].table)
-    assert (rate.cache_read, rate.cache_write) == (200_000, 2_500_000)  # pico-units a token
+    assert (rate.cache_read, rate.cache_write, rate.cache_write_1h) == (
+        200_000,
+        2_500_000,
+        4_000_000,
+    )  # pico-units a token
 
 
 def test_a_model_with_neither_is_refused_at_start() -> None:
@@ -209,7 +239,7 @@ def test_prices_file_replaces_the_table(tmp_path: Path) -> None:
     newer = tmp_path / "prices.csv"
     newer.write_text(
         "# a newer table\n" + ",".join(COLUMNS) + "\n"
-        "acme,acme-1,7,9,0.7,,2027-01-01,https://acme.test/pricing,\n"
+        "acme,acme-1,7,9,0.7,,,2027-01-01,https://acme.test/pricing,\n"
     )
     cfg = tmp_path / "gateway.yaml"
     cfg.write_text(
@@ -282,17 +312,22 @@ def test_the_cli_lists_the_table_and_diffs_the_catalogue(
     )
     listed = run(cfg, capsys, "prices", "list", "--provider", "deepseek").splitlines()
     assert listed[0].split() == ["PROVIDER", "MODEL", "INPUT", "OUTPUT", "CACHE_READ",
-                                 "CACHE_WRITE", "DATE", "SOURCE"]  # fmt: skip
-    assert listed[1].split()[:6] == ["deepseek", "deepseek-chat", "0.56", "1.68", "0.07", "0.56"]
+                                 "CACHE_WRITE", "CACHE_WRITE_1H", "DATE", "SOURCE"]  # fmt: skip
+    assert listed[1].split()[:7] == [
+        "deepseek", "deepseek-chat", "0.56", "1.68", "0.07", "0.56", "-"
+    ]  # fmt: skip
     assert listed[-1] == f"2 rows from {BUILTIN}"
     table = run(cfg, capsys, "prices", "diff").splitlines()
-    assert [line.split()[:8] for line in table[1:]] == [
-        ["sonnet", "claude-sonnet-4-5", "table", "3", "15", "0.3", "3.75", "same"],
-        ["cheap", "claude-haiku-4-5", "config", "2", "10", "0.2", "2.5", "differs:"],
-        ["house", "house", "config", "1", "0", "1", "1", "no"],
+    assert [line.split()[:9] for line in table[1:]] == [
+        ["sonnet", "claude-sonnet-4-5", "table", "3", "15", "0.3", "3.75", "6", "same"],
+        ["cheap", "claude-haiku-4-5", "config", "2", "10", "0.2", "2.5", "4", "differs:"],
+        ["house", "house", "config", "1", "0", "1", "1", "1", "no"],
     ]
-    assert table[2].endswith("differs: input 1, output 5, cache_read 0.1, cache_write 1.25")
+    assert table[2].endswith(
+        "differs: input 1, output 5, cache_read 0.1, cache_write 1.25, cache_write_1h 2"
+    )
     data = orjson.loads(run(cfg, capsys, "prices", "diff", "--json"))["data"]
-    assert data[1]["differs"] == ["input", "output", "cache_read", "cache_write"]
+    assert data[1]["differs"] == ["input", "output", "cache_read", "cache_write", "cache_write_1h"]
+    assert data[0]["price"]["cache_write_1h"] == 6 and data[0]["table"]["cache_write_1h"] == 6
     assert data[1]["table"]["source"].startswith("https://")
     assert data[2]["table"] is None

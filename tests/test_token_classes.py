@@ -29,7 +29,9 @@ from gateway.kinds.chat import chat_used
 from gateway.observe.metrics import Metrics
 from gateway.policy.billing import PICO_PER_MICRO, Metered, Rate, cache_prices, usage_classes
 from gateway.protocols import ADAPTERS, CLIENTS
+from gateway.protocols.anthropic.reply import decode_usage
 from gateway.protocols.base import Ctx, Passthrough, RouteMatch, UpstreamTarget
+from gateway.protocols.converse.reply import decode_usage as converse_usage
 from gateway.protocols.responses import ResponsesAdapter
 from gateway.protocols.sse import SSEParser
 from tests.fixture_tree import FixtureCase
@@ -108,10 +110,13 @@ def test_fixture_records_keep_every_class_at_its_own_price(path: Path) -> None:
 
 
 def test_an_unset_cache_price_is_the_input_price() -> None:
-    assert cache_prices(Price(input=2)) == (2, 2)
-    assert cache_prices(Price(input=2, cache_read=0.2, cache_write=0)) == (0.2, 0)
+    assert cache_prices(Price(input=2)) == (2, 2, 2)
+    assert cache_prices(Price(input=2, cache_read=0.2, cache_write=0)) == (0.2, 0, 0)
     free_writes = Rate.from_price(Price(input=2, cache_write=0))
     assert (free_writes.cache_read, free_writes.cache_write) == (2_000_000, 0)
+    # no table row and no price of its own: a 1-hour write costs what a write costs
+    assert cache_prices(Price(input=2, cache_write=2.5)) == (2, 2.5, 2.5)
+    assert cache_prices(Price(input=2, cache_write=2.5, cache_write_1h=4)) == (2, 2.5, 4)
 
 
 @pytest.mark.parametrize(
@@ -461,3 +466,66 @@ def test_metrics_count_each_class_as_a_token_type_and_the_exact_cost() -> None:
         ("gen_ai_client_token_usage_sum", "reasoning"): 2 * 256,
         ("gateway_cost_total", "chat-small"): 0.000011,  # 2 x 5.5 micro-units
     }
+
+
+@pytest.mark.parametrize(
+    ("usage", "write", "hour"),
+    [
+        ({"cache_creation_input_tokens": 100, "cache_creation": {"ephemeral_1h_input_tokens": 40,
+          "ephemeral_5m_input_tokens": 60}}, 100, 40),
+        ({"cache_creation_input_tokens": 100, "cache_creation": {"ephemeral_1h_input_tokens": 500}},
+         100, 100),  # never more than the writes
+        ({"cache_creation_input_tokens": 100, "cache_creation": {"ephemeral_1h_input_tokens": -5}},
+         100, 0),
+        ({"cache_creation_input_tokens": 100, "cache_creation": {"ephemeral_1h_input_tokens": "9"}},
+         100, 0),
+        ({"cache_creation_input_tokens": 100, "cache_creation": [40]}, 100, 0),
+        ({"cache_creation_input_tokens": 0, "cache_creation": {"ephemeral_1h_input_tokens": 40}},
+         0, 0),  # no writes, no 1-hour ones
+        ({"cache_creation_input_tokens": 100}, 100, 0),  # before the lifetimes were reported
+    ],
+)  # fmt: skip
+def test_anthropic_one_hour_writes_are_a_part_of_the_writes(
+    usage: dict[str, Any], write: int, hour: int
+) -> None:
+    internal = decode_usage({"input_tokens": 10, "output_tokens": 5, **usage})
+    used = usage_classes(internal)
+    assert (used.prompt_tokens, used.cache_write_tokens, used.cache_write_1h_tokens) == (
+        10 + write,
+        write,
+        hour,
+    )
+    # priced: 5-minute writes at 1.25, 1-hour ones at 2, per million tokens
+    price = Price(input=1, output=2, cache_write=1.25, cache_write_1h=2)
+    assert (
+        billed(used, price)
+        == (Decimal(10) + Decimal("1.25") * (write - hour) + 2 * hour + 2 * 5) / MICRO
+    )
+
+
+def test_one_hour_writes_are_cut_to_the_writes_the_prompt_leaves() -> None:
+    used = Metered(prompt_tokens=100, cache_read_tokens=80, cache_write_tokens=50,
+                   cache_write_1h_tokens=50).classified()  # fmt: skip
+    assert (used.cache_read_tokens, used.cache_write_tokens, used.cache_write_1h_tokens) == (
+        80, 20, 20
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("details", "hour"),
+    [
+        ([{"ttl": "1h", "inputTokens": 40}, {"ttl": "5m", "inputTokens": 60}], 40),
+        ([{"ttl": "5m", "inputTokens": 100}], 0),
+        ([{"ttl": "1h", "inputTokens": 400}], 100),  # never more than the writes
+        ([{"ttl": "1h", "inputTokens": -4}, {"ttl": "1h", "inputTokens": 30}], 30),
+        ([{"ttl": "1h"}, "1h", None], 0),
+        ({"ttl": "1h", "inputTokens": 40}, 0),  # not a list
+    ],
+)  # fmt: skip
+def test_converse_one_hour_writes_are_read_from_its_cache_details(details: Any, hour: int) -> None:
+    internal = converse_usage({"inputTokens": 10, "outputTokens": 5, "cacheWriteInputTokens": 100,
+                               "cacheDetails": details})  # fmt: skip
+    used = usage_classes(internal)
+    assert (used.prompt_tokens, used.cache_write_tokens, used.cache_write_1h_tokens) == (
+        110, 100, hour
+    )  # fmt: skip

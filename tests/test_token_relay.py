@@ -85,3 +85,60 @@ async def test_cache_reads_are_billed_at_their_price_and_told_to_each_client(
         rec = await last_record(gw)
         assert (rec.prompt_tokens, rec.cache_read_tokens, rec.cache_write_tokens) == (40, 32, 0)
         assert (rec.cost, rec.cost_pico) == (8 + 3 + 4, 200_000)
+
+
+async def test_one_hour_cache_writes_are_billed_at_their_own_price(
+    gateway_factory: Any, fake: FakeUpstream
+) -> None:
+    """An anthropic channel that reports writes of both lifetimes (``cache_creation``): the
+    5-minute ones at ``cache_write``, the 1-hour ones at ``cache_write_1h``, converted for a
+    chat client and passed through to a messages client; a model without a 1-hour price
+    bills them as writes. The records' costs are what the balance lost."""
+    # micro-units per token: fresh input 1, reads 0.1, writes 1.25, 1-hour writes 2, output 2
+    hour_price = {**PRICE, "cache_write": 1.25, "cache_write_1h": 2.0}
+    models = make_config(fake.url, "sqlite:///unused.db")["models"]
+    models = [{**m, "price": hour_price if m["name"] == "claude-small" else PRICE} for m in models]
+    used = dict(prompt_tokens=10_000, cached_tokens=1_000, cache_write_tokens=6_000,
+                cache_write_1h_tokens=4_000, completion_tokens=10)  # fmt: skip
+    # fresh 3,000 x 1 + reads 1,000 x 0.1 + 5-minute writes 2,000 x 1.25 + 1-hour writes
+    # 4,000 x 2 + output 10 x 2
+    cost = 3_000 + 100 + 2_500 + 8_000 + 20
+    async with gateway_factory(models=models) as gw, aiohttp.ClientSession() as s:
+        before = await gw.state.store.get_account("alice")
+        fake.queue(Reply(text="Hi.", **used))
+        body = {"model": "claude-small", "messages": HI}
+        async with s.post(gw.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+            assert r.status == 200, await r.text()
+            usage = (await r.json())["usage"]
+        assert usage["prompt_tokens"] == 10_000
+        assert "cache_creation_1h_tokens" not in usage  # the internal field stays inside
+        rec = await last_record(gw)
+        assert (rec.prompt_tokens, rec.cache_read_tokens, rec.cache_write_tokens) == (
+            10_000, 1_000, 6_000
+        )  # fmt: skip
+        assert (rec.cost, rec.cost_pico) == (cost, 0)
+
+        fake.queue(Reply(text="Hi.", **used))
+        body = {"model": "claude-small", "max_tokens": 64, "messages": HI, "stream": True}
+        async with s.post(gw.v1 + "/messages", json=body, headers=HEADERS) as r:
+            assert r.status == 200
+            usage = message_usage(await r.read())
+        assert usage["cache_creation"] == {
+            "ephemeral_5m_input_tokens": 2_000,
+            "ephemeral_1h_input_tokens": 4_000,
+        }  # the upstream's, as it came
+        rec = await last_record(gw)
+        assert (rec.cost, rec.cost_pico) == (cost, 0)
+        after = await gw.state.store.get_account("alice")
+        assert before is not None and after is not None
+        assert before.balance - after.balance == 2 * cost
+
+    # no 1-hour price and no price table row for the upstream's name: they cost what writes do
+    models = [{**m, "price": {**PRICE, "cache_write": 1.25}} for m in models]
+    async with gateway_factory(models=models) as gw, aiohttp.ClientSession() as s:
+        fake.queue(Reply(text="Hi.", **used))
+        body = {"model": "claude-small", "messages": HI}
+        async with s.post(gw.v1 + "/chat/completions", json=body, headers=HEADERS) as r:
+            assert r.status == 200
+        rec = await last_record(gw)
+        assert (rec.cost, rec.cost_pico) == (cost - 4_000 * 2 + 4_000 * 1.25, 0)

@@ -63,10 +63,17 @@ def error_payload(
 
 
 def usage(plan: Plan) -> dict[str, Any]:
+    """Anthropic's usage object: the cache writes in all, and by lifetime in
+    ``cache_creation`` (5 minutes, or an hour where a breakpoint asked ``ttl: "1h"``)."""
+    hour = plan.cache_write_1h_tokens
     return {
         "input_tokens": plan.prompt_tokens - plan.cached_tokens - plan.cache_write_tokens,
         "cache_creation_input_tokens": plan.cache_write_tokens,
         "cache_read_input_tokens": plan.cached_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": plan.cache_write_tokens - hour,
+            "ephemeral_1h_input_tokens": hour,
+        },
         "output_tokens": plan.completion_tokens,
         "service_tier": "standard",
     }

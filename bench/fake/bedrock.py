@@ -187,8 +187,10 @@ def from_invoke(body: dict[str, Any]) -> Incoming:
 
 
 # replies -------------------------------------------------------------------------------------
-def usage(plan: Plan) -> dict[str, int]:
-    out = {
+def usage(plan: Plan) -> dict[str, Any]:
+    """Converse's ``TokenUsage``: the cache writes in all, and by lifetime in
+    ``cacheDetails`` (1 hour before 5 minutes, as Bedrock sorts them; empty without writes)."""
+    out: dict[str, Any] = {
         "inputTokens": plan.prompt_tokens - plan.cached_tokens - plan.cache_write_tokens,
         "outputTokens": plan.completion_tokens,
         "totalTokens": plan.prompt_tokens + plan.completion_tokens,
@@ -196,6 +198,9 @@ def usage(plan: Plan) -> dict[str, int]:
     if plan.cached_tokens or plan.cache_write_tokens:
         out["cacheReadInputTokens"] = plan.cached_tokens
         out["cacheWriteInputTokens"] = plan.cache_write_tokens
+        hour = plan.cache_write_1h_tokens
+        details = [("1h", hour), ("5m", plan.cache_write_tokens - hour)]
+        out["cacheDetails"] = [{"ttl": ttl, "inputTokens": n} for ttl, n in details if n]
     return out
 
 

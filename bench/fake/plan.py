@@ -65,6 +65,7 @@ class Plan:
     cached_tokens: int  # read from the prompt cache
     reasoning_tokens: int
     cache_write_tokens: int = 0  # written to the prompt cache
+    cache_write_1h_tokens: int = 0  # of those, written for an hour (Anthropic's ttl "1h")
 
 
 @functools.lru_cache(maxsize=256)
@@ -148,6 +149,7 @@ def make_plan(
     prompt = reply.prompt_tokens if reply.prompt_tokens is not None else incoming.prompt_tokens
     cached = min(reply.cached_tokens or 0, prompt)
     written = min(reply.cache_write_tokens or 0, prompt - cached)
+    written_1h = min(reply.cache_write_1h_tokens or 0, written)
     signature = ""
     if reasoning:
         digest = hashlib.sha256(reasoning.encode()).digest()[:24]
@@ -171,4 +173,5 @@ def make_plan(
         cached_tokens=cached,
         reasoning_tokens=min(reasoning_tokens, completion),
         cache_write_tokens=written,
+        cache_write_1h_tokens=written_1h,
     )

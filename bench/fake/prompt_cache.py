@@ -11,7 +11,10 @@ memory, the least recently used dropped past ``MAX_ENTRIES``; entries do not exp
   system, then each message's blocks, a block marked ``cache_control`` a breakpoint. Each
   breakpoint looks for the longest cached prefix among the 20 block boundaries ending at it
   (Anthropic's lookback): that is read (``cache_read_input_tokens``); the prefix up to the last
-  breakpoint past it is written (``cache_creation_input_tokens``) and kept. Bedrock Converse
+  breakpoint past it is written (``cache_creation_input_tokens``) and kept, the part up to the
+  last breakpoint marked ``ttl: "1h"`` written for an hour (``cache_creation``'s
+  ``ephemeral_1h_input_tokens``: Anthropic takes 1-hour breakpoints before 5-minute ones; the
+  cache keeps both alike). Bedrock Converse
   does the same with its ``cachePoint`` blocks, which mark the block before them.
 - OpenAI (chat completions, Responses) and Gemini cache without marks: a prompt's prefixes
   are kept at every message boundary, and a later prompt reads its longest kept prefix
@@ -68,6 +71,7 @@ class CacheUse:
 
     read: int = 0
     written: int = 0
+    written_1h: int = 0  # of the writes, those up to a breakpoint of an hour
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +79,24 @@ class Unit:
     digest: bytes  # the hash of the prefix ending with this unit
     tokens: int  # the prefix's share of the token estimate
     marked: bool  # a breakpoint (the marked shapes)
+    hour: bool = False  # a breakpoint whose entry lasts an hour (Anthropic's ttl "1h")
 
 
 def _canonical(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _chain(scope: bytes, parts: Iterable[tuple[Any, int, bool]]) -> list[Unit]:
-    """(what a unit is, its weight in characters, marked) -> the units with their prefix
-    hashes and cumulative tokens (characters / 4, as the estimate counts)."""
+def _chain(scope: bytes, parts: Iterable[tuple[Any, int, bool | str]]) -> list[Unit]:
+    """(what a unit is, its weight in characters, marked: a bool, or a breakpoint's lifetime
+    "5m" / "1h", "" for none) -> the units with their prefix hashes and cumulative tokens
+    (characters / 4, as the estimate counts)."""
     digest = hashlib.sha256(scope).digest()
     chars = 0
     units: list[Unit] = []
     for value, weight, marked in parts:
         digest = hashlib.sha256(digest + _canonical(value)).digest()
         chars += weight
-        units.append(Unit(digest, chars // 4, marked))
+        units.append(Unit(digest, chars // 4, bool(marked), marked == "1h"))
     return units
 
 
@@ -98,10 +104,18 @@ def _weigh(count: Counter) -> int:
     return count.chars + IMAGE_CHARS * len(count.images)
 
 
-def _anthropic_parts(body: Mapping[str, Any]) -> Iterator[tuple[Any, int, bool]]:
+def _lifetime(block: dict[str, Any]) -> str:
+    """A block's breakpoint: "" (none), "5m" or "1h" (its ``cache_control``'s ``ttl``)."""
+    mark = block.get("cache_control")
+    if mark is None:
+        return ""
+    return "1h" if isinstance(mark, dict) and mark.get("ttl") == "1h" else "5m"
+
+
+def _anthropic_parts(body: Mapping[str, Any]) -> Iterator[tuple[Any, int, str]]:
     for tool in body.get("tools") or ():
         if isinstance(tool, dict):
-            yield ("tool", _unmarked(tool)), 0, "cache_control" in tool
+            yield ("tool", _unmarked(tool)), 0, _lifetime(tool)
     system = body.get("system")
     if isinstance(system, str):
         system = [{"type": "text", "text": system}]
@@ -109,7 +123,7 @@ def _anthropic_parts(body: Mapping[str, Any]) -> Iterator[tuple[Any, int, bool]]
         if isinstance(block, dict):
             count = Counter()
             anthropic_blocks([block], count, None)
-            yield ("system", _unmarked(block)), _weigh(count), "cache_control" in block
+            yield ("system", _unmarked(block)), _weigh(count), _lifetime(block)
     for msg in body.get("messages") or ():
         if not isinstance(msg, dict):
             continue
@@ -120,8 +134,7 @@ def _anthropic_parts(body: Mapping[str, Any]) -> Iterator[tuple[Any, int, bool]]
             if isinstance(block, dict):
                 count = Counter()
                 anthropic_blocks([block], count, None)
-                marked = "cache_control" in block
-                yield (msg.get("role"), _unmarked(block)), _weigh(count), marked
+                yield (msg.get("role"), _unmarked(block)), _weigh(count), _lifetime(block)
 
 
 def _unmarked(block: dict[str, Any]) -> dict[str, Any]:
@@ -260,10 +273,12 @@ class PromptCache:
                     read = chain[j].tokens
                     break
         written = chain[marks[-1]].tokens - read if marks else 0
+        hours = [i for i in marks if chain[i].hour]
+        written_1h = chain[hours[-1]].tokens - read if hours else 0
         for i in marks:
             if chain[i].tokens > read:
                 self._keep(chain[i].digest)
-        return CacheUse(read, max(0, written))
+        return CacheUse(read, max(0, written), max(0, written_1h))
 
     def _automatic(self, chain: list[Unit], step: int) -> CacheUse:
         read = 0
@@ -303,4 +318,9 @@ def with_cache(
     use = cache.use(shape, body, scope)
     if not use.read and not use.written:
         return reply
-    return dataclasses.replace(reply, cached_tokens=use.read, cache_write_tokens=use.written)
+    return dataclasses.replace(
+        reply,
+        cached_tokens=use.read,
+        cache_write_tokens=use.written,
+        cache_write_1h_tokens=use.written_1h,
+    )

@@ -37,6 +37,7 @@ _INT_KEYS = frozenset(
         "completion_tokens",
         "cached_tokens",
         "cache_write_tokens",
+        "cache_write_1h_tokens",
         "retry_after",
         "tools",
     }
@@ -89,6 +90,7 @@ class Reply:
     completion_tokens: int | None = None
     cached_tokens: int | None = None  # read from the prompt cache (None: the fake's cache)
     cache_write_tokens: int | None = None  # written to it (Anthropic, Bedrock Converse)
+    cache_write_1h_tokens: int | None = None  # of those, written for an hour (Anthropic)
     headers: Mapping[str, str] = field(default_factory=dict)
     retry_after: int | None = None  # seconds, on 429 (Gemini puts it in RetryInfo)
     echo: bool = False  # reply with the last user text, directive removed

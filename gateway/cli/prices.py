@@ -22,7 +22,7 @@ from gateway.policy.prices import TablePrice
 from gateway.store import Store
 from gateway.types import JSON
 
-CLASSES = ("input", "output", "cache_read", "cache_write")
+CLASSES = ("input", "output", "cache_read", "cache_write", "cache_write_1h")
 
 
 def _money(value: float | None) -> str:
@@ -37,6 +37,7 @@ def row_json(row: TablePrice) -> dict[str, JSON]:
         "output": row.output,
         "cache_read": row.cache_read,
         "cache_write": row.cache_write,
+        "cache_write_1h": row.cache_write_1h,
         "date": row.date,
         "source": row.source,
         "note": row.note,
@@ -45,24 +46,24 @@ def row_json(row: TablePrice) -> dict[str, JSON]:
 
 async def cmd_list(args: argparse.Namespace, settings: Settings, store: Store) -> Output:
     rows = [r for r in settings.prices.rows.values() if args.provider in (None, r.provider)]
-    headers = ["PROVIDER", "MODEL", "INPUT", "OUTPUT", "CACHE_READ", "CACHE_WRITE", "DATE",
-               "SOURCE"]  # fmt: skip
+    headers = ["PROVIDER", "MODEL", "INPUT", "OUTPUT", "CACHE_READ", "CACHE_WRITE",
+               "CACHE_WRITE_1H", "DATE", "SOURCE"]  # fmt: skip
     cells = [
         [r.provider, r.model, _money(r.input), _money(r.output), _money(r.cache_read),
-         _money(r.cache_write), r.date, r.source]
+         _money(r.cache_write), _money(r.cache_write_1h), r.date, r.source]
         for r in rows
     ]  # fmt: skip
     where = settings.prices.path
-    text = table(headers, cells, right=[2, 3, 4, 5]) if rows else "no rows"
+    text = table(headers, cells, right=[2, 3, 4, 5, 6]) if rows else "no rows"
     payload: dict[str, JSON] = {"file": where, "data": [row_json(r) for r in rows]}
     return Output(payload, f"{text}\n\n{len(rows)} rows from {where}")
 
 
 def billed(model: Model) -> dict[str, float]:
     """The prices per million tokens that billing uses for the model's token classes."""
-    read, write = cache_prices(model.price, model.table)
+    read, write, write_1h = cache_prices(model.price, model.table)
     return {"input": model.price.input, "output": model.price.output,
-            "cache_read": read, "cache_write": write}  # fmt: skip
+            "cache_read": read, "cache_write": write, "cache_write_1h": write_1h}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +109,13 @@ async def cmd_diff(args: argparse.Namespace, settings: Settings, store: Store) -
     v = await catalogue.load(store, settings)
     entries = [compared(m, upstream_names(m.name, v.channels)[0]) for m in v.models]
     headers = ["MODEL", "UPSTREAM", "SOURCE", "INPUT", "OUTPUT", "CACHE_READ", "CACHE_WRITE",
-               "TABLE"]  # fmt: skip
+               "CACHE_WRITE_1H", "TABLE"]  # fmt: skip
     cells = [
         [e.model.name, e.upstream, "config" if e.model.priced else "table",
          *(_money(e.prices[c]) for c in CLASSES), e.status()]
         for e in entries
     ]  # fmt: skip
-    text = table(headers, cells, right=[3, 4, 5, 6]) if entries else "no models"
+    text = table(headers, cells, right=[3, 4, 5, 6, 7]) if entries else "no models"
     data: list[JSON] = [e.json() for e in entries]
     return Output({"file": settings.prices.path, "data": data}, text)
 

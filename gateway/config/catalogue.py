@@ -66,11 +66,11 @@ MAX_ALIASES = 100  # per model
 ALIAS_RE = re.compile(r"^[A-Za-z0-9*][A-Za-z0-9._:/@*-]*$")  # a name, with * anywhere
 CAPABILITIES = frozenset({"chat", "vision", "tools", "embeddings", "images", "audio", "rerank"})
 PRICE_FIELDS = (
-    "input", "output", "cache_read", "cache_write", "request", "image", "audio_second",
-    "speech_char",
+    "input", "output", "cache_read", "cache_write", "cache_write_1h", "request", "image",
+    "audio_second", "speech_char",
 )  # fmt: skip
 # the prices that may be left unset (None): ``billing.cache_prices`` says what stands in for them
-OPTIONAL_PRICES = frozenset({"cache_read", "cache_write"})
+OPTIONAL_PRICES = frozenset({"cache_read", "cache_write", "cache_write_1h"})
 # the highest price of any kind (balance units per million tokens, per call, ...): far above
 # any real one, low enough that no request's cost overflows the stores' 64-bit micro-units
 # (``billing.MAX_COST``)
@@ -119,14 +119,16 @@ def parse_group(v: Any, where: str) -> tuple[str, float, str | None]:
 @dataclass(frozen=True, slots=True)
 class Price:
     """Balance units per million tokens (input, output; prompt tokens read from and written to
-    the provider's prompt cache), per call, per image, per second of audio transcribed, per
-    million characters spoken. A cache price left out is None: ``billing.cache_prices`` is the
-    one place that decides what stands in for it."""
+    the provider's prompt cache, and written to it for an hour: Anthropic's ``ttl: "1h"``), per
+    call, per image, per second of audio transcribed, per million characters spoken. A cache
+    price left out is None: ``billing.cache_prices`` is the one place that decides what stands
+    in for it."""
 
     input: float = 0.0
     output: float = 0.0
     cache_read: float | None = None
     cache_write: float | None = None
+    cache_write_1h: float | None = None
     request: float = 0.0
     image: float = 0.0
     audio_second: float = 0.0

@@ -36,7 +36,11 @@ def upstream_names(model: str, channels: Iterable[Channel]) -> list[str]:
 
 def table_price(row: TablePrice) -> Price:
     return Price(
-        input=row.input, output=row.output, cache_read=row.cache_read, cache_write=row.cache_write
+        input=row.input,
+        output=row.output,
+        cache_read=row.cache_read,
+        cache_write=row.cache_write,
+        cache_write_1h=row.cache_write_1h,
     )
 
 

@@ -4,10 +4,12 @@ Prices in the catalogue are balance units per million tokens, which is exactly m
 per token; they are turned once into integer pico-units (1e-12 balance units) per token, per
 call, per image, ... (``Rate``), so that a request's cost is integer arithmetic. Each class of
 token has its own price (CONTRACT §6): fresh input (the prompt less its cache reads and writes)
-at ``input``, cache reads at ``cache_read``, cache writes at ``cache_write``, all output
-(reasoning included) at ``output``; a cache price left unset is the input price times the
-price table's ratio for the model's upstream name, else the input price (``cache_prices``,
-the one place that decides it).
+at ``input``, cache reads at ``cache_read``, cache writes at ``cache_write`` (those written for
+an hour, Anthropic's ``ttl: "1h"``, at ``cache_write_1h``: 2 times the input price where
+5-minute writes cost 1.25 times), all output (reasoning included) at ``output``; a cache price
+left unset is the input price times the price table's ratio for the model's upstream name,
+else the input price, and for 1-hour writes the 5-minute write's (``cache_prices``, the one
+place that decides it).
 
 A request's cost is exact to the pico-unit and is never rounded to micro-units (``Charge``):
 its usage record keeps the whole micro-units (``cost``) and the pico-units below them
@@ -56,15 +58,19 @@ class Metered:
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_1h_tokens: int = 0  # of the cache writes, those written for an hour
 
     def classified(self) -> Metered:
         """Itself with its classes cut to fit: cache reads at most the prompt, cache writes
-        at most what is left of it, reasoning at most the output (an upstream that reports
-        more is broken: nothing is counted twice)."""
+        at most what is left of it (1-hour writes at most the writes), reasoning at most the
+        output (an upstream that reports more is broken: nothing is counted twice)."""
         prompt = self.prompt_tokens
         read = min(self.cache_read_tokens, prompt)
         self.cache_read_tokens = read
-        self.cache_write_tokens = min(self.cache_write_tokens, prompt - read)
+        write = min(self.cache_write_tokens, prompt - read)
+        self.cache_write_tokens = write
+        if self.cache_write_1h_tokens:
+            self.cache_write_1h_tokens = min(self.cache_write_1h_tokens, write)
         self.reasoning_tokens = min(self.reasoning_tokens, self.completion_tokens)
         return self
 
@@ -74,19 +80,23 @@ class Metered:
         return self.prompt_tokens - self.cache_read_tokens - self.cache_write_tokens
 
 
-def cache_prices(price: Price, row: TablePrice | None = None) -> tuple[float, float]:
-    """The prices of cache reads and cache writes: the model's own; else (unset) its input
-    price times the price table's ratio for its upstream model (``row``: Anthropic's writes
-    cost 1.25 times its input, reads 0.1 times); else its input price. The one place that
-    decides the default."""
-    read, write = price.cache_read, price.cache_write
+def cache_prices(price: Price, row: TablePrice | None = None) -> tuple[float, float, float]:
+    """The prices of cache reads, cache writes and 1-hour cache writes: the model's own;
+    else (unset) its input price times the price table's ratio for its upstream model
+    (``row``: Anthropic's writes cost 1.25 times its input, 1-hour writes 2 times, reads 0.1
+    times); else its input price, and for 1-hour writes the writes' price (a provider with no
+    such write bills none). The one place that decides the default."""
+    read, write, write_1h = price.cache_read, price.cache_write, price.cache_write_1h
     if read is None:
         ratio = None if row is None else row.ratio(row.cache_read)
         read = price.input if ratio is None else price.input * ratio
     if write is None:
         ratio = None if row is None else row.ratio(row.cache_write)
         write = price.input if ratio is None else price.input * ratio
-    return read, write
+    if write_1h is None:
+        ratio = None if row is None else row.ratio(row.cache_write_1h)
+        write_1h = write if ratio is None else price.input * ratio
+    return read, write, write_1h
 
 
 def _pico(price: float, pico_per_priced: float) -> int:
@@ -127,13 +137,14 @@ class Rate:
     speech_char: int = 0
     cache_read: int = 0  # ``from_price`` fills every field
     cache_write: int = 0
+    cache_write_1h: int = 0
 
     @classmethod
     def from_price(cls, price: Price, row: TablePrice | None = None) -> Rate:
         """``row``: the price table's row for the model's upstream name (``Model.table``),
         whose ratios price the cache classes the model leaves unset."""
         per_token = PICO_PER_MICRO  # a price per million tokens is micro-units per token
-        read, write = cache_prices(price, row)
+        read, write, write_1h = cache_prices(price, row)
         return cls(
             input=_pico(price.input, per_token),
             output=_pico(price.output, per_token),
@@ -143,6 +154,7 @@ class Rate:
             speech_char=_pico(price.speech_char, per_token),  # per million characters
             cache_read=_pico(read, per_token),
             cache_write=_pico(write, per_token),
+            cache_write_1h=_pico(write_1h, per_token),
         )
 
     def pico_of(self, used: Metered) -> int:
@@ -157,6 +169,8 @@ class Rate:
             + used.completion_tokens * self.output
             + self.request
         )
+        if used.cache_write_1h_tokens:  # Anthropic's alone: the writes' part at its own price
+            pico += used.cache_write_1h_tokens * (self.cache_write_1h - self.cache_write)
         if used.images or used.speech_chars or used.audio_seconds:  # not chat's
             pico += used.images * self.image + used.speech_chars * self.speech_char
             pico += round(used.audio_seconds * self.audio_second)
@@ -235,17 +249,22 @@ def usage_classes(usage: Usage | None) -> Metered:
     """The tokens of a chat-completions usage object by class: prompt (cache reads and writes
     included), completion (reasoning included), cache reads
     (``prompt_tokens_details.cached_tokens``), cache writes (``cache_creation_tokens``, the
-    internal shape's field for Anthropic's), reasoning
+    internal shape's field for Anthropic's; those written for an hour
+    ``cache_creation_1h_tokens``), reasoning
     (``completion_tokens_details.reasoning_tokens``); each a plausible count
     (``billable_tokens``) and the classes cut to fit their totals (``Metered.classified``)."""
     if not usage or not isinstance(usage, dict):
         return Metered()
+    write = billable_tokens(usage.get("cache_creation_tokens"))
     return Metered(
         prompt_tokens=billable_tokens(usage.get("prompt_tokens")),
         completion_tokens=billable_tokens(usage.get("completion_tokens")),
         cache_read_tokens=_detail(usage.get("prompt_tokens_details"), "cached_tokens"),
-        cache_write_tokens=billable_tokens(usage.get("cache_creation_tokens")),
+        cache_write_tokens=write,
         reasoning_tokens=_detail(usage.get("completion_tokens_details"), "reasoning_tokens"),
+        cache_write_1h_tokens=(
+            billable_tokens(usage.get("cache_creation_1h_tokens")) if write else 0
+        ),
     ).classified()
 
 

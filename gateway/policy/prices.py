@@ -6,9 +6,10 @@ input, output, cache reads and cache writes, each row with the date it was read 
 source. The table does two things (``config.pricing`` applies it to the catalogue):
 
 - a catalogue model with no ``price`` takes the row of its upstream model, as its price;
-- a model priced by hand without ``cache_read`` / ``cache_write`` takes the row's *ratio* of
-  cache price to input price (``billing.cache_prices``): Anthropic's cache writes cost 1.25
-  times its input, reads 0.1 times, and a hand-set input price of 2 makes them 2.5 and 0.2.
+- a model priced by hand without ``cache_read`` / ``cache_write`` / ``cache_write_1h`` takes
+  the row's *ratio* of cache price to input price (``billing.cache_prices``): Anthropic's
+  cache writes cost 1.25 times its input (2 times for a 1-hour write), reads 0.1 times, and a
+  hand-set input price of 2 makes them 2.5 (4) and 0.2.
 
 A model id is found by its own name first, then with what providers and clouds add taken off
 (``table_name``): a publisher or router prefix (``models/``, ``openai/``, Bedrock's
@@ -29,8 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILTIN = Path(__file__).with_name("prices.csv")
-COLUMNS = ("provider", "model", "input", "output", "cache_read", "cache_write", "date",
-           "source", "note")  # fmt: skip
+COLUMNS = ("provider", "model", "input", "output", "cache_read", "cache_write",
+           "cache_write_1h", "date", "source", "note")  # fmt: skip
+# the header before ``cache_write_1h``: a file of an earlier version still reads (no 1-hour
+# write prices: ``billing.cache_prices`` gives them the 5-minute write's)
+EARLIER_COLUMNS = tuple(c for c in COLUMNS if c != "cache_write_1h")
+PRICES = ("input", "output", "cache_read", "cache_write", "cache_write_1h")
 MAX_TABLE_PRICE = 1_000_000  # dollars per million tokens: config.MAX_PRICE's bound
 # what providers and clouds put around a model's id, taken off one at a time, in this order
 _PREFIX = re.compile(r"^(?:.*/)?(?:(?:us|eu|apac|global|jp|au)\.)?(?:[a-z0-9-]+\.(?=[a-z]))?")
@@ -61,6 +66,7 @@ class TablePrice:
     date: str
     source: str
     note: str = ""
+    cache_write_1h: float | None = None  # Anthropic's 1-hour cache writes
 
     def ratio(self, cache_price: float | None) -> float | None:
         """A cache price as a share of the input price; None when there is none to take."""
@@ -133,45 +139,45 @@ def _price(value: str, line: int, column: str, optional: bool) -> float | None:
 
 
 def parse_rows(text: str) -> list[TablePrice]:
-    """The rows of a price file: CSV with the header ``COLUMNS``; lines starting with ``#``
-    and blank lines are comments."""
+    """The rows of a price file: CSV with the header ``COLUMNS`` (or ``EARLIER_COLUMNS``);
+    lines starting with ``#`` and blank lines are comments."""
     lines = [
         (n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()
         and not line.lstrip().startswith("#")
     ]  # fmt: skip
     if not lines:
         raise PriceTableError("no header line")
-    header = next(csv.reader([lines[0][1]]))
-    if tuple(h.strip() for h in header) != COLUMNS:
+    header = tuple(h.strip() for h in next(csv.reader([lines[0][1]])))
+    if header not in (COLUMNS, EARLIER_COLUMNS):
         raise PriceTableError(f"line {lines[0][0]}: the header must be {','.join(COLUMNS)}")
     rows: list[TablePrice] = []
     seen: set[str] = set()
     reader = csv.reader(io.StringIO("\n".join(line for _, line in lines[1:])))
     for (n, _), cells in zip(lines[1:], reader, strict=True):
-        if len(cells) != len(COLUMNS):
-            raise PriceTableError(f"line {n}: {len(cells)} columns, not {len(COLUMNS)}")
-        provider, model, *_, date, source, note = (c.strip() for c in cells)
+        if len(cells) != len(header):
+            raise PriceTableError(f"line {n}: {len(cells)} columns, not {len(header)}")
+        row = dict(zip(header, (c.strip() for c in cells), strict=True))
+        model = row["model"]
         if not model or model != model.lower():
             raise PriceTableError(f"line {n}: model: must be a lower-case model id")
         if model in seen:
             raise PriceTableError(f"line {n}: model: {model!r} is listed twice")
-        if not date or not source:
+        if not row["date"] or not row["source"]:
             raise PriceTableError(f"line {n}: every row needs its date and source")
         seen.add(model)
-        price = [
-            _price(cells[i], n, COLUMNS[i], COLUMNS[i].startswith("cache")) for i in range(2, 6)
-        ]
+        price = {c: _price(row.get(c, ""), n, c, c.startswith("cache")) for c in PRICES}
         rows.append(
             TablePrice(
-                provider,
+                row["provider"],
                 model,
-                price[0] or 0.0,
-                price[1] or 0.0,
-                price[2],
-                price[3],
-                date,
-                source,
-                note,
+                price["input"] or 0.0,
+                price["output"] or 0.0,
+                price["cache_read"],
+                price["cache_write"],
+                row["date"],
+                row["source"],
+                row["note"],
+                price["cache_write_1h"],
             )  # fmt: skip
         )
     return rows

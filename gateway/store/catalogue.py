@@ -59,6 +59,7 @@ def model_json(model: Model) -> dict[str, JSON]:
             "output": price.output,
             "cache_read": price.cache_read,  # None: not set (``billing.cache_prices``)
             "cache_write": price.cache_write,
+            "cache_write_1h": price.cache_write_1h,
             "request": price.request,
             "image": price.image,
             "audio_second": price.audio_second,

@@ -28,7 +28,8 @@ def finish_reason(stop_reason: JSON) -> str:
 
 def decode_usage(usage: JSON) -> Usage:
     """``TokenUsage`` -> chat usage. ``inputTokens`` leaves out the prompt tokens read from or
-    written to the prompt cache; prompt tokens count them all, as the total does."""
+    written to the prompt cache; prompt tokens count them all, as the total does. The writes
+    of an hour (``cacheDetails``' entries with ``ttl: 1h``, at most the writes) cost more."""
     if not isinstance(usage, dict):
         return {}
     fresh = count(usage.get("inputTokens"))
@@ -44,6 +45,14 @@ def decode_usage(usage: JSON) -> Usage:
         out["prompt_tokens_details"] = {"cached_tokens": read}
     if written:
         out["cache_creation_tokens"] = written
+        details = usage.get("cacheDetails")
+        hour = sum(
+            max(count(d.get("inputTokens")), 0)
+            for d in (details if isinstance(details, list) else ())
+            if isinstance(d, dict) and d.get("ttl") == "1h"
+        )
+        if hour > 0:
+            out["cache_creation_1h_tokens"] = min(hour, written)
     return out
 
 

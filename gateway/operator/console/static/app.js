@@ -191,6 +191,7 @@ const PRICE_KINDS = [
   ["output", "Output price (per M tokens)"],
   ["cache_read", "Cache read price (per M tokens)"],
   ["cache_write", "Cache write price (per M tokens)"],
+  ["cache_write_1h", "1-hour cache write price (per M tokens)"],
   ["request", "Price per request"],
   ["image", "Price per image"],
   ["audio_second", "Price per audio second"],
