@@ -303,6 +303,7 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await form.get_by_label("Price per request").fill("0.25")
     await form.get_by_label("Price per image").fill("0.5")
     await form.get_by_label("Cache read price").fill("0.1")
+    await form.get_by_label("1-hour cache write price").fill("2")
     await form.get_by_label("Default max tokens").fill("777")
     await form.get_by_role("button", name="Save model console-model").click()
     await page.get_by_text("Model console-model saved.").wait_for()
@@ -315,6 +316,9 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     # each class at its price; a cache price left empty is not sent (the input's stands in)
     assert (edited["price"]["input"], edited["price"]["output"]) == (0, 0)
     assert edited["price"]["cache_read"] == 0.1 and edited["price"].get("cache_write") is None
+    assert edited["price"]["cache_write_1h"] == 2
+    row = page.get_by_role("row").filter(has_text="console-model")
+    assert "cache read 0.1/M, 1-hour cache write 2/M" in (await row.text_content() or "")
     await shot(page, "06-models-edited")
 
     # sign-out ends the session on the server: the old cookie, sent again, is refused
@@ -368,6 +372,10 @@ async def test_the_console_as_an_operator_and_a_key_holder(
     await card.get_by_role("tab", name="Claude Code").click()
     assert f"ANTHROPIC_BASE_URL={gateway.url}" in (await card.locator("pre").text_content() or "")
     card = page.get_by_role("region", name="console-model")  # chat and embeddings now
+    # its prices as billed: the cache prices it was given (its writes: the input's, 0)
+    prices = await card.locator("ul.prices").text_content() or ""
+    assert "cache read 0.1/M" in prices and "1-hour cache write 2/M" in prices, prices
+    assert "cache write 0" not in prices, prices
     await card.get_by_role("tab", name="curl embeddings").click()
     assert f"{gateway.url}/v1/embeddings" in (await card.locator("pre").text_content() or "")
     await card.get_by_role("tab", name="google-genai embed_content").click()

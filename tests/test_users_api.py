@@ -369,6 +369,10 @@ async def test_the_model_square_shows_each_groups_price(store_url: str) -> None:
         assert models["chat-small"]["groups"] == ["default", "vip"]
         assert models["chat-small"]["prices"]["vip"]["input"] == 1.5
         assert models["chat-small"]["prices"]["default"]["output"] == 2.0
+        # the cache prices as billed: unset, with no table row, the input's (x the ratio)
+        vip = models["chat-small"]["prices"]["vip"]
+        assert (vip["cache_read"], vip["cache_write"], vip["cache_write_1h"]) == (1.5, 1.5, 1.5)
+        assert models["chat-small"]["price"]["cache_read"] is None  # as configured
         assert models["vip-model"]["groups"] == ["vip"]
         only = (await client.call("GET", "/console/square?group=default")).json()
         assert "vip-model" not in {m["name"] for m in only["models"]}

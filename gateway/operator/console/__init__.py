@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from gateway.config import Model
 from gateway.edge.asgi import request_headers
 from gateway.edge.small_body import read_small_body
 from gateway.errors import AuthenticationError, GatewayError, PermissionDeniedError
@@ -64,6 +65,7 @@ from gateway.operator.console.session import NoSecretError, Session, key_session
 from gateway.operator.console.trial import try_chat
 from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
+from gateway.policy.billing import cache_prices
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
 from gateway.types import JSON
@@ -364,6 +366,14 @@ def _viewer_groups(request: Request, session: Session, key: KeyRecord | None) ->
     return list(live)
 
 
+def _billed(model: Model, price: dict[str, JSON]) -> dict[str, JSON]:
+    """A model's prices as billing uses them: its cache prices left unset given the prices
+    that stand in for them (``billing.cache_prices``: the table's ratios, else the input's or
+    the writes'), so that the square shows what a cache read or write costs."""
+    read, write, write_1h = cache_prices(model.price, model.table)
+    return {**price, "cache_read": read, "cache_write": write, "cache_write_1h": write_1h}
+
+
 def _priced(price: dict[str, JSON], ratio: float) -> dict[str, JSON]:
     """A model's prices in a group: each times the group's ratio (unset ones stay unset)."""
     return {k: v if v is None else round(v * ratio, 9) for k, v in price.items()}
@@ -372,7 +382,8 @@ def _priced(price: dict[str, JSON], ratio: float) -> dict[str, JSON]:
 async def square(request: Request) -> Response:
     """The model square: each model the viewer's groups reach (``?group=`` one of them),
     with its capabilities, the endpoints that serve it, and its prices in each of those
-    groups (times the group's ratio), and each group's tool kind (``tools``: the set-up the
+    groups (times the group's ratio; the cache prices as billed, ``_billed``), and each
+    group's tool kind (``tools``: the set-up the
     console shows a new key of the group first). A key sees its group's (its ``models``
     only), a user its groups', the admin every group's."""
     found = _signed_in(request)
@@ -398,7 +409,7 @@ async def square(request: Request) -> Response:
                 entry["endpoints"] = [e for cap in caps for e in ENDPOINTS.get(cap, [])]
                 entry["groups"], entry["prices"] = [], {}
             entry["groups"].append(g)
-            entry["prices"][g] = _priced(entry["price"], ratio)
+            entry["prices"][g] = _priced(_billed(m, entry["price"]), ratio)
     order = {m.name: i for i, m in enumerate(catalogue.models.values())}
     models: list[JSON] = sorted(entries.values(), key=lambda e: order.get(str(e["name"]), 0))
     ratios: dict[str, JSON] = {g: float(catalogue.ratio(g)) for g in groups}

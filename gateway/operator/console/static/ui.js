@@ -367,10 +367,17 @@ export async function usageBrowser(fetchPage, names, withAccount, initial = {}) 
   return [h("div", { class: "card" }, form, exported), h("div", { class: "card" }, box)];
 }
 
+// a model's prices in short; a cache price only where it is not the input's (a write of an
+// hour: not the write's), as billing takes them
 export function prices(p) {
   const parts = [];
   if (p.input) parts.push(`in ${p.input}/M`);
   if (p.output) parts.push(`out ${p.output}/M`);
+  if (p.cache_read != null && p.cache_read !== p.input) parts.push(`cache read ${p.cache_read}/M`);
+  if (p.cache_write != null && p.cache_write !== p.input) parts.push(`cache write ${p.cache_write}/M`);
+  if (p.cache_write_1h != null && p.cache_write_1h !== (p.cache_write ?? p.input)) {
+    parts.push(`1-hour cache write ${p.cache_write_1h}/M`);
+  }
   if (p.request) parts.push(`${p.request}/call`);
   if (p.image) parts.push(`${p.image}/image`);
   if (p.audio_second) parts.push(`${p.audio_second}/s audio`);
