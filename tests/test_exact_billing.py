@@ -12,6 +12,7 @@ read their old records with the new fields 0, and bill exactly from then on.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -26,7 +27,9 @@ from gateway.store import MICRO, KeyRecord, Store, UsageRecord, hash_key
 from gateway.store import redis as rstore
 from gateway.store.backends import open_store
 from gateway.store.records import (
+    ADDED_USAGE_FIELDS,
     FIRST_USAGE_FIELDS,
+    decode_usage,
     encode_usage,
     journal_line,
     journal_record,
@@ -267,3 +270,23 @@ def test_a_journal_line_of_the_old_version_reads_with_the_new_fields_zero() -> N
     assert journal_record(old_line) == rec
     full = usage_record(cache_read_tokens=3, reasoning_tokens=1, cost_pico=5)
     assert journal_record(journal_line(full)) == full
+
+
+def test_the_one_hour_writes_change_no_record_without_them() -> None:
+    """A record with the token classes and no 1-hour writes has the bytes the version before
+    them gave it in Redis (so a journal it left is recognised when replayed), and a journal
+    line of that version reads; a record with them keeps them both ways."""
+    rec = usage_record(cache_read_tokens=3, cache_write_tokens=9, reasoning_tokens=1, cost_pico=5)
+    before = {name: getattr(rec, name) for name in FIRST_USAGE_FIELDS + ADDED_USAGE_FIELDS}
+    before["time"] = time_text(rec.time)
+    assert encode_usage(rec) == orjson.dumps(before)
+    assert decode_usage(orjson.dumps(before)) == rec
+    previous_line = orjson.dumps(orjson.loads(journal_line(rec))[:-1]) + b"\n"
+    assert journal_record(previous_line) == rec
+    hour = replace(rec, cache_write_1h_tokens=4)
+    assert orjson.loads(encode_usage(hour))["cache_write_1h_tokens"] == 4
+    assert decode_usage(encode_usage(hour)) == hour
+    assert journal_record(journal_line(hour)) == hour
+    assert usage_json(hour)["cache_write_1h_tokens"] == 4
+    with pytest.raises(ValueError, match="not a usage record"):
+        journal_record(orjson.dumps(orjson.loads(journal_line(rec))[:-2]) + b"\n")

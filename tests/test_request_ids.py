@@ -192,6 +192,7 @@ def test_a_record_arrives_with_its_ids_and_nothing_else_filled_in() -> None:
         "cache_write_tokens": 0,
         "reasoning_tokens": 0,
         "cost_pico": 0,
+        "cache_write_1h_tokens": 0,
         "started": call.started,
         "reply_id": "mine",
         "key": None,

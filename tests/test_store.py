@@ -9,6 +9,7 @@ import random
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -294,6 +295,21 @@ async def test_usage_record_round_trips_every_field(store: Store) -> None:
     assert await store.usage() == [rec]
     got = await store.get_account("alice")
     assert got is not None and got.balance == MICRO
+    # every token class, the 1-hour writes among them, and the cost's pico-units
+    classes = replace(
+        rec,
+        request_id="req-y",
+        prompt_tokens=900,
+        completion_tokens=30,
+        cost=2,
+        cache_read_tokens=100,
+        cache_write_tokens=600,
+        reasoning_tokens=20,
+        cost_pico=5,
+        cache_write_1h_tokens=400,
+    )
+    await store.settle([classes])
+    assert await store.usage() == [classes, rec]
 
 
 async def test_settle_of_an_unknown_account_keeps_the_record(store: Store) -> None:

@@ -116,6 +116,7 @@ async def test_one_hour_cache_writes_are_billed_at_their_own_price(
         assert (rec.prompt_tokens, rec.cache_read_tokens, rec.cache_write_tokens) == (
             10_000, 1_000, 6_000
         )  # fmt: skip
+        assert rec.cache_write_1h_tokens == 4_000  # the record tells what its cost is of
         assert (rec.cost, rec.cost_pico) == (cost, 0)
 
         fake.queue(Reply(text="Hi.", **used))

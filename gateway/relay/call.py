@@ -71,6 +71,7 @@ class Call(UsageRecord):
             0,  # cache_write_tokens
             0,  # reasoning_tokens
             0,  # cost_pico
+            0,  # cache_write_1h_tokens
             time.perf_counter(),  # started
             ids[1],  # reply_id
         )
@@ -89,6 +90,7 @@ class Call(UsageRecord):
         self.completion_tokens = used.completion_tokens
         self.cache_read_tokens = used.cache_read_tokens  # parts of them (Metered.classified)
         self.cache_write_tokens = used.cache_write_tokens
+        self.cache_write_1h_tokens = used.cache_write_1h_tokens
         self.reasoning_tokens = used.reasoning_tokens
         charge = rate.charge(used, ratio) if rate is not None else FREE
         self.cost = charge.micro

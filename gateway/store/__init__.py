@@ -147,6 +147,7 @@ class UsageRecord:
     cache_write_tokens: int = 0  # of prompt_tokens, written to it
     reasoning_tokens: int = 0  # of completion_tokens
     cost_pico: int = 0  # pico-units (1e-12) of the cost below its whole micro-units
+    cache_write_1h_tokens: int = 0  # of cache_write_tokens, written for an hour (its own price)
 
 
 @dataclass(frozen=True, slots=True)

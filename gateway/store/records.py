@@ -2,11 +2,12 @@
 
 - A usage record is a row of ``USAGE_FIELDS`` in SQLite (its time in microseconds since the
   epoch), a JSON object with the same fields in Redis (its time as exact RFC 3339 text; the
-  fields added since the first release, ``ADDED_USAGE_FIELDS``, only when one is not 0, so a
-  record without them has the bytes an earlier version gave it, and one an earlier version
-  wrote reads with them 0), and a JSON object for the admin API and the command line (time in
-  RFC 3339 UTC, to the millisecond at most; cost in balance units, its pico-units included,
-  instead of micro-units; every field).
+  fields added since the first release, ``ADDED_USAGE_FIELDS``, only when one is not 0, and
+  each of ``LATER_USAGE_FIELDS`` only when it is not 0, so a record without them has the
+  bytes an earlier version gave it, and one an earlier version wrote reads with them 0), and
+  a JSON object for the admin API and the command line (time in RFC 3339 UTC, to the
+  millisecond at most; cost in balance units, its pico-units included, instead of
+  micro-units; every field).
 - A key record is a row of ``KEY_FIELDS`` in SQLite and a JSON object in Redis, its times
   converted the same ways. (What the admin API shows of a key lives in ``accounts.key_json``:
   it never shows the hash and shows the secret once.)
@@ -35,9 +36,17 @@ if TYPE_CHECKING:
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ONE_MICROSECOND = timedelta(microseconds=1)
 USAGE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))  # time comes first
-# the record's fields since the token classes and exact costs, last: 0 in a record written before
+# the record's fields since the token classes and exact costs: 0 in a record written before;
+# in Redis written together, when one is not 0
 ADDED_USAGE_FIELDS = ("cache_read_tokens", "cache_write_tokens", "reasoning_tokens", "cost_pico")
-FIRST_USAGE_FIELDS = USAGE_FIELDS[: -len(ADDED_USAGE_FIELDS)]
+# the fields added after those, last: each written alone in Redis, only when it is not 0 (so
+# that a record without it has the bytes the version before it gave it)
+LATER_USAGE_FIELDS = ("cache_write_1h_tokens",)
+FIRST_USAGE_FIELDS = USAGE_FIELDS[: -len(ADDED_USAGE_FIELDS) - len(LATER_USAGE_FIELDS)]
+# the lengths of a journal's array lines: this version's, and each earlier version's
+JOURNAL_ROW_LENGTHS = frozenset(
+    {len(USAGE_FIELDS), len(USAGE_FIELDS) - len(LATER_USAGE_FIELDS), len(FIRST_USAGE_FIELDS)}
+)
 KEY_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(KeyRecord))
 # a record's fields after its time, in order, read in C
 _AFTER_TIME = operator.attrgetter(*USAGE_FIELDS[1:])
@@ -153,6 +162,8 @@ def encode_usage(rec: UsageRecord) -> bytes:
     fields = _usage_fields(rec, _time_value(rec.time), rec.cost)
     if rec.cache_read_tokens or rec.cache_write_tokens or rec.reasoning_tokens or rec.cost_pico:
         fields.update(_added_fields(rec))
+    if rec.cache_write_1h_tokens:
+        fields["cache_write_1h_tokens"] = rec.cache_write_1h_tokens
     return orjson.dumps(fields, option=orjson.OPT_UTC_Z)
 
 
@@ -160,9 +171,8 @@ def decode_usage(raw: bytes | str) -> UsageRecord:
     """A record Redis stores; one without the added fields (``encode_usage``) has them 0."""
     d = orjson.loads(raw)
     first = [d[name] for name in FIRST_USAGE_FIELDS[1:]]
-    return UsageRecord(
-        parse_time_text(d["time"]), *first, *[d.get(name, 0) for name in ADDED_USAGE_FIELDS]
-    )
+    added = [d.get(name, 0) for name in ADDED_USAGE_FIELDS + LATER_USAGE_FIELDS]
+    return UsageRecord(parse_time_text(d["time"]), *first, *added)
 
 
 def journal_line(rec: UsageRecord) -> bytes:
@@ -175,12 +185,13 @@ def journal_line(rec: UsageRecord) -> bytes:
 
 def journal_record(line: bytes) -> UsageRecord:
     """A journal line read back: an array (``journal_line``; one an earlier version wrote
-    ends before ``ADDED_USAGE_FIELDS``), or an object as journals written before the arrays
-    were (``encode_usage``). Raises on anything else."""
+    ends before ``LATER_USAGE_FIELDS``, or before ``ADDED_USAGE_FIELDS``: those read 0), or an
+    object as journals written before the arrays were (``encode_usage``). Raises on anything
+    else."""
     if not line.startswith(b"["):
         return decode_usage(line)
     row = orjson.loads(line)
-    if not isinstance(row, list) or len(row) not in (len(USAGE_FIELDS), len(FIRST_USAGE_FIELDS)):
+    if not isinstance(row, list) or len(row) not in JOURNAL_ROW_LENGTHS:
         raise ValueError("not a usage record")
     return UsageRecord(parse_time_text(row[0]), *row[1:])
 
@@ -241,6 +252,7 @@ def usage_json(rec: UsageRecord) -> dict[str, JSON]:
     out = _usage_fields(rec, format_time(rec.time), from_pico(rec.cost, rec.cost_pico))
     out["cache_read_tokens"] = rec.cache_read_tokens
     out["cache_write_tokens"] = rec.cache_write_tokens
+    out["cache_write_1h_tokens"] = rec.cache_write_1h_tokens
     out["reasoning_tokens"] = rec.reasoning_tokens
     return out
 

@@ -94,7 +94,7 @@ USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 # a few sizes only (``insert_sizes``): each text is parsed once and then found in the
 # connection's statement cache, where a text per batch size (and per size of each IN list)
 # was parsed anew for most batches, some 20k instructions a record
-ROWS_PER_INSERT = 32  # a power of two; 32 x 18 values stays under SQLite's oldest limit of 999
+ROWS_PER_INSERT = 32  # a power of two; 32 x 19 values stays under SQLite's oldest limit of 999
 IDS_PER_LOOKUP = 512  # request ids per SELECT ... IN (...), a power of two under the same limit
 
 T = TypeVar("T")

@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS usage (
     cache_read_tokens  INTEGER NOT NULL DEFAULT 0,
     cache_write_tokens INTEGER NOT NULL DEFAULT 0,
     reasoning_tokens   INTEGER NOT NULL DEFAULT 0,
-    cost_pico          INTEGER NOT NULL DEFAULT 0
+    cost_pico          INTEGER NOT NULL DEFAULT 0,
+    cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0
 );
 -- usage indexes ascend: each new row lands at their right edge, where SQLite splits a full
 -- page cheaply and leaves it full, and the newest-first listings read them backwards. A file
@@ -189,6 +190,7 @@ ADDED_COLUMNS = {
         "cache_write_tokens": "INTEGER NOT NULL DEFAULT 0",
         "reasoning_tokens": "INTEGER NOT NULL DEFAULT 0",
         "cost_pico": "INTEGER NOT NULL DEFAULT 0",
+        "cache_write_1h_tokens": "INTEGER NOT NULL DEFAULT 0",
     },
     # the days' cache classes (store.DailyUsage); 0 on the days summed before they were kept
     "usage_daily": {

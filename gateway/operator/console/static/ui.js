@@ -250,8 +250,8 @@ export function lastDays(n) {
 }
 
 export const USAGE_COLUMNS = ["time", "request_id", "account", "key_id", "model", "channel", "protocol", "endpoint",
-  "prompt_tokens", "completion_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
-  "cost", "status", "latency_ms"];
+  "prompt_tokens", "completion_tokens", "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens",
+  "reasoning_tokens", "cost", "status", "latency_ms"];
 
 export function usageTable(records, withAccount) {
   return table([
