@@ -12,6 +12,7 @@ import asyncio
 import http.client
 import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -466,10 +467,10 @@ async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_st
 ) -> None:
     """Six paced streams at once, their reads direct and their sends made together at the
     end of each turn of the loop: one of 25 MB (far more than the sockets hold), 60 pieces
-    5 ms apart, to a client that stops reading for 1.5 s: the gateway's sends to it wait, its
-    stream goes on the usual way and stops reading the upstream, which is still writing a
-    second into the stall (none of it drained into the gateway's memory); and five small
-    ones. Each arrives whole, in order, and is billed."""
+    5 ms apart, to a client that stops reading for 1.5 s (and until the small ones ended):
+    the gateway's sends to it wait, its stream goes on the usual way and stops reading the
+    upstream, which is still writing a second into the stall (none of it drained into the
+    gateway's memory); and five small ones. Each arrives whole, in order, and is billed."""
     from gateway.config import parse_settings
 
     big = "".join(f"w{i} " for i in range(3_200_000))
@@ -485,8 +486,10 @@ async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_st
     async with serve_app(parse_settings(make_config(fake.url, store_url))) as gw:
         port = int(gw.v1.rsplit(":", 1)[1].split("/")[0])
         held: list[int] = []
+        smalls_done = threading.Event()
 
-        def during() -> None:
+        def during() -> None:  # in the stall: once the small ones ended, however loaded
+            smalls_done.wait(30)  # the machine (their end is not a matter of time here)
             held.append(fake.open_streams)
 
         stalled = asyncio.ensure_future(
@@ -504,6 +507,7 @@ async def test_paced_streams_read_directly_arrive_whole_and_in_order_beside_a_st
                     return _said(await r.read())
 
             got = await asyncio.gather(*(said(text) for text in small.values()))
+            smalls_done.set()
         assert got == list(small.values())
         assert _said(await stalled) == big
         assert held == [1]  # the big one's upstream, held back by the stalled client
