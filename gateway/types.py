@@ -17,7 +17,8 @@ field for (adapters read and write them; the openai adapter strips them on the w
 - request ``top_k: int``: sampling, carried between anthropic and gemini.
 - usage ``cache_creation_tokens: int``: Anthropic ``cache_creation_input_tokens``.
 - usage ``cache_creation_1h_tokens: int``: of those, the ones written for an hour (Anthropic
-  ``cache_creation.ephemeral_1h_input_tokens``), billed at their own price.
+  ``cache_creation.ephemeral_1h_input_tokens``), billed at their own price (as the upstream
+  said; billing cuts them to the writes).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ ADDED_USAGE_FIELDS = ("cache_read_tokens", "cache_write_tokens", "reasoning_toke
 # the fields added after those, last: each written alone in Redis, only when it is not 0 (so
 # that a record without it has the bytes the version before it gave it)
 LATER_USAGE_FIELDS = ("cache_write_1h_tokens",)
+_OPTIONAL_USAGE_FIELDS = ADDED_USAGE_FIELDS + LATER_USAGE_FIELDS  # 0 where a record lacks them
 FIRST_USAGE_FIELDS = USAGE_FIELDS[: -len(ADDED_USAGE_FIELDS) - len(LATER_USAGE_FIELDS)]
 # the lengths of a journal's array lines: this version's, and each earlier version's
 JOURNAL_ROW_LENGTHS = frozenset(
@@ -171,7 +172,7 @@ def decode_usage(raw: bytes | str) -> UsageRecord:
     """A record Redis stores; one without the added fields (``encode_usage``) has them 0."""
     d = orjson.loads(raw)
     first = [d[name] for name in FIRST_USAGE_FIELDS[1:]]
-    added = [d.get(name, 0) for name in ADDED_USAGE_FIELDS + LATER_USAGE_FIELDS]
+    added = [d.get(name, 0) for name in _OPTIONAL_USAGE_FIELDS]
     return UsageRecord(parse_time_text(d["time"]), *first, *added)
 
 

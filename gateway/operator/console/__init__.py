@@ -397,6 +397,7 @@ async def square(request: Request) -> Response:
         return error_reply(404, f"no group {chosen!r}", "not_found")
     shown = [chosen] if chosen is not None else groups
     entries: dict[str, dict[str, JSON]] = {}
+    billed: dict[str, dict[str, JSON]] = {}  # each model's prices as billed, by its name
     for g in shown:
         ratio = float(catalogue.ratio(g))
         for m in catalogue.group_models(g):
@@ -408,8 +409,9 @@ async def square(request: Request) -> Response:
                 caps = sorted(m.capabilities)
                 entry["endpoints"] = [e for cap in caps for e in ENDPOINTS.get(cap, [])]
                 entry["groups"], entry["prices"] = [], {}
+                billed[m.name] = _billed(m, entry["price"])  # once a model, not once a group
             entry["groups"].append(g)
-            entry["prices"][g] = _priced(_billed(m, entry["price"]), ratio)
+            entry["prices"][g] = _priced(billed[m.name], ratio)
     order = {m.name: i for i, m in enumerate(catalogue.models.values())}
     models: list[JSON] = sorted(entries.values(), key=lambda e: order.get(str(e["name"]), 0))
     ratios: dict[str, JSON] = {g: float(catalogue.ratio(g)) for g in groups}

@@ -67,8 +67,8 @@ def stop_reason(finish: JSON) -> str:
 
 def decode_usage(usage: JSON) -> Usage:
     """Anthropic usage -> chat usage; prompt tokens include cache reads and cache writes, and
-    the writes those written for an hour (``cache_creation.ephemeral_1h_input_tokens``, at
-    most the writes), which cost more."""
+    the writes those written for an hour (``cache_creation.ephemeral_1h_input_tokens``), which
+    cost more (cut to the writes where they are billed, ``Metered.classified``)."""
     if not isinstance(usage, dict):
         return {}
     fresh = count(usage.get("input_tokens"))
@@ -87,7 +87,7 @@ def decode_usage(usage: JSON) -> Usage:
         by_ttl = usage.get("cache_creation")
         hour = count(by_ttl.get("ephemeral_1h_input_tokens")) if isinstance(by_ttl, dict) else 0
         if hour > 0:
-            out["cache_creation_1h_tokens"] = min(hour, created)
+            out["cache_creation_1h_tokens"] = hour
     return out
 
 

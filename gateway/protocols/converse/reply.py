@@ -29,7 +29,8 @@ def finish_reason(stop_reason: JSON) -> str:
 def decode_usage(usage: JSON) -> Usage:
     """``TokenUsage`` -> chat usage. ``inputTokens`` leaves out the prompt tokens read from or
     written to the prompt cache; prompt tokens count them all, as the total does. The writes
-    of an hour (``cacheDetails``' entries with ``ttl: 1h``, at most the writes) cost more."""
+    of an hour (``cacheDetails``' entries with ``ttl: 1h``) cost more (cut to the writes where
+    they are billed, ``Metered.classified``)."""
     if not isinstance(usage, dict):
         return {}
     fresh = count(usage.get("inputTokens"))
@@ -52,7 +53,7 @@ def decode_usage(usage: JSON) -> Usage:
             if isinstance(d, dict) and d.get("ttl") == "1h"
         )
         if hour > 0:
-            out["cache_creation_1h_tokens"] = min(hour, written)
+            out["cache_creation_1h_tokens"] = hour
     return out
 
 
