@@ -356,9 +356,13 @@ def run(servers: list[str], n: int, with_callgrind: bool) -> list[Figures]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-servers-") as name:
         tmp = Path(name)
-        up = targets.start_upstream(tmp, 0, HOLD_MS)
-        try:
-            for server in servers:
+        for server in servers:
+            # an upstream of its own per server: the paced upstream holds a stream whose client
+            # went away until its pause ends, so one shared upstream would still hold the
+            # previous server's streams, near its connection limit, while the next one's open
+            (tmp / server).mkdir()
+            up = targets.start_upstream(tmp / server, 0, HOLD_MS)
+            try:
                 figures = Figures(server, version(server))
                 print(f"servers: {server}: memory and a silent connection", flush=True)
                 asyncio.run(memory(tmp, up, server, n, figures))
@@ -372,10 +376,10 @@ def run(servers: list[str], n: int, with_callgrind: bool) -> list[Figures]:
                         print(f"servers: {server}: callgrind: {exc}", flush=True)
                 print(orjson.dumps(asdict(figures)).decode(), flush=True)
                 rows.append(figures)
-        finally:
-            procs.stop(up.proc)
-            if up.paced_proc is not up.proc:
-                procs.stop(up.paced_proc)
+            finally:
+                procs.stop(up.proc)
+                if up.paced_proc is not up.proc:
+                    procs.stop(up.paced_proc)
     return rows
 
 
