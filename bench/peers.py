@@ -1,8 +1,9 @@
 """Install the peer gateways the benchmark compares against, pinned, under bench/.peers/ so their
 dependencies never touch the project's: LiteLLM's proxy from PyPI in its own virtualenv
 (bench/.peers/litellm), Portkey's gateway from the npm registry (bench/.peers/portkey, run with
-the machine's Node, 20 or later). All installing happens here, before any load; `make bench`
-and `make bench-agents` skip a peer that is not installed.
+the machine's Node, 20 or later). All installing happens here, before any load: `make bench`
+installs LiteLLM, `make bench-agents` both, when missing, and each skips a peer whose install
+failed.
 
     python -m bench.peers          # install what is missing or of another version
 """

@@ -1,11 +1,12 @@
 """`make bench`: the side-by-side benchmark of the gateway against nginx, a bare relay and LiteLLM.
 
-One run installs nginx and wrk when missing, starts a fixed-reply nginx upstream (core 1), then
-each target in turn (core 0), drives it with wrk and bench.streams (core 1), and writes
-bench/RESULTS.md. The gateway runs on each server; its targets are judged on the default one
-(`gateway-uvicorn-1w`). `gateway-uvicorn-1w-nometrics`, the same gateway with metrics and the
-access log off, runs (a) and (b) beside `gateway-uvicorn-1w` and is counted in (e): the
-report judges their cost on the hot path (on ≥ 95% of off). Settings (environment):
+One run installs nginx, wrk and LiteLLM (pinned, ``bench.peers``) when missing, starts a
+fixed-reply nginx upstream (core 1), then each target in turn (core 0), drives it with wrk and
+bench.streams (core 1), and writes bench/RESULTS.md. The gateway runs on each server; its
+targets are judged on the default one (`gateway-uvicorn-1w`). `gateway-uvicorn-1w-nometrics`,
+the same gateway with metrics and the access log off, runs (a) and (b) beside
+`gateway-uvicorn-1w` and is counted in (e): the report judges their cost on the hot path (on
+≥ 95% of off). Settings (environment):
 
     BENCH_QUICK=1         smoke run: short cells, one repetition
     BENCH_DURATION=S      seconds per wrk cell (default 4; quick 2)
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import agent_report, instructions, payloads, procs, profile, report, targets, wrk
+from bench import agent_report, instructions, payloads, peers, procs, profile, report, targets, wrk
 from bench.targets import DEFAULT_SERVER as DEFAULT
 from bench.targets import Target, Upstream
 
@@ -77,9 +78,13 @@ def _sudo() -> list[str]:
 
 
 def ensure_tools(settings: Settings) -> None:
-    """nginx and wrk from Debian; py-spy, uvicorn and granian from PyPI into this venv."""
+    """nginx and wrk from Debian; py-spy, uvicorn and granian from PyPI into this venv;
+    LiteLLM, pinned, into a virtualenv of its own (``bench.peers``)."""
     if os.environ.get("BENCH_NO_INSTALL"):
         return
+    # the peer (a), (b), (c) and (f) compare against: without it a new machine's first run
+    # would have no LiteLLM column (its install fails soft: the run notes it and goes on)
+    peers.install_litellm()
     missing = [
         pkg
         for pkg, exe in (("nginx", "nginx"), ("wrk", "wrk"), ("valgrind", "valgrind"))
@@ -131,7 +136,7 @@ def versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    lite = targets.peers.LITELLM / "bin" / "python"
+    lite = peers.LITELLM / "bin" / "python"
     if lite.exists():
         done = subprocess.run(
             [str(lite), "-c", "from importlib import metadata; print(metadata.version('litellm'))"],
@@ -529,10 +534,10 @@ def plan(tmp: Path, up: Upstream, settings: Settings) -> list[tuple[str, Any]]:
             steps.append((f"bare-{server}", lambda s=server: targets.bare_relay(tmp, up, s)))
         else:
             settings.notes.append(f"bare-{server}: {server} not installed")
-    if targets.peers.LITELLM_BIN.exists():
+    if peers.LITELLM_BIN.exists():
         steps.append(("litellm", lambda: targets.litellm(tmp, up)))
     else:
-        settings.notes.append("litellm: not installed (run `make bench-peers`)")
+        settings.notes.append("litellm: not installed (`python -m bench.peers` says why)")
     help_text = targets.gateway_help()
     if not help_text:
         settings.notes.append("gateway: `gateway serve --help` failed; gateway not run")
