@@ -17,7 +17,7 @@ from gateway.cli.output import Output, table
 from gateway.config import Model, Settings
 from gateway.config.pricing import upstream_names
 from gateway.operator import catalogue
-from gateway.policy.billing import cache_prices
+from gateway.policy.billing import cache_price_map
 from gateway.policy.prices import TablePrice
 from gateway.store import Store
 from gateway.types import JSON
@@ -61,9 +61,8 @@ async def cmd_list(args: argparse.Namespace, settings: Settings, store: Store) -
 
 def billed(model: Model) -> dict[str, float]:
     """The prices per million tokens that billing uses for the model's token classes."""
-    read, write, write_1h = cache_prices(model.price, model.table)
     return {"input": model.price.input, "output": model.price.output,
-            "cache_read": read, "cache_write": write, "cache_write_1h": write_1h}  # fmt: skip
+            **cache_price_map(model.price, model.table)}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ from gateway.types import Usage
 
 PICO_PER_MICRO = 1_000_000
 PICO_PER_UNIT = PICO_PER_MICRO * 1_000_000  # pico-units in one balance unit
+# the cache prices' fields, in ``cache_prices``' order
+CACHE_PRICE_FIELDS = ("cache_read", "cache_write", "cache_write_1h")
 
 
 @dataclass(slots=True)
@@ -86,17 +88,28 @@ def cache_prices(price: Price, row: TablePrice | None = None) -> tuple[float, fl
     (``row``: Anthropic's writes cost 1.25 times its input, 1-hour writes 2 times, reads 0.1
     times); else its input price, and for 1-hour writes the writes' price (a provider with no
     such write bills none). The one place that decides the default."""
-    read, write, write_1h = price.cache_read, price.cache_write, price.cache_write_1h
-    if read is None:
-        ratio = None if row is None else row.ratio(row.cache_read)
-        read = price.input if ratio is None else price.input * ratio
-    if write is None:
-        ratio = None if row is None else row.ratio(row.cache_write)
-        write = price.input if ratio is None else price.input * ratio
-    if write_1h is None:
-        ratio = None if row is None else row.ratio(row.cache_write_1h)
-        write_1h = write if ratio is None else price.input * ratio
-    return read, write, write_1h
+    ratios = (
+        (None, None, None)
+        if row is None
+        else (row.ratio(row.cache_read), row.ratio(row.cache_write), row.ratio(row.cache_write_1h))
+    )
+    read = _cache_price(price.cache_read, price.input, ratios[0], price.input)
+    write = _cache_price(price.cache_write, price.input, ratios[1], price.input)
+    return read, write, _cache_price(price.cache_write_1h, price.input, ratios[2], write)
+
+
+def _cache_price(own: float | None, input_price: float, ratio: float | None, other: float) -> float:
+    """A cache price: the model's own, else its input price times the table's ``ratio``, else
+    ``other``."""
+    if own is not None:
+        return own
+    return other if ratio is None else input_price * ratio
+
+
+def cache_price_map(price: Price, row: TablePrice | None = None) -> dict[str, float]:
+    """``cache_prices`` by the names of the price fields (the console's model square and
+    ``gateway prices diff`` show them)."""
+    return dict(zip(CACHE_PRICE_FIELDS, cache_prices(price, row), strict=True))
 
 
 def _pico(price: float, pico_per_priced: float) -> int:

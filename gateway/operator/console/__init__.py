@@ -65,7 +65,7 @@ from gateway.operator.console.session import NoSecretError, Session, key_session
 from gateway.operator.console.trial import try_chat
 from gateway.operator.lockout import Lockout
 from gateway.policy.auth import check_key, key_hash
-from gateway.policy.billing import cache_prices
+from gateway.policy.billing import cache_price_map
 from gateway.store import MICRO, KeyRecord
 from gateway.store.catalogue import model_json
 from gateway.types import JSON
@@ -370,8 +370,7 @@ def _billed(model: Model, price: dict[str, JSON]) -> dict[str, JSON]:
     """A model's prices as billing uses them: its cache prices left unset given the prices
     that stand in for them (``billing.cache_prices``: the table's ratios, else the input's or
     the writes'), so that the square shows what a cache read or write costs."""
-    read, write, write_1h = cache_prices(model.price, model.table)
-    return {**price, "cache_read": read, "cache_write": write, "cache_write_1h": write_1h}
+    return {**price, **cache_price_map(model.price, model.table)}
 
 
 def _priced(price: dict[str, JSON], ratio: float) -> dict[str, JSON]:
