@@ -206,8 +206,9 @@ def probed(app: ASGIApp, port: int) -> ASGIApp:
 def worker_app() -> ASGIApp:
     """A uvicorn or granian worker's app, built from ``GATEWAY_CONFIG``, with the probe port
     when ``server.probe_port`` is set; the worker ends with its server (``parent``)."""
-    end_with_parent()
-    return probed(app_factory()(), load_settings().server.probe_port)
+    server = load_settings().server
+    end_with_parent(server.graceful_seconds)
+    return probed(app_factory()(), server.probe_port)
 
 
 def hypercorn_worker_app() -> ASGIApp:

@@ -7,17 +7,28 @@ streams and their journal, beside the server the supervisor starts next. ``end_w
 asks Linux to send the worker a signal when its parent dies (``PR_SET_PDEATHSIG``: SIGTERM, or
 SIGKILL for a worker that ignores SIGTERM), and ends a worker still starting at once if its
 parent is gone already. Elsewhere it does nothing.
+
+That one SIGTERM can be lost: uvloop drops a signal that arrives while its loop is not running,
+and a granian worker runs its loop twice (the lifespan's start-up, then serving), so a parent
+killed between the two left the worker serving as an orphan. A worker that stops on SIGTERM
+therefore also keeps a thread that waits for the parent's end (a pidfd, no wake-ups before
+it) and then sends the worker SIGTERM once a second until it has ended, and SIGKILL once its
+graceful time is over, as the server would have.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
+import time
 
 PARENT_ENV = "GATEWAY_SERVER_PID"  # set by the server process before it starts its workers
 PR_SET_PDEATHSIG = 1
+RESEND_SECONDS = 1.0  # between the SIGTERMs of a worker whose parent has died
 
 
 def mark_parent() -> None:
@@ -25,9 +36,10 @@ def mark_parent() -> None:
     os.environ[PARENT_ENV] = str(os.getpid())
 
 
-def end_with_parent() -> bool:
-    """In a worker: SIGTERM when the process named by ``PARENT_ENV`` dies. Whether that
-    was set up (Linux, and a parent named)."""
+def end_with_parent(graceful_seconds: float = 0.0) -> bool:
+    """In a worker: SIGTERM when the process named by ``PARENT_ENV`` dies, repeated until the
+    worker has ended and SIGKILL after ``graceful_seconds`` more. Whether that was set up
+    (Linux, and a parent named)."""
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if not parent or parent == os.getpid() or not sys.platform.startswith("linux"):
         return False
@@ -38,4 +50,33 @@ def end_with_parent() -> bool:
         return False
     if os.getppid() != parent:  # it died before the request above was made: this worker,
         os._exit(0)  # still starting, has nothing to finish
+    if sig == signal.SIGTERM:  # SIGKILL is never lost
+        threading.Thread(
+            target=_stop_after, args=(parent, graceful_seconds), name="end-with-parent", daemon=True
+        ).start()
     return True
+
+
+def _stop_after(parent: int, graceful_seconds: float) -> None:
+    """Wait for ``parent`` to end, then stop this process as its server would have."""
+    _wait_for_end(parent)
+    deadline = time.monotonic() + graceful_seconds + RESEND_SECONDS
+    while time.monotonic() < deadline:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(RESEND_SECONDS)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for_end(parent: int) -> None:
+    """Return once ``parent`` has ended: a pidfd turns readable then (Linux 5.3); else a
+    once-a-second look at who the parent is."""
+    try:
+        pidfd = os.pidfd_open(parent)
+    except (AttributeError, OSError):  # an older kernel, or gone already
+        while os.getppid() == parent:
+            time.sleep(RESEND_SECONDS)
+        return
+    try:
+        select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
