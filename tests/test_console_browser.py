@@ -417,7 +417,12 @@ def test_ci_fails_rather_than_skips_without_chromium() -> None:
         ci: subprocess.Popen(
             [*command, "-k", "sqlite"],
             cwd=REPO,
-            env={**os.environ, "CI": ci, "GATEWAY_TEST_CHROMIUM": "/nonexistent/chromium"},
+            env={
+                **os.environ,
+                "CI": ci,
+                "GATEWAY_TEST_CHROMIUM": "/nonexistent/chromium",
+                "PYTHONUNBUFFERED": "1",  # the summary written as it comes, whatever ends it
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -426,8 +431,9 @@ def test_ci_fails_rather_than_skips_without_chromium() -> None:
     }
     for ci, outcome in (("1", "1 error"), ("", "1 skipped")):
         stdout, stderr = runs[ci].communicate(timeout=300)
-        assert outcome in stdout, stdout[-2000:]
+        ended = f"status {runs[ci].returncode}\n{stdout[-2000:]}\n{stderr[-2000:]}"
+        assert outcome in stdout, ended
         if ci:
-            assert runs[ci].returncode != 0 and "CI needs it" in stdout
+            assert runs[ci].returncode != 0 and "CI needs it" in stdout, ended
         else:
-            assert runs[ci].returncode == 0 and "chromium is missing" in stdout + stderr
+            assert runs[ci].returncode == 0 and "chromium is missing" in stdout + stderr, ended
