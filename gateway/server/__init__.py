@@ -41,7 +41,7 @@ from gateway.server import mends
 from gateway.server.defences import CONNECTIONS, default_connection_limit
 from gateway.server.header_timeout import HEADER_DEADLINE, HEADER_TIMEOUT
 from gateway.server.hypercorn_mend import CONNECTION_CAP, IDLE_CLOSE
-from gateway.server.parent import end_with_parent, mark_parent
+from gateway.server.parent import SHUTDOWN_SECONDS, end_with_parent, mark_parent
 from gateway.server.probes import Probed
 from gateway.store.backends import store_problem
 from gateway.types import ASGIApp
@@ -207,7 +207,7 @@ def worker_app() -> ASGIApp:
     """A uvicorn or granian worker's app, built from ``GATEWAY_CONFIG``, with the probe port
     when ``server.probe_port`` is set; the worker ends with its server (``parent``)."""
     server = load_settings().server
-    end_with_parent(server.graceful_seconds)
+    end_with_parent(server.graceful_seconds + SHUTDOWN_SECONDS)
     return probed(app_factory()(), server.probe_port)
 
 
@@ -220,8 +220,9 @@ def hypercorn_worker_app() -> ASGIApp:
     sends SIGTERM to every worker as soon as the first has exited: a worker still letting its
     streams finish was killed there, streams, access-log lines and all."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    end_with_parent()  # SIGKILL for it (SIGTERM is ignored): the parent is gone
     settings = load_settings()
+    # SIGKILL for it (SIGTERM is ignored): the parent is gone
+    end_with_parent(settings.server.graceful_seconds + SHUTDOWN_SECONDS)
     configure_logging(settings)  # before create_app() does: a mend's log line is formatted
     mend_hypercorn(settings.server)
     app = app_factory()()  # built as every worker's app is (its gc tuned)

@@ -11,9 +11,10 @@ parent is gone already. Elsewhere it does nothing.
 That one SIGTERM can be lost: uvloop drops a signal that arrives while its loop is not running,
 and a granian worker runs its loop twice (the lifespan's start-up, then serving), so a parent
 killed between the two left the worker serving as an orphan. A worker that stops on SIGTERM
-therefore also keeps a thread that waits for the parent's end (a pidfd, no wake-ups before
-it) and then sends the worker SIGTERM once a second until it has ended, and SIGKILL once its
-graceful time is over, as the server would have.
+therefore also keeps a thread that waits for the parent's end (a pidfd: no wake-ups before it)
+and kills the worker with SIGKILL if it still runs a deadline later, as the server would have.
+It sends no second SIGTERM: a granian worker that got one already and is letting its streams
+finish stopped relaying for good on the next (its loop blocked in granian's code).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import time
 
 PARENT_ENV = "GATEWAY_SERVER_PID"  # set by the server process before it starts its workers
 PR_SET_PDEATHSIG = 1
-RESEND_SECONDS = 1.0  # between the SIGTERMs of a worker whose parent has died
+# what a worker gets past ``server.graceful_seconds`` to end of itself once its parent has died
+# (its lifespan's end flushes the last usage records) before it is killed
+SHUTDOWN_SECONDS = 5.0
+POLL_SECONDS = 1.0  # between two looks at the parent where no pidfd tells of its end
 
 
 def mark_parent() -> None:
@@ -36,10 +40,10 @@ def mark_parent() -> None:
     os.environ[PARENT_ENV] = str(os.getpid())
 
 
-def end_with_parent(graceful_seconds: float = 0.0) -> bool:
-    """In a worker: SIGTERM when the process named by ``PARENT_ENV`` dies, repeated until the
-    worker has ended and SIGKILL after ``graceful_seconds`` more. Whether that was set up
-    (Linux, and a parent named)."""
+def end_with_parent(deadline_seconds: float) -> bool:
+    """In a worker: SIGTERM when the process named by ``PARENT_ENV`` dies, and SIGKILL if the
+    worker still runs ``deadline_seconds`` after that. Whether that was set up (Linux, and a
+    parent named)."""
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if not parent or parent == os.getpid() or not sys.platform.startswith("linux"):
         return False
@@ -52,29 +56,26 @@ def end_with_parent(graceful_seconds: float = 0.0) -> bool:
         os._exit(0)  # still starting, has nothing to finish
     if sig == signal.SIGTERM:  # SIGKILL is never lost
         threading.Thread(
-            target=_stop_after, args=(parent, graceful_seconds), name="end-with-parent", daemon=True
+            target=_kill_after, args=(parent, deadline_seconds), name="end-with-parent", daemon=True
         ).start()
     return True
 
 
-def _stop_after(parent: int, graceful_seconds: float) -> None:
-    """Wait for ``parent`` to end, then stop this process as its server would have."""
+def _kill_after(parent: int, deadline_seconds: float) -> None:
+    """Wait for ``parent`` to end, then kill this process if it runs ``deadline_seconds`` on."""
     _wait_for_end(parent)
-    deadline = time.monotonic() + graceful_seconds + RESEND_SECONDS
-    while time.monotonic() < deadline:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(RESEND_SECONDS)
+    time.sleep(deadline_seconds)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _wait_for_end(parent: int) -> None:
-    """Return once ``parent`` has ended: a pidfd turns readable then (Linux 5.3); else a
-    once-a-second look at who the parent is."""
+    """Return once ``parent`` has ended: a pidfd turns readable then (Linux 5.3); else a look
+    at who the parent is every ``POLL_SECONDS``."""
     try:
         pidfd = os.pidfd_open(parent)
     except (AttributeError, OSError):  # an older kernel, or gone already
         while os.getppid() == parent:
-            time.sleep(RESEND_SECONDS)
+            time.sleep(POLL_SECONDS)
         return
     try:
         select.select([pidfd], [], [])
