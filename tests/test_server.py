@@ -301,6 +301,8 @@ async def test_on_sigterm_streams_get_the_grace_then_are_cut(
         assert b"data: [DONE]" in finished
         assert b"data: [DONE]" not in cut
         await asyncio.wait_for(gw.exit_code(), 30)
+        log = (tmp_path / "gw.log").read_text()
+        assert "Traceback" not in log, log[-3000:]  # the cut is expected: a line, if any
     finally:
         if gw.proc is not None and gw.proc.poll() is None:
             gw.proc.kill()

@@ -1,7 +1,9 @@
-"""The process's log set-up: level and line format as ``logging:`` says."""
+"""The process's log set-up: level and line format as ``logging:`` says, and one line, not a
+traceback, for each request uvicorn cancels once ``server.graceful_seconds`` are over."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from gateway.config import Settings
@@ -17,3 +19,21 @@ def configure_logging(settings: Settings) -> None:
     level = settings.logging.level.upper()
     logging.basicConfig(level=level, format=LOG_FORMAT)
     logging.getLogger().setLevel(level)
+    logging.getLogger("uvicorn.error").addFilter(CUT_AT_SHUTDOWN)  # once: the same filter
+
+
+class CutAtShutdown(logging.Filter):
+    """uvicorn logs "Exception in ASGI application" with a traceback for each request it
+    cancels when its graceful shutdown is over (a stream longer than ``graceful_seconds``, at
+    every rolling restart). Its only other cancellations are none: a client that leaves is an
+    ``http.disconnect``. Such a record becomes one warning line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            record.msg, record.args = "server.request_cut reason=graceful_seconds_over", ()
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+CUT_AT_SHUTDOWN = CutAtShutdown()

@@ -3,8 +3,10 @@
 When the process runs out of file descriptors (EMFILE, ENFILE) or buffers, asyncio's accept
 loop reports every failed accept to the loop's exception handler, which logs a traceback
 each time: under a flood of connections that was 118,783 tracebacks (51 MB) in minutes. This
-handler counts them and logs one line per ``INTERVAL`` with the count; every other exception
-goes to the handler that was there before.
+handler counts them and logs one line per ``INTERVAL`` with the count. It also drops the
+CancelledError that Python 3.11's streams report for each connection whose task was cancelled
+(hypercorn's, when its graceful shutdown is over): a traceback per cut stream, which 3.12 no
+longer logs. Every other exception goes to the handler that was there before.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class AcceptErrors:
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
+        if isinstance(exc, asyncio.CancelledError):
+            return
         if isinstance(exc, OSError) and exc.errno in ACCEPT_ERRNOS:
             self.count += 1
             now = time.monotonic()
