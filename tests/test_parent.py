@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.processes import alive
+
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"
 )
@@ -115,12 +117,3 @@ def test_a_worker_ends_with_its_killed_server(
             server.stdout.close()
         if worker and alive(worker):
             os.kill(worker, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

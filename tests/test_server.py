@@ -23,7 +23,14 @@ from bench import procs
 from bench.fake_upstream import FakeUpstream
 from gateway.config import ConfigError, load_settings
 from tests.plugins.embedded import each_server
-from tests.plugins.processes import CLOSE_WAIT, Gateway, free_port, sockets_in_state, write_config
+from tests.plugins.processes import (
+    CLOSE_WAIT,
+    Gateway,
+    alive,
+    free_port,
+    sockets_in_state,
+    write_config,
+)
 from tests.plugins.servers import ADMIN_TOKEN, KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,15 +162,6 @@ def test_workers_end_when_their_server_is_killed(tmp_path: Path, server: str) ->
         for pid in workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("server", each_server())
