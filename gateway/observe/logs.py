@@ -25,8 +25,8 @@ def configure_logging(settings: Settings) -> None:
 class CutAtShutdown(logging.Filter):
     """uvicorn logs "Exception in ASGI application" with a traceback for each request it
     cancels when its graceful shutdown is over (a stream longer than ``graceful_seconds``, at
-    every rolling restart). Its only other cancellations are none: a client that leaves is an
-    ``http.disconnect``. Such a record becomes one warning line."""
+    every rolling restart). It cancels a request nowhere else (a client that leaves is an
+    ``http.disconnect``), so each such record becomes one warning line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
