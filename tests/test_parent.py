@@ -46,15 +46,23 @@ WORKER = textwrap.dedent(
         if mode != "lingers":
             stopped.set()
 
+    def ready():
+        with open(out, "w") as f:
+            f.write("ready\\n")
+
+    async def serve():
+        if mode != "late":
+            ready()  # with the loop running: no SIGTERM lost from here on
+        await stopped.wait()
+
     loop.add_signal_handler(signal.SIGTERM, on_term)
     assert end_with_parent({DEADLINE})
-    with open(out, "w") as f:
-        f.write("ready\\n")
     if mode == "late":
+        ready()
         while os.getppid() == parent:
             time.sleep(0.01)
         time.sleep(0.2)
-    loop.run_until_complete(stopped.wait())
+    loop.run_until_complete(serve())
     with open(out, "a") as f:
         f.write("stopped\\n")
     """

@@ -142,7 +142,8 @@ def test_a_stop_signal_ends_the_server_with_status_0(
 def test_workers_end_when_their_server_is_killed(tmp_path: Path, server: str) -> None:
     """SIGKILL of the server process (the OOM killer, a supervisor's last resort): no worker
     goes on serving the port as an orphan (granian's did)."""
-    config = minimal_config(tmp_path, "logging: {level: info}\n")
+    # a worker whose SIGTERM is lost is killed graceful_seconds + 5 s after the server
+    config = minimal_config(tmp_path, "logging: {level: info}\nserver: {graceful_seconds: 1}\n")
     proc, port = start(tmp_path, config, server, "--workers", "2")
     log = tmp_path / "log"
     workers: list[int] = []
