@@ -158,7 +158,8 @@ export async function userUsagePage() {
 export async function topUpPage() {
   const me = await api("GET", "/console/me");
   const balance = h("strong", { id: "balance", text: money(me.balance) });
-  const code = h("input", { name: "code", required: true, autocomplete: "off", placeholder: "GW-XXXX-XXXX-XXXX-XXXX" });
+  const code = h("input", { name: "code", required: true, autocomplete: "off", spellcheck: "false",
+    size: 26, placeholder: "GW-XXXX-XXXX-XXXX-XXXX" });  // a whole code in sight
   const form = h("form", { class: "inline", id: "redeem" },
     field("Redemption code", code), h("button", { type: "submit", class: "primary" }, "Redeem"));
   form.addEventListener("submit", async ev => {
