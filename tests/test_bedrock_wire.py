@@ -267,6 +267,17 @@ def test_any_flipped_byte_is_refused(message: Any, data: st.DataObject) -> None:
         decoder.close()
 
 
+def test_a_changed_headers_length_that_still_adds_up_is_refused() -> None:
+    """The lengths in the prelude still add up and the first header block alone reads: only
+    the checksums tell. (The message's was once computed on from the prelude CRC the message
+    gives, which missed a change to the prelude's own bytes.)"""
+    first = header_bytes("a" * 18, eventstream.TRUE, True)  # 20 bytes, a whole block alone
+    raw = bytearray(frame(first + header_bytes("b", eventstream.STRING, "xy"), b""))
+    raw[7] = len(first)  # headers of 20 bytes: the rest would read as the payload
+    with pytest.raises(EventStreamError, match="prelude checksum"):
+        EventStreamDecoder().feed(bytes(raw))
+
+
 def test_corruption_is_an_upstream_error_named_for_what_broke() -> None:
     raw = encode_event("chunk", b'{"bytes":"e30="}')
     bad_crc = raw[:-1] + bytes([raw[-1] ^ 1])

@@ -17,11 +17,10 @@ gives, and it is the reference the tests hold this decoder to.
   far as ``(headers, payload)``; every CRC is checked, and a corrupt, oversized or cut stream
   raises ``EventStreamError`` (an ``UpstreamError``: the upstream sent bytes that are not its
   protocol), never skipped. A read is read where it lies; a message split across reads waits
-  until it is whole, and is copied once. A whole message is checked in one pass, its CRC
-  computed from its prelude's CRC on (over a slice: a message is a few hundred bytes, and
-  slicing costs less than a view); the prelude's own CRC is computed before a length it gives
-  is trusted (to wait for the rest of a message, or to refuse one too long), and to name what
-  broke when the message's fails. A stream's messages carry the same few headers, so headers
+  until it is whole, and is copied once. The prelude's CRC is checked before any length it
+  gives is believed; the message's is then computed from the prelude's CRC on, over the rest
+  of its bytes (a slice: a message is a few hundred bytes, and slicing costs less than a
+  view). A stream's messages carry the same few headers, so headers
   already read are looked up by their bytes rather than read again (``KNOWN_HEADERS``: their
   dicts are shared, read-only).
 - ``EventStreamParser``: the same stream as the ``SSEEvent`` values the protocols' stream
@@ -121,11 +120,6 @@ def _headers(raw: bytes) -> dict[str, HeaderValue]:
     return headers
 
 
-def _check_prelude(data: bytes, pos: int, prelude_crc: int) -> None:
-    if crc32(data[pos : pos + 8]) != prelude_crc:
-        raise EventStreamError("prelude checksum mismatch")
-
-
 def _bad_lengths(headers_length: int, payload_length: int) -> str:
     if headers_length > MAX_HEADERS_LENGTH:
         return f"headers of {headers_length} bytes"
@@ -183,23 +177,23 @@ class EventStreamDecoder:
         total = PRELUDE_LENGTH
         while size - pos >= PRELUDE_LENGTH:
             total, headers_length, prelude_crc = PRELUDE.unpack_from(data, pos)
+            # the lengths are believed only once their CRC holds (checked only where the
+            # message's failed, a changed length that still added up went through)
+            if crc32(data[pos : pos + 8]) != prelude_crc:
+                raise EventStreamError("prelude checksum mismatch")
             payload_length = total - headers_length - MIN_LENGTH
             if (
                 headers_length > MAX_HEADERS_LENGTH
                 or payload_length > MAX_PAYLOAD_LENGTH
                 or payload_length < 0
             ):
-                _check_prelude(data, pos, prelude_crc)
                 raise EventStreamError(_bad_lengths(headers_length, payload_length))
             end = pos + total - CRC_LENGTH
             if end + CRC_LENGTH > size:
-                _check_prelude(data, pos, prelude_crc)  # before waiting for the rest
                 break
-            # CRC-32 chains (crc(a + b) = crc(b, crc(a))): the message's is computed on from
-            # the prelude CRC the message gives, so one that does not match the prelude's
-            # bytes fails it too; the prelude's own is computed when it fails, to say which
+            # CRC-32 chains (crc(a + b) = crc(b, crc(a))): the prelude's CRC, checked, is the
+            # CRC of its bytes, so the message's is computed on from it
             if crc32(data[pos + 8 : end], prelude_crc) != U32.unpack_from(data, end)[0]:
-                _check_prelude(data, pos, prelude_crc)
                 raise EventStreamError("message checksum mismatch")
             split = pos + PRELUDE_LENGTH + headers_length
             frames.append((data[pos + PRELUDE_LENGTH : split], data[split:end]))
